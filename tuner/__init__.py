@@ -1,0 +1,24 @@
+"""tuner: kernel autotuning with a persistent tuning DB for LLM-serving attention kernels.
+
+Public API: autotune, configure, TuningDB, TunerError, __version__. The first three load on
+first use, so `import tuner` (and `tuner --help`) does not pay for torch and SQLAlchemy.
+"""
+
+from typing import Any
+
+from tuner.errors import TunerError
+
+__version__ = "0.1.0"
+__all__ = ["TunerError", "TuningDB", "__version__", "autotune", "configure"]
+
+_LAZY = {"autotune": "tuner.runtime", "configure": "tuner.runtime", "TuningDB": "tuner.db"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tuner' has no attribute {name!r}")

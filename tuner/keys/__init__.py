@@ -1,0 +1,25 @@
+"""Static and run keys: pure functions, canonical and collision-free. No kernel library."""
+
+from tuner.keys.canonical import canonical_json
+from tuner.keys.run import (
+    KV_BUCKET_MAX,
+    AttentionRunKey,
+    attention_run_key,
+    kv_len_bucket,
+    nearest_run_key,
+    run_key_distance,
+)
+from tuner.keys.static import AttentionStaticKey, attention_static_key, normalize_window
+
+__all__ = [
+    "KV_BUCKET_MAX",
+    "AttentionRunKey",
+    "AttentionStaticKey",
+    "attention_run_key",
+    "attention_static_key",
+    "canonical_json",
+    "kv_len_bucket",
+    "nearest_run_key",
+    "normalize_window",
+    "run_key_distance",
+]

@@ -1,0 +1,89 @@
+"""The run key of an attention call: (batch, max q len, kv length bucket), each its own field.
+
+Bucketing: a kv length L falls in the bucket ``kv_len_bucket(L)``, the smallest power of
+two >= L (0 and 1 both fall in bucket 1). A bucket is therefore an upper bound of every
+length in it, and lengths in different buckets never share one.
+
+Nearest neighbour, used when the DB holds no record for the exact run key of a call whose
+static key it does hold: among the records of that static key, take those with the
+nearest max q len (the number of query tokens changes the kernel's work the most), then
+the smallest ``|log2 batch ratio| + |log2 kv bucket ratio|``; ties go to the larger
+batch, then the larger kv bucket (the upper bound), so the choice is deterministic.
+A neighbour farther than ``max_distance`` octaves in batch + kv is not used at all.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.keys.canonical import canonical_json
+
+# Above this the SQLite/PostgreSQL 64-bit integer columns would overflow.
+KV_BUCKET_MAX = 2**62
+
+
+def _count(value: Any, arg: str, minimum: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{arg} must be an integer, got {type(value).__name__}")
+    value = operator.index(value)
+    if value < minimum:
+        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
+    if value > KV_BUCKET_MAX:
+        raise ValueError(f"{arg} must be <= 2**62, got {value}")
+    return value
+
+
+def kv_len_bucket(kv_len: int) -> int:
+    """Smallest power of two >= kv_len (1 for 0 and 1)."""
+    kv_len = _count(kv_len, "kv_len", 0)
+    return 1 << max(kv_len - 1, 0).bit_length()
+
+
+@dataclass(frozen=True, order=True)
+class AttentionRunKey:
+    batch: int
+    max_q_len: int
+    kv_len_bucket: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"batch": self.batch, "max_q_len": self.max_q_len, "kv_len_bucket": self.kv_len_bucket}
+
+    def to_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+
+def attention_run_key(batch: int, max_q_len: int, max_kv_len: int) -> AttentionRunKey:
+    """Run key from host-side values only (never read a GPU tensor to build one)."""
+    return AttentionRunKey(
+        batch=_count(batch, "batch", 1),
+        max_q_len=_count(max_q_len, "max_q_len", 1),
+        kv_len_bucket=kv_len_bucket(max_kv_len),
+    )
+
+
+def run_key_distance(a: AttentionRunKey, b: AttentionRunKey) -> tuple[float, float]:
+    """(q len distance, batch + kv distance), in octaves; compare as a tuple."""
+    return (
+        abs(math.log2(a.max_q_len) - math.log2(b.max_q_len)),
+        abs(math.log2(a.batch) - math.log2(b.batch))
+        + abs(math.log2(a.kv_len_bucket) - math.log2(b.kv_len_bucket)),
+    )
+
+
+def nearest_run_key(
+    target: AttentionRunKey, candidates: Any, max_distance: float = 2.0
+) -> AttentionRunKey | None:
+    """The candidate nearest to target by the policy in this module's docstring, or None."""
+    best = None
+    best_rank = None
+    for cand in candidates:
+        q_dist, dist = run_key_distance(target, cand)
+        rank = (q_dist, dist, -cand.batch, -cand.kv_len_bucket)
+        if best_rank is None or rank < best_rank:
+            best, best_rank = cand, rank
+    if best is None or best_rank[1] > max_distance:
+        return None
+    return best

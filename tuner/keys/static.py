@@ -1,0 +1,151 @@
+"""The static key of an attention call: everything that selects a different kernel."""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from tuner.keys.canonical import canonical_json
+
+
+def _dtype_name(tensor: Any, arg: str) -> str:
+    dtype = getattr(tensor, "dtype", None)
+    if dtype is None:
+        raise ValueError(f"{arg} must be a tensor (got {type(tensor).__name__})")
+    return str(dtype).removeprefix("torch.")
+
+
+def _shape(tensor: Any, arg: str, ndim: tuple[int, ...]) -> tuple[int, ...]:
+    shape = getattr(tensor, "shape", None)
+    if shape is None:
+        raise ValueError(f"{arg} must be a tensor (got {type(tensor).__name__})")
+    if len(shape) not in ndim:
+        want = " or ".join(str(n) for n in ndim)
+        raise ValueError(f"{arg} must have {want} dimensions, got shape {tuple(shape)}")
+    return tuple(int(s) for s in shape)
+
+
+def _window_side(value: Any) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"window_size entries must be integers, got {type(value).__name__}")
+    value = operator.index(value)
+    if value < -1:
+        raise ValueError(f"window_size entries must be -1 (unbounded) or >= 0, got {value}")
+    return int(value)
+
+
+def normalize_window(window_size: Any) -> tuple[int, int]:
+    """None -> (-1, -1); an int w -> (w, w); a 2-tuple or 2-list as is. -1 means unbounded."""
+    if window_size is None:
+        return (-1, -1)
+    if isinstance(window_size, (list, tuple)):
+        if len(window_size) != 2:
+            raise ValueError(f"window_size must have 2 entries, got {len(window_size)}")
+        return (_window_side(window_size[0]), _window_side(window_size[1]))
+    if isinstance(window_size, bool) or not hasattr(window_size, "__index__"):
+        raise ValueError(
+            f"window_size must be None, an int or a pair of ints, got {type(window_size).__name__}"
+        )
+    side = _window_side(window_size)
+    return (side, side)
+
+
+def _softcap_on(softcap: Any) -> bool:
+    if softcap is None:
+        return False
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise ValueError(f"softcap must be None or a number, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be a finite number >= 0, got {softcap!r}")
+    return softcap > 0
+
+
+@dataclass(frozen=True)
+class AttentionStaticKey:
+    """Fields that select a kernel; two calls with equal static keys run the same code."""
+
+    q_dtype: str
+    k_dtype: str
+    v_dtype: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    page_size: int
+    causal: bool
+    window_left: int
+    window_right: int
+    softcap: bool
+    sinks: bool
+    k_descale: bool
+    v_descale: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> "AttentionStaticKey":
+        data = json.loads(text)
+        names = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or set(data) != names:
+            raise ValueError("not an attention static key: fields differ")
+        return cls(**data)
+
+
+def attention_static_key(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    *,
+    causal: bool,
+    window_size: Any = None,
+    softcap: float | None = None,
+    sinks: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
+) -> AttentionStaticKey:
+    """Static key of a paged attention call.
+
+    q is (..., num_q_heads, head_dim); k_cache and v_cache are paged,
+    (num_pages, page_size, num_kv_heads, head_dim). Only shapes and dtypes are read.
+    """
+    q_shape = _shape(q, "q", (3, 4))
+    k_shape = _shape(k_cache, "k_cache", (4,))
+    v_shape = _shape(v_cache, "v_cache", (4,))
+    if k_shape[:3] != v_shape[:3]:
+        raise ValueError(
+            f"k_cache {k_shape} and v_cache {v_shape} differ in pages, page size or heads"
+        )
+    num_q_heads, num_kv_heads = q_shape[-2], k_shape[2]
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"q heads ({num_q_heads}) must be a multiple of kv heads ({num_kv_heads})"
+        )
+    if q_shape[-1] != k_shape[-1]:
+        raise ValueError(f"q head dim {q_shape[-1]} differs from k_cache's {k_shape[-1]}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {type(causal).__name__}")
+    left, right = normalize_window(window_size)
+    return AttentionStaticKey(
+        q_dtype=_dtype_name(q, "q"),
+        k_dtype=_dtype_name(k_cache, "k_cache"),
+        v_dtype=_dtype_name(v_cache, "v_cache"),
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim_qk=q_shape[-1],
+        head_dim_v=v_shape[-1],
+        page_size=k_shape[1],
+        causal=causal,
+        window_left=left,
+        window_right=right,
+        softcap=_softcap_on(softcap),
+        sinks=sinks is not None,
+        k_descale=k_descale is not None,
+        v_descale=v_descale is not None,
+    )
