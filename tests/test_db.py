@@ -1,0 +1,195 @@
+import json
+import sqlite3
+
+import pytest
+
+from tuner.db import (
+    DBError,
+    Problem,
+    TuningDB,
+    current_fingerprint,
+    current_fingerprint_id,
+    export_document,
+    fingerprint_id,
+    import_document,
+)
+from tuner.db.jsonio import DocumentError
+from tuner.keys import attention_run_key
+
+FP = (current_fingerprint_id(), current_fingerprint())
+OTHER_DATA = dict(current_fingerprint(), device="Some Other GPU")
+OTHER = (fingerprint_id(OTHER_DATA), OTHER_DATA)
+
+
+def problem(batch=4, q=1, kv=1000, op="op", static='{"h":8}'):
+    return Problem(op, static, attention_run_key(batch, q, kv))
+
+
+def save(db, p, config, fp=FP, median=10.0, default_median=12.0):
+    db.save_record(p, fp, config, median_us=median, spread_us=0.5, samples=9, default_config={"c": 0},
+                   default_median_us=default_median, default_spread_us=0.4, method={"timer": "test"})
+
+
+def test_fingerprint_names_device_and_versions():
+    fp = current_fingerprint()
+    for field in ("device", "device_kind", "torch", "triton", "sgl_kernel", "flashinfer", "tuner"):
+        assert field in fp
+    assert fp["torch"] and fp["tuner"]
+    assert fingerprint_id(fp) == current_fingerprint_id()
+    assert fingerprint_id(OTHER_DATA) != current_fingerprint_id()
+
+
+def test_sqlite_file_uses_wal(db_path):
+    TuningDB(db_path)
+    mode = sqlite3.connect(db_path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_record_round_trip_and_upsert(db_path):
+    db = TuningDB(db_path)
+    p = problem()
+    save(db, p, {"c": 64})
+    save(db, p, {"c": 128}, median=9.0)  # same key: replaces, does not duplicate
+    records = db.records()
+    assert len(records) == 1
+    r = records[0]
+    assert r.config == {"c": 128} and r.median_us == 9.0 and r.samples == 9
+    assert r.default_config == {"c": 0} and r.default_median_us == 12.0
+    assert r.problem == p and r.fingerprint_id == FP[0] and r.method == {"timer": "test"}
+    assert r.created_at.tzinfo is not None
+    assert r.speedup == pytest.approx(12.0 / 9.0)
+
+
+def test_records_persist_across_connections(db_path):
+    save(TuningDB(db_path), problem(), {"c": 64})
+    assert TuningDB(db_path).records()[0].config == {"c": 64}
+
+
+def test_kv_bucket_is_its_own_column_up_to_2_to_40(db_path):
+    db = TuningDB(db_path)
+    save(db, problem(batch=1, kv=2**40), {"c": 1})
+    save(db, problem(batch=2, kv=2**40), {"c": 2})
+    save(db, problem(batch=1, kv=2**39), {"c": 3})
+    table = db.snapshot(FP[0])[("op", '{"h":8}')]
+    assert table[attention_run_key(1, 1, 2**40)] == {"c": 1}
+    assert table[attention_run_key(2, 1, 2**40)] == {"c": 2}
+    assert table[attention_run_key(1, 1, 2**39)] == {"c": 3}
+
+
+def test_snapshot_holds_only_this_environment(db_path):
+    db = TuningDB(db_path)
+    save(db, problem(batch=1), {"c": 1})
+    save(db, problem(batch=2), {"c": 2}, fp=OTHER)
+    snap = db.snapshot(FP[0])
+    assert list(snap[("op", '{"h":8}')]) == [attention_run_key(1, 1, 1000)]
+    assert db.counts() == {FP[0]: {"records": 1, "measurements": 0}, OTHER[0]: {"records": 1, "measurements": 0}}
+
+
+def test_measurements_upsert_per_config(db_path):
+    db = TuningDB(db_path)
+    p = problem()
+    db.save_measurement(p, FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=5.0, spread_us=1.0, samples=3)
+    db.save_measurement(p, FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=4.0, spread_us=1.0, samples=3)
+    db.save_measurement(p, FP, {"c": 2}, kv_len=1000, status="error", method={}, error="boom")
+    rows = db.measurements(p, FP[0])
+    assert [(m.config, m.status, m.median_us) for m in rows] == [({"c": 1}, "ok", 4.0), ({"c": 2}, "error", None)]
+    assert rows[1].error == "boom"
+    assert db.measurements(p, OTHER[0]) == []
+
+
+def test_integrity_ok_on_a_sound_db(db_path):
+    db = TuningDB(db_path)
+    save(db, problem(), {"c": 1})
+    assert db.integrity() == []
+
+
+def test_tuner_db_env_selects_the_db(tmp_path, monkeypatch):
+    target = tmp_path / "from_env.db"
+    monkeypatch.setenv("TUNER_DB", str(target))
+    db = TuningDB()
+    assert db.path == target.resolve() and target.exists()
+    monkeypatch.setenv("TUNER_DB", f"sqlite:///{tmp_path / 'url.db'}")
+    assert TuningDB().path == (tmp_path / "url.db").resolve()
+
+
+def test_unusable_paths_raise_one_line_db_errors(tmp_path):
+    with pytest.raises(DBError, match="is a directory"):
+        TuningDB(tmp_path)
+    with pytest.raises(DBError, match="does not exist"):
+        TuningDB(tmp_path / "missing" / "x.db")
+    with pytest.raises(DBError, match="no tuning DB"):
+        TuningDB(tmp_path / "absent.db", create=False)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database at all" * 100)
+    with pytest.raises(DBError) as e:
+        TuningDB(garbage)
+    assert "\n" not in str(e.value) and "garbage.db" in str(e.value)
+    assert garbage.read_bytes() == b"this is not a database at all" * 100  # nothing overwritten
+    with pytest.raises(DBError, match="cannot open tuning DB nosuchdialect"):
+        TuningDB("nosuchdialect://x")
+
+
+def test_export_import_round_trip(tmp_path):
+    src = TuningDB(tmp_path / "a.db")
+    save(src, problem(batch=1), {"c": 1})
+    save(src, problem(batch=2, kv=2**40), {"c": 2, "mode": "fast", "on": True}, fp=OTHER)
+    doc = json.loads(json.dumps(export_document(src)))
+    assert doc["schema"] == "tuner.tunings" and doc["version"] == 1
+    assert set(doc["fingerprints"]) == {FP[0], OTHER[0]}
+    dst = TuningDB(tmp_path / "b.db")
+    assert import_document(dst, doc) == 2
+    strip = lambda rs: [(r.problem, r.fingerprint_id, r.config, r.median_us, r.default_config, r.method) for r in rs]  # noqa: E731
+    assert strip(dst.records()) == strip(src.records())
+    assert dst.fingerprints()[OTHER[0]]["device"] == "Some Other GPU"
+
+
+def test_export_filters_by_op(tmp_path):
+    db = TuningDB(tmp_path / "a.db")
+    save(db, problem(op="a"), {"c": 1})
+    save(db, problem(op="b"), {"c": 1})
+    assert [r["op"] for r in export_document(db, op="b")["records"]] == ["b"]
+
+
+def _doc(db_path):
+    db = TuningDB(db_path)
+    save(db, problem(batch=1), {"c": 1})
+    save(db, problem(batch=2), {"c": 2})
+    return json.loads(json.dumps(export_document(db)))
+
+
+def _mutations():
+    def rec(f):
+        return lambda d: f(d["records"][1])
+
+    return {
+        "wrong schema": lambda d: d.update(schema="other"),
+        "future version": lambda d: d.update(version=2),
+        "unknown top field": lambda d: d.update(extra=1),
+        "records not a list": lambda d: d.update(records={}),
+        "missing op": rec(lambda r: r.pop("op")),
+        "unknown record field": rec(lambda r: r.update(evil=1)),
+        "batch zero": rec(lambda r: r["run_key"].update(batch=0)),
+        "batch string": rec(lambda r: r["run_key"].update(batch="4")),
+        "bucket not power of two": rec(lambda r: r["run_key"].update(kv_len_bucket=1000)),
+        "huge bucket": rec(lambda r: r["run_key"].update(kv_len_bucket=2**80)),
+        "negative time": rec(lambda r: r["timing"].update(median_us=-1)),
+        "bool samples": rec(lambda r: r["timing"].update(samples=True)),
+        "config list": rec(lambda r: r.update(config=[1])),
+        "nested config": rec(lambda r: r.update(config={"a": {"b": 1}})),
+        "unknown fingerprint": rec(lambda r: r.update(fingerprint="deadbeef")),
+        "bad time": rec(lambda r: r.update(created_at="yesterday")),
+        "edited fingerprint": lambda d: next(iter(d["fingerprints"].values())).update(device="forged"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_mutations()))
+def test_import_rejects_bad_documents_and_leaves_db_unchanged(tmp_path, name):
+    doc = _doc(tmp_path / "src.db")
+    _mutations()[name](doc)
+    dst = TuningDB(tmp_path / "dst.db")
+    save(dst, problem(batch=9), {"c": 9})
+    before = [(r.problem, r.config) for r in dst.records()]
+    with pytest.raises(DocumentError) as e:
+        import_document(dst, doc)
+    assert "\n" not in str(e.value)
+    assert [(r.problem, r.config) for r in dst.records()] == before

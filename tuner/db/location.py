@@ -1,0 +1,43 @@
+"""Where the tuning DB lives: a SQLAlchemy URL, a file path, $TUNER_DB, or the default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from tuner.errors import TunerError
+
+DB_FILENAME = "tuner.db"
+
+
+class DBError(TunerError):
+    """The tuning DB cannot be opened or used; the message says why in one line."""
+
+
+def default_db_path() -> Path:
+    """tuning_cache/tuner.db in a source checkout, else the user's cache directory."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "tuning_cache").is_dir() and (root / "pyproject.toml").is_file():
+        return root / "tuning_cache" / DB_FILENAME
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "tuner" / DB_FILENAME
+
+
+def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
+    """(URL, is_default) for an explicit target, else $TUNER_DB, else the default file."""
+    is_default = False
+    if target is None or str(target) == "":
+        target = os.environ.get("TUNER_DB") or None
+    if target is None:
+        target, is_default = default_db_path(), True
+    text = str(target)
+    if "://" in text:
+        try:
+            return make_url(text), False
+        except ArgumentError:
+            raise DBError(f"not a valid SQLAlchemy URL: {text!r}") from None
+    path = Path(text).expanduser().resolve()
+    return URL.create("sqlite", database=str(path)), is_default

@@ -1,0 +1,89 @@
+"""The tuning DB's tables (SQLAlchemy 2 typed ORM). Keys are named columns, never packed."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    __tablename__ = "tuner_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Fingerprint(Base):
+    """An environment (device, driver, library versions); id is a hash of data."""
+
+    __tablename__ = "fingerprints"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    data: Mapped[str] = mapped_column(Text)  # canonical JSON
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class _Keyed:
+    """The columns that say which problem, in which environment, a row is about."""
+
+    op: Mapped[str] = mapped_column(String(128), index=True)
+    static_key: Mapped[str] = mapped_column(Text)  # canonical JSON
+    batch: Mapped[int] = mapped_column(BigInteger)
+    max_q_len: Mapped[int] = mapped_column(BigInteger)
+    kv_len_bucket: Mapped[int] = mapped_column(BigInteger)
+    fingerprint_id: Mapped[str] = mapped_column(String(32), ForeignKey("fingerprints.id"), index=True)
+
+
+class TuningRecord(_Keyed, Base):
+    """The winner for one (op, static key, run key, environment), with how it won."""
+
+    __tablename__ = "records"
+    __table_args__ = (
+        UniqueConstraint("op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    config: Mapped[str] = mapped_column(Text)  # canonical JSON
+    median_us: Mapped[float] = mapped_column(Float)
+    spread_us: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    default_config: Mapped[str] = mapped_column(Text)
+    default_median_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    default_spread_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    method: Mapped[str] = mapped_column(Text)  # canonical JSON: timer and its settings
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Measurement(_Keyed, Base):
+    """One candidate config measured (or failed) on one problem; a sweep resumes from these."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        UniqueConstraint(
+            "op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id", "config"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    config: Mapped[str] = mapped_column(Text)
+    kv_len: Mapped[int] = mapped_column(BigInteger)  # the length actually measured
+    status: Mapped[str] = mapped_column(String(16))  # ok | wrong | error | oom
+    median_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    spread_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    max_error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    method: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,377 @@
+"""TuningDB: records, measurements and fingerprints, read and written through SQLAlchemy."""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from filelock import FileLock, Timeout
+from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from tuner.db.location import DBError, resolve_db_url
+from tuner.db.schema import SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, TuningRecord, utcnow
+from tuner.keys import AttentionRunKey, canonical_json
+
+WRITE_LOCK_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Which problem a row is about: op, canonical static key JSON, run key."""
+
+    op: str
+    static_key: str
+    run_key: AttentionRunKey
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "static_key": self.static_key,
+            "batch": self.run_key.batch,
+            "max_q_len": self.run_key.max_q_len,
+            "kv_len_bucket": self.run_key.kv_len_bucket,
+        }
+
+
+@dataclass(frozen=True)
+class Record:
+    """A stored winner, with JSON fields parsed."""
+
+    problem: Problem
+    fingerprint_id: str
+    config: dict[str, Any]
+    median_us: float
+    spread_us: float
+    samples: int
+    default_config: dict[str, Any]
+    default_median_us: float | None
+    default_spread_us: float | None
+    method: dict[str, Any]
+    created_at: datetime
+
+    @property
+    def speedup(self) -> float | None:
+        """Default time over winner time (1.0 when the default won)."""
+        if not self.default_median_us or not self.median_us:
+            return None
+        return self.default_median_us / self.median_us
+
+
+@dataclass(frozen=True)
+class MeasurementRow:
+    config: dict[str, Any]
+    status: str
+    median_us: float | None
+    spread_us: float | None
+    samples: int
+    max_error: float | None
+    error: str | None
+
+
+def _problem(row: Any) -> Problem:
+    return Problem(row.op, row.static_key, AttentionRunKey(row.batch, row.max_q_len, row.kv_len_bucket))
+
+
+def _record(row: TuningRecord) -> Record:
+    return Record(
+        problem=_problem(row),
+        fingerprint_id=row.fingerprint_id,
+        config=json.loads(row.config),
+        median_us=row.median_us,
+        spread_us=row.spread_us,
+        samples=row.samples,
+        default_config=json.loads(row.default_config),
+        default_median_us=row.default_median_us,
+        default_spread_us=row.default_spread_us,
+        method=json.loads(row.method),
+        # SQLite keeps no time zone; every time stored is UTC
+        created_at=row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=timezone.utc),
+    )
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _short(exc: BaseException) -> str:
+    """The first line of a driver error, without SQLAlchemy's background link."""
+    orig = getattr(exc, "orig", None) or exc
+    return str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+
+
+class TuningDB:
+    """The tuning DB at a SQLAlchemy URL or SQLite path (default: $TUNER_DB, then the
+    embedded SQLite file). Writes are one transaction each; writers of one SQLite file
+    are serialised across processes by a file lock beside it."""
+
+    def __init__(self, target: str | os.PathLike | None = None, *, create: bool = True) -> None:
+        url, is_default = resolve_db_url(target)
+        self.url = url
+        self.path: Path | None = None
+        self._lock: FileLock | None = None
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            self.path = Path(url.database)
+            self._check_sqlite_path(self.path, create=create or is_default, make_parent=is_default)
+            self._lock = FileLock(str(self.path) + ".lock", timeout=WRITE_LOCK_TIMEOUT_S)
+        try:
+            self.engine: Engine = create_engine(url)
+        except (SQLAlchemyError, ImportError) as e:
+            raise DBError(f"cannot open tuning DB {self.display_url}: {_short(e)}") from None
+        if url.get_backend_name() == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._init_schema()
+
+    # -- opening -----------------------------------------------------------------------
+
+    @property
+    def display_url(self) -> str:
+        return str(self.path) if self.path else self.url.render_as_string(hide_password=True)
+
+    @staticmethod
+    def _check_sqlite_path(path: Path, *, create: bool, make_parent: bool) -> None:
+        if path.is_dir():
+            raise DBError(f"tuning DB path {path} is a directory, not a file")
+        if path.exists():
+            if not os.access(path, os.R_OK):
+                raise DBError(f"tuning DB {path} is not readable")
+            return
+        if not create:
+            raise DBError(f"no tuning DB at {path}")
+        if make_parent:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.is_dir():
+            raise DBError(f"cannot create tuning DB {path}: directory {path.parent} does not exist")
+        if not os.access(path.parent, os.W_OK):
+            raise DBError(f"cannot create tuning DB {path}: directory {path.parent} is not writable")
+
+    def _init_schema(self) -> None:
+        with self._write(action="open") as session:
+            Base.metadata.create_all(session.connection())
+            version = session.get(Meta, "schema_version")
+            if version is None:
+                session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif version.value != str(SCHEMA_VERSION):
+                raise DBError(
+                    f"tuning DB {self.display_url} has schema version {version.value}; "
+                    f"this tuner reads version {SCHEMA_VERSION}"
+                )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "TuningDB":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- sessions ----------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, action: str = "write") -> Iterator[Session]:
+        """One transaction, under the cross-process file lock for SQLite files."""
+        try:
+            with self._lock or nullcontext(), Session(self.engine) as session, session.begin():
+                yield session
+        except DBAPIError as e:
+            raise DBError(f"cannot {action} tuning DB {self.display_url}: {_short(e)}") from None
+        except Timeout:
+            raise DBError(f"tuning DB {self.display_url} stayed locked by another writer") from None
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        try:
+            with Session(self.engine) as session:
+                yield session
+        except DBAPIError as e:
+            raise DBError(f"cannot read tuning DB {self.display_url}: {_short(e)}") from None
+
+    def _upsert(self, session: Session, model: type, values: dict[str, Any], key: list[str]) -> None:
+        dialect = session.bind.dialect.name
+        update = {k: v for k, v in values.items() if k not in key}
+        if dialect in ("sqlite", "postgresql"):
+            insert = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(**values)
+            session.execute(insert.on_conflict_do_update(index_elements=key, set_=update))
+            return
+        existing = session.scalars(
+            select(model).where(*(getattr(model, k) == values[k] for k in key))
+        ).one_or_none()
+        if existing is None:
+            session.add(model(**values))
+        else:
+            for k, v in update.items():
+                setattr(existing, k, v)
+
+    # -- writes ------------------------------------------------------------------------
+
+    def _ensure_fingerprint(self, session: Session, fingerprint_id: str, data: dict[str, Any]) -> None:
+        if session.get(Fingerprint, fingerprint_id) is None:
+            session.add(Fingerprint(id=fingerprint_id, data=canonical_json(data)))
+            session.flush()
+
+    def save_measurement(
+        self,
+        problem: Problem,
+        fingerprint: tuple[str, dict[str, Any]],
+        config: dict[str, Any],
+        *,
+        kv_len: int,
+        status: str,
+        method: dict[str, Any],
+        median_us: float | None = None,
+        spread_us: float | None = None,
+        samples: int = 0,
+        max_error: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        fp_id, fp_data = fingerprint
+        values = dict(
+            problem.columns(),
+            fingerprint_id=fp_id,
+            config=canonical_json(config),
+            kv_len=kv_len,
+            status=status,
+            median_us=median_us,
+            spread_us=spread_us,
+            samples=samples,
+            max_error=max_error,
+            error=error,
+            method=canonical_json(method),
+        )
+        key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id", "config"]
+        with self._write() as session:
+            self._ensure_fingerprint(session, fp_id, fp_data)
+            self._upsert(session, Measurement, values, key)
+
+    def save_record(
+        self,
+        problem: Problem,
+        fingerprint: tuple[str, dict[str, Any]],
+        config: dict[str, Any],
+        *,
+        median_us: float,
+        spread_us: float,
+        samples: int,
+        default_config: dict[str, Any],
+        default_median_us: float | None,
+        default_spread_us: float | None,
+        method: dict[str, Any],
+        created_at: datetime | None = None,
+    ) -> None:
+        self.save_records([
+            (problem, fingerprint, dict(
+                config=config, median_us=median_us, spread_us=spread_us, samples=samples,
+                default_config=default_config, default_median_us=default_median_us,
+                default_spread_us=default_spread_us, method=method, created_at=created_at,
+            ))
+        ])
+
+    def save_records(self, rows: list[tuple[Problem, tuple[str, dict[str, Any]], dict[str, Any]]]) -> None:
+        """Upsert many records in ONE transaction: all land or none (used by import)."""
+        key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"]
+        with self._write() as session:
+            for problem, (fp_id, fp_data), fields in rows:
+                self._ensure_fingerprint(session, fp_id, fp_data)
+                values = dict(problem.columns(), fingerprint_id=fp_id, **fields)
+                for name in ("config", "default_config", "method"):
+                    values[name] = canonical_json(values[name])
+                if values.get("created_at") is None:
+                    values["created_at"] = utcnow()
+                self._upsert(session, TuningRecord, values, key)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def measurements(self, problem: Problem, fingerprint_id: str) -> list[MeasurementRow]:
+        cols = problem.columns()
+        with self._read() as session:
+            rows = session.scalars(
+                select(Measurement).filter_by(**cols, fingerprint_id=fingerprint_id).order_by(Measurement.id)
+            ).all()
+            return [
+                MeasurementRow(json.loads(r.config), r.status, r.median_us, r.spread_us,
+                               r.samples, r.max_error, r.error)
+                for r in rows
+            ]
+
+    def record(self, problem: Problem, fingerprint_id: str) -> Record | None:
+        with self._read() as session:
+            row = session.scalars(
+                select(TuningRecord).filter_by(**problem.columns(), fingerprint_id=fingerprint_id)
+            ).one_or_none()
+            return _record(row) if row else None
+
+    def records(self, *, op: str | None = None, fingerprint_id: str | None = None) -> list[Record]:
+        query = select(TuningRecord).order_by(
+            TuningRecord.op, TuningRecord.static_key, TuningRecord.max_q_len,
+            TuningRecord.batch, TuningRecord.kv_len_bucket,
+        )
+        if op is not None:
+            query = query.where(TuningRecord.op == op)
+        if fingerprint_id is not None:
+            query = query.where(TuningRecord.fingerprint_id == fingerprint_id)
+        with self._read() as session:
+            return [_record(r) for r in session.scalars(query)]
+
+    def fingerprints(self) -> dict[str, dict[str, Any]]:
+        with self._read() as session:
+            return {f.id: json.loads(f.data) for f in session.scalars(select(Fingerprint))}
+
+    def snapshot(self, fingerprint_id: str) -> dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]]:
+        """Every winner of one environment: (op, static key JSON) -> {run key: config}."""
+        table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = {}
+        query = select(
+            TuningRecord.op, TuningRecord.static_key, TuningRecord.batch,
+            TuningRecord.max_q_len, TuningRecord.kv_len_bucket, TuningRecord.config,
+        ).where(TuningRecord.fingerprint_id == fingerprint_id)
+        with self._read() as session:
+            for op, static, batch, q, kv, config in session.execute(query):
+                table.setdefault((op, static), {})[AttentionRunKey(batch, q, kv)] = json.loads(config)
+        return table
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """{fingerprint id: {"records": n, "measurements": m}}."""
+        out: dict[str, dict[str, int]] = {}
+        with self._read() as session:
+            for model, name in ((TuningRecord, "records"), (Measurement, "measurements")):
+                query = select(model.fingerprint_id, func.count()).group_by(model.fingerprint_id)
+                for fp, n in session.execute(query):
+                    out.setdefault(fp, {"records": 0, "measurements": 0})[name] = n
+        return out
+
+    def integrity(self) -> list[str]:
+        """Problems found (empty when the DB is sound)."""
+        problems: list[str] = []
+        try:
+            with self._read() as session:
+                if self.url.get_backend_name() == "sqlite":
+                    result = [r[0] for r in session.execute(text("PRAGMA integrity_check"))]
+                    if result != ["ok"]:
+                        problems.extend(f"integrity_check: {r}" for r in result)
+                missing = {t.name for t in Base.metadata.sorted_tables} - set(
+                    inspect(session.connection()).get_table_names()
+                )
+                if missing:
+                    problems.append(f"missing tables: {', '.join(sorted(missing))}")
+                orphans = session.scalar(
+                    select(func.count()).select_from(TuningRecord).where(
+                        ~TuningRecord.fingerprint_id.in_(select(Fingerprint.id))
+                    )
+                )
+                if orphans:
+                    problems.append(f"{orphans} records point at no fingerprint")
+        except DBError as e:
+            problems.append(str(e))
+        return problems
