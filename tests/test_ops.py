@@ -1,0 +1,152 @@
+import json
+import math
+
+import pytest
+import torch
+
+from tuner.ops import DecodeShape, ShapeError, get_op, list_ops, load_shapes, make_decode_inputs, paged_decode_reference
+from tuner.ops.shapes import shape_from_dict
+
+SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+
+
+def sdpa_oracle(inputs, *, window=None, softcap=None, sinks=None):
+    """An independent computation on contiguous K/V, one (batch, head, query) at a time."""
+    s = inputs.shape
+    out = torch.zeros(s.batch, s.q_len, s.num_q_heads, s.head_dim)
+    group = s.num_q_heads // s.num_kv_heads
+    for b in range(s.batch):
+        n = int(inputs.cache_seqlens[b])
+        rows = []
+        for t in range(n):
+            page = int(inputs.page_table[b, t // s.page_size])
+            rows.append((inputs.k_cache[page, t % s.page_size], inputs.v_cache[page, t % s.page_size]))
+        k = torch.stack([r[0] for r in rows]).float()
+        v = torch.stack([r[1] for r in rows]).float()
+        for h in range(s.num_q_heads):
+            for i in range(s.q_len):
+                pos = n - s.q_len + i
+                logits = []
+                for j in range(n):
+                    allowed = j <= pos if s.causal else True
+                    if window is not None:
+                        allowed = allowed and j >= pos - window[0]
+                    x = float(q_at(inputs, b, i, h) @ k[j, h // group]) / math.sqrt(s.head_dim)
+                    if softcap:
+                        x = softcap * math.tanh(x / softcap)
+                    logits.append(x if allowed else -math.inf)
+                extra = [float(sinks[h])] if sinks is not None else []
+                m = max(logits + extra)
+                w = [math.exp(x - m) for x in logits]
+                z = sum(w) + sum(math.exp(e - m) for e in extra)
+                out[b, i, h] = sum(wj * v[j, h // group] for j, wj in enumerate(w)) / z
+    return out
+
+
+def q_at(inputs, b, i, h):
+    return inputs.q[b, i, h].float()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"q_len": 3}, {"window": (5, 0)}, {"softcap": 2.0}, {"sinks": True}, {"causal": False, "q_len": 2}],
+)
+def test_reference_matches_an_independent_oracle(extra):
+    shape = DecodeShape(batch=2, kv_len=11, **dict(SMALL, **extra))
+    inputs = make_decode_inputs(shape, seed=1)
+    got = inputs.reference()
+    want = sdpa_oracle(
+        inputs, window=shape.window if shape.window != (-1, -1) else None,
+        softcap=shape.softcap or None, sinks=inputs.sinks,
+    )
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_honours_each_sequences_length():
+    inputs = make_decode_inputs(DecodeShape(batch=2, kv_len=12, **SMALL), seed=2)
+    full = inputs.reference()
+    inputs.cache_seqlens[1] = 5
+    short = inputs.reference()
+    torch.testing.assert_close(short[0], full[0])
+    assert not torch.allclose(short[1], full[1])
+    torch.testing.assert_close(short, sdpa_oracle(inputs))
+
+
+def test_inputs_have_a_valid_page_table():
+    s = DecodeShape(batch=3, kv_len=10, **SMALL)
+    inputs = make_decode_inputs(s)
+    pt = inputs.page_table
+    assert pt.shape == (3, 3) and pt.dtype == torch.int32
+    assert sorted(pt.flatten().tolist()) == list(range(inputs.k_cache.shape[0]))  # each page once, in range
+    assert (inputs.cache_seqlens <= pt.shape[1] * s.page_size).all()
+
+
+def test_torch_split_decode_matches_reference_for_every_config():
+    op = get_op("torch_split_decode")
+    for extra in ({}, {"q_len": 2, "window": (7, 0), "softcap": 3.0, "sinks": True}):
+        shape = DecodeShape(batch=2, kv_len=300, **dict(SMALL, **extra))
+        inputs = make_decode_inputs(shape)
+        ref = inputs.reference()
+        assert len(op.configs(shape)) >= 4
+        for config in op.configs(shape):
+            torch.testing.assert_close(op.run(inputs, config), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_registry_lists_the_cpu_ops_with_grids():
+    names = [op.name for op in list_ops()]
+    assert "torch_split_decode" in names and "triton_decode" in names
+    for op in list_ops():
+        assert {"cpu-tiny", "cpu-small", "decode"} <= set(op.grids)
+        for grid in op.grids.values():
+            assert grid and all(op.default(s) in op.configs(s) or op.default(s) for s in grid)
+
+
+def test_decode_grid_is_the_issue_grid():
+    shapes = get_op("torch_split_decode").grids["decode"]
+    assert all(s.batch * s.kv_len <= 4 * 2**20 for s in shapes)
+    assert {(s.num_q_heads, s.num_kv_heads) for s in shapes} == {(32, 8), (8, 1)}
+    assert {s.batch for s in shapes} == {1, 4, 16, 64, 256}
+    assert {s.kv_len for s in shapes} == {512, 2048, 8192, 32768, 131072}
+
+
+def test_shapes_file_parses_and_validates(tmp_path):
+    f = tmp_path / "shapes.json"
+    f.write_text(json.dumps([{"batch": 2, "kv_len": 64, "window": 16, "softcap": None}, {"batch": 1, "kv_len": 8}]))
+    shapes = load_shapes(f)
+    assert shapes[0].window == (16, 16) and shapes[0].softcap == 0.0 and shapes[1].num_q_heads == 32
+    f.write_text(json.dumps({"shapes": [{"batch": 1, "kv_len": 8}]}))
+    assert len(load_shapes(f)) == 1
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", "not valid JSON"),
+        ("[]", "non-empty list"),
+        ('[{"batch": 1}]', "missing field kv_len"),
+        ('[{"batch": 1, "kv_len": 8, "heads": 3}]', "unknown field"),
+        ('[{"batch": 0, "kv_len": 8}]', "batch"),
+        ('[{"batch": "1", "kv_len": 8}]', "batch"),
+        ('[{"batch": 1, "kv_len": 8, "dtype": "int8"}]', "dtype"),
+        ('[{"batch": 1, "kv_len": 8, "num_q_heads": 6, "num_kv_heads": 4}]', "multiple"),
+        ('[{"batch": 1, "kv_len": 8, "window": "x"}]', "window"),
+        ('[{"batch": 1, "kv_len": 2, "q_len": 3}]', "exceeds"),
+        ("[" * 100000 + "]" * 100000, "JSON"),
+    ],
+)
+def test_bad_shapes_files_give_one_line_errors(tmp_path, content, message):
+    f = tmp_path / "shapes.json"
+    f.write_text(content)
+    with pytest.raises(ShapeError, match=message) as e:
+        load_shapes(f)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_shapes_file():
+    with pytest.raises(ShapeError, match="cannot read"):
+        load_shapes("/nonexistent/shapes.json")
+
+
+def test_shape_from_dict_rejects_non_objects():
+    with pytest.raises(ShapeError):
+        shape_from_dict([1, 2])

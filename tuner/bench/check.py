@@ -1,0 +1,29 @@
+"""Correctness: a candidate's output against the reference's, before any timing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    max_error: float | None
+    reason: str | None = None
+
+
+def compare(out: object, ref: torch.Tensor, atol: float, rtol: float) -> Check:
+    """ok when out has ref's shape and |out - ref| <= atol + rtol * |ref| everywhere."""
+    if not isinstance(out, torch.Tensor):
+        return Check(False, None, f"returned {type(out).__name__}, not a tensor")
+    if out.shape != ref.shape:
+        return Check(False, None, f"shape {tuple(out.shape)} differs from {tuple(ref.shape)}")
+    out_f, ref_f = out.detach().float(), ref.detach().float().to(out.device)
+    err = (out_f - ref_f).abs()
+    if not torch.isfinite(out_f).all():
+        return Check(False, float("inf"), "non-finite values")
+    max_error = float(err.max()) if err.numel() else 0.0
+    ok = bool((err <= atol + rtol * ref_f.abs()).all())
+    return Check(ok, max_error, None if ok else f"max error {max_error:.3g} over tolerance")

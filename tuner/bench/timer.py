@@ -1,0 +1,102 @@
+"""Timers: run a callable repeatedly and keep the median and spread of its samples."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call time statistics in microseconds. spread_us is the interquartile range."""
+
+    median_us: float
+    spread_us: float
+    samples: int
+
+
+def summarize(samples_us: list[float]) -> Timing:
+    if not samples_us:
+        raise ValueError("no samples")
+    ordered = sorted(samples_us)
+    if len(ordered) >= 4:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+        spread = q3 - q1
+    else:
+        spread = ordered[-1] - ordered[0]
+    return Timing(statistics.median(ordered), spread, len(ordered))
+
+
+class WallClockTimer:
+    """Host wall-clock timing of whole calls: warm-up, then repeats (stopping early once
+    max_seconds have passed and min_repeats were taken). Synchronises CUDA when asked,
+    so it is right (if launch-bound) for GPU work too."""
+
+    def __init__(
+        self,
+        warmup: int = 2,
+        repeats: int = 15,
+        min_repeats: int = 5,
+        max_seconds: float = 2.0,
+        cuda_sync: bool = False,
+    ) -> None:
+        if warmup < 0 or repeats < 1 or not 1 <= min_repeats <= repeats or max_seconds <= 0:
+            raise ValueError("warmup >= 0, 1 <= min_repeats <= repeats and max_seconds > 0")
+        self.warmup, self.repeats, self.min_repeats = warmup, repeats, min_repeats
+        self.max_seconds = max_seconds
+        self._sync: Callable[[], None] = _cuda_sync if cuda_sync else (lambda: None)
+
+    @property
+    def method(self) -> dict[str, Any]:
+        return {
+            "timer": "wallclock",
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "min_repeats": self.min_repeats,
+            "max_seconds": self.max_seconds,
+        }
+
+    def __call__(self, fn: Callable[[], Any]) -> Timing:
+        sync = self._sync
+        for _ in range(self.warmup):
+            fn()
+        sync()
+        samples: list[float] = []
+        deadline = time.perf_counter() + self.max_seconds
+        for i in range(self.repeats):
+            start = time.perf_counter_ns()
+            fn()
+            sync()
+            samples.append((time.perf_counter_ns() - start) / 1000.0)
+            if i + 1 >= self.min_repeats and time.perf_counter() > deadline:
+                break
+        return summarize(samples)
+
+
+    def paired(self, fn_a: Callable[[], Any], fn_b: Callable[[], Any]) -> tuple[Timing, Timing]:
+        """Time two callables in alternation (a, b, a, b, ...) so drift in the machine's
+        load falls on both alike; for confirming a winner against the default."""
+        sync = self._sync
+        for _ in range(self.warmup):
+            fn_a()
+            fn_b()
+        sync()
+        samples: tuple[list[float], list[float]] = ([], [])
+        deadline = time.perf_counter() + 2 * self.max_seconds
+        for i in range(self.repeats):
+            for fn, out in ((fn_a, samples[0]), (fn_b, samples[1])):
+                start = time.perf_counter_ns()
+                fn()
+                sync()
+                out.append((time.perf_counter_ns() - start) / 1000.0)
+            if i + 1 >= self.min_repeats and time.perf_counter() > deadline:
+                break
+        return summarize(samples[0]), summarize(samples[1])
+
+
+def _cuda_sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()

@@ -1,0 +1,96 @@
+"""What an op is: data (name, grids, tolerance) plus three functions (configs, inputs, run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from tuner.keys import AttentionRunKey, AttentionStaticKey, attention_run_key, attention_static_key
+from tuner.ops.reference import paged_decode_reference
+from tuner.ops.shapes import DecodeShape
+
+Config = dict[str, Any]
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class DecodeInputs:
+    """One decode problem, with its host-side lengths (never read back from the device)."""
+
+    shape: DecodeShape
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    page_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    sinks: torch.Tensor | None
+
+    def reference(self) -> torch.Tensor:
+        s = self.shape
+        return paged_decode_reference(
+            self.q, self.k_cache, self.v_cache, self.page_table, self.cache_seqlens,
+            causal=s.causal, window=s.window, softcap=s.softcap or None, sinks=self.sinks,
+        )
+
+    def static_key(self) -> AttentionStaticKey:
+        s = self.shape
+        return attention_static_key(
+            self.q, self.k_cache, self.v_cache, causal=s.causal, window_size=s.window,
+            softcap=s.softcap or None, sinks=self.sinks,
+        )
+
+    def run_key(self) -> AttentionRunKey:
+        return attention_run_key(self.shape.batch, self.shape.q_len, self.shape.kv_len)
+
+
+def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", seed: int = 0) -> DecodeInputs:
+    """Random inputs for a shape, with a valid, shuffled page table.
+
+    Every sequence holds shape.kv_len tokens; the page table has exactly the pages they
+    need, so each length is within what the table can hold and every index is in range.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = TORCH_DTYPES[shape.dtype]
+    pages_per_seq = -(-shape.kv_len // shape.page_size)
+    num_pages = shape.batch * pages_per_seq
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen).to(device=device, dtype=dtype)
+
+    q = randn(shape.batch, shape.q_len, shape.num_q_heads, shape.head_dim)
+    k_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
+    v_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
+    page_table = torch.randperm(num_pages, generator=gen).view(shape.batch, pages_per_seq)
+    cache_seqlens = torch.full((shape.batch,), shape.kv_len, dtype=torch.int32)
+    sinks = torch.randn(shape.num_q_heads, generator=gen).to(device) if shape.sinks else None
+    return DecodeInputs(
+        shape=shape,
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        page_table=page_table.to(device=device, dtype=torch.int32),
+        cache_seqlens=cache_seqlens.to(device),
+        sinks=sinks,
+    )
+
+
+@dataclass(frozen=True)
+class Op:
+    """A tunable op. configs(shape) lists candidates; default(shape) is the library's choice."""
+
+    name: str
+    description: str
+    configs: Callable[[DecodeShape], list[Config]]
+    default: Callable[[DecodeShape], Config]
+    run: Callable[[DecodeInputs, Config], torch.Tensor]
+    grids: dict[str, list[DecodeShape]]
+    # None when the op can run here, else one line saying why not
+    unavailable: Callable[[], str | None] = lambda: None
+    device: Callable[[], str] = lambda: "cpu"
+    make_inputs: Callable[..., DecodeInputs] = make_decode_inputs
+    tolerance: dict[str, tuple[float, float]] = field(
+        default_factory=lambda: {"float32": (1e-4, 1e-4), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
+    )

@@ -1,0 +1,134 @@
+"""Decode problem shapes: what a sweep iterates over, parsed and validated from JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.keys import normalize_window
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class ShapeError(TunerError, ValueError):
+    """A shape (or shapes file) that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    batch: int
+    kv_len: int
+    q_len: int = 1
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 1
+    dtype: str = "bfloat16"
+    causal: bool = True
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    sinks: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["window"] = list(self.window)
+        return d
+
+    def static_label(self) -> str:
+        """The kernel-selecting part: dtype, heads, head dim, page size, masking."""
+        label = f"{self.dtype} h{self.num_q_heads}/{self.num_kv_heads} d{self.head_dim} p{self.page_size}"
+        if not self.causal:
+            label += " noncausal"
+        if self.window != (-1, -1):
+            label += f" win{self.window[0]},{self.window[1]}"
+        if self.softcap:
+            label += f" cap{self.softcap:g}"
+        if self.sinks:
+            label += " sinks"
+        return label
+
+    def label(self) -> str:
+        return f"b{self.batch} q{self.q_len} kv{self.kv_len} {self.static_label()}"
+
+
+_INT_FIELDS = ("batch", "kv_len", "q_len", "num_q_heads", "num_kv_heads", "head_dim", "page_size")
+
+
+def shape_from_dict(data: Any, where: str = "shape") -> DecodeShape:
+    """Validate one shape object; errors name the field and where it came from."""
+    if not isinstance(data, dict):
+        raise ShapeError(f"{where}: expected an object, got {type(data).__name__}")
+    known = {f.name for f in fields(DecodeShape)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ShapeError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    for required in ("batch", "kv_len"):
+        if required not in data:
+            raise ShapeError(f"{where}: missing field {required}")
+    values = dict(data)
+    for name in _INT_FIELDS:
+        if name in values:
+            v = values[name]
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ShapeError(f"{where}: {name} must be an integer, got {v!r}")
+            if v < 1 or v > 2**40:
+                raise ShapeError(f"{where}: {name} must be between 1 and 2**40, got {v}")
+    if "dtype" in values and values["dtype"] not in DTYPES:
+        raise ShapeError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {values['dtype']!r}")
+    if "causal" in values and not isinstance(values["causal"], bool):
+        raise ShapeError(f"{where}: causal must be true or false")
+    if "sinks" in values and not isinstance(values["sinks"], bool):
+        raise ShapeError(f"{where}: sinks must be true or false")
+    if "softcap" in values:
+        v = values["softcap"]
+        if v is None:
+            values["softcap"] = 0.0
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise ShapeError(f"{where}: softcap must be a number >= 0, got {v!r}")
+        else:
+            values["softcap"] = float(v)
+    if "window" in values:
+        try:
+            values["window"] = normalize_window(values["window"])
+        except ValueError as e:
+            raise ShapeError(f"{where}: {e}") from None
+    shape = DecodeShape(**values)
+    if shape.num_q_heads % shape.num_kv_heads:
+        raise ShapeError(
+            f"{where}: num_q_heads ({shape.num_q_heads}) must be a multiple of "
+            f"num_kv_heads ({shape.num_kv_heads})"
+        )
+    if shape.q_len > shape.kv_len:
+        raise ShapeError(f"{where}: q_len ({shape.q_len}) exceeds kv_len ({shape.kv_len})")
+    return shape
+
+
+def load_shapes(path: str | Path) -> list[DecodeShape]:
+    """Shapes from a JSON file: a list of shape objects, or {"shapes": [...]}."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ShapeError(f"cannot read shapes file {path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ShapeError(f"shapes file {path} is not valid JSON: {e}") from None
+    if isinstance(data, dict) and set(data) == {"shapes"}:
+        data = data["shapes"]
+    if not isinstance(data, list) or not data:
+        raise ShapeError(f"shapes file {path}: expected a non-empty list of shapes")
+    return [shape_from_dict(item, f"{path} shape {i}") for i, item in enumerate(data)]
+
+
+def grid(batches: list[int], kv_lens: list[int], max_tokens: int | None = None, **common: Any) -> list[DecodeShape]:
+    """The batch x kv product, keeping batch * kv <= max_tokens when given."""
+    return [
+        DecodeShape(batch=b, kv_len=kv, **common)
+        for b in batches
+        for kv in kv_lens
+        if max_tokens is None or b * kv <= max_tokens
+    ]
