@@ -31,3 +31,7 @@ def _isolated_runtime(tmp_path, monkeypatch):
     tuner.configure(db=None, mode="lookup")
     yield
     tuner.configure(db=None, mode="lookup")
+
+# Triton's interpreter must be chosen before triton is first imported, whoever imports it
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -193,3 +193,27 @@ def test_import_rejects_bad_documents_and_leaves_db_unchanged(tmp_path, name):
         import_document(dst, doc)
     assert "\n" not in str(e.value)
     assert [(r.problem, r.config) for r in dst.records()] == before
+
+
+def _writer(path, worker, n):
+    db = TuningDB(path)
+    for i in range(n):
+        p = problem(batch=1 + worker, kv=2**i)
+        db.save_measurement(p, FP, {"c": i}, kv_len=2**i, status="ok", method={}, median_us=1.0, spread_us=0.0, samples=1)
+        save(db, p, {"c": i})
+
+
+def test_concurrent_writer_processes_lose_nothing(db_path):
+    import multiprocessing
+
+    TuningDB(db_path).close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(db_path, w, 15)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs)
+    db = TuningDB(db_path)
+    assert db.counts() == {FP[0]: {"records": 45, "measurements": 45}}
+    assert db.integrity() == []

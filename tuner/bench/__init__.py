@@ -1,13 +1,13 @@
 """Timing, correctness checks and winner selection. Knows no DB."""
 
 from tuner.bench.check import Check, compare
-from tuner.bench.runner import boundary_sync, confirm_winner, measure_config, measure_configs
-from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, select_winner
+from tuner.bench.runner import boundary_sync, decide, measure_config, measure_configs
+from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats
 from tuner.bench.timer import Timing, WallClockTimer, summarize
 
 __all__ = [
     "ERROR", "OK", "OOM", "WRONG",
     "Check", "Outcome", "Timing", "WallClockTimer",
-    "beats", "boundary_sync", "confirm_winner", "compare", "measure_config", "measure_configs",
-    "select_winner", "summarize",
+    "beats", "boundary_sync", "decide", "compare", "measure_config", "measure_configs",
+    "summarize",
 ]

@@ -80,20 +80,34 @@ def measure_configs(
     return outcomes
 
 
-def confirm_winner(
+def decide(
     call: Callable[[dict[str, Any]], Any],
-    winner: Outcome,
-    default: Outcome | None,
+    outcomes: list[Outcome],
+    default_config: dict[str, Any],
     *,
     timer: Any,
     min_gain: float = 0.01,
-) -> tuple[Outcome, Timing | None]:
-    """Re-time a challenger against the default in alternation; it keeps the win only if
-    it beats the default there too. Returns (chosen outcome, default timing), both from
-    the paired run, so one burst of load during the sweep cannot crown a config."""
-    if default is None or default.status != OK or winner.config == default.config:
-        return winner, default.timing if default is not None else None
-    t_winner, t_default = timer.paired(lambda: call(winner.config), lambda: call(default.config))
-    if beats(t_winner, t_default, min_gain):
-        return replace(winner, timing=t_winner), t_default
+) -> tuple[Outcome | None, Timing | None]:
+    """The winner and the default's timing.
+
+    The fastest correct challenger that looked faster than the default in the first pass is
+    re-timed against the default in alternation, and wins only if it beats the default
+    there by more than the noise (select.beats); both timings then come from that paired
+    run, so a burst of load during one measurement can neither crown a config nor make the
+    default look slow. Failed candidates never win; if the default failed, the fastest
+    correct candidate wins; if nothing ran right, there is no winner.
+    """
+    ok = [o for o in outcomes if o.status == OK and o.timing is not None]
+    if not ok:
+        return None, None
+    default = next((o for o in ok if o.config == default_config), None)
+    if default is None:
+        return min(ok, key=lambda o: o.timing.median_us), None
+    challengers = [o for o in ok if o is not default]
+    challenger = min(challengers, key=lambda o: o.timing.median_us) if challengers else None
+    if challenger is None or challenger.timing.median_us >= default.timing.median_us:
+        return default, default.timing
+    t_challenger, t_default = timer.paired(lambda: call(challenger.config), lambda: call(default.config))
+    if beats(t_challenger, t_default, min_gain):
+        return replace(challenger, timing=t_challenger), t_default
     return replace(default, timing=t_default), t_default

@@ -1,4 +1,4 @@
-"""Choosing a winner: the default stays unless a candidate beats it by more than the noise."""
+"""Outcomes of candidates, and the rule a challenger must pass to replace the default."""
 
 from __future__ import annotations
 
@@ -27,21 +27,3 @@ def beats(candidate: Timing, default: Timing, min_gain: float = 0.01) -> bool:
     noise = (candidate.spread_us + default.spread_us) / 2
     margin = max(noise, min_gain * default.median_us)
     return candidate.median_us < default.median_us - margin
-
-
-def select_winner(
-    outcomes: list[Outcome], default_config: dict[str, Any], min_gain: float = 0.01
-) -> Outcome | None:
-    """The fastest correct candidate if it beats the default, else the default.
-
-    Failed candidates are never chosen. When the default itself failed, the fastest
-    correct candidate wins; when nothing ran correctly, there is no winner (None).
-    """
-    ok = [o for o in outcomes if o.status == OK and o.timing is not None]
-    if not ok:
-        return None
-    fastest = min(ok, key=lambda o: o.timing.median_us)
-    default = next((o for o in ok if o.config == default_config), None)
-    if default is None or fastest is default:
-        return fastest
-    return fastest if beats(fastest.timing, default.timing, min_gain) else default

@@ -1,0 +1,225 @@
+import time
+import warnings
+
+import pytest
+import torch
+
+import tuner
+from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, fingerprint_id
+from tuner.keys import attention_run_key, canonical_json
+
+FP = (current_fingerprint_id(), current_fingerprint())
+STATIC = ("float32", 8, 2)
+
+
+def make_fn(calls=None, slow=None):
+    """A decorated function that records the config each call ran with."""
+    slow = slow or {}
+
+    @tuner.autotune(
+        "toy",
+        configs=[{"block": 16}, {"block": 32}, {"block": 64}],
+        static_key=lambda x, batch, kv: STATIC,
+        run_key=lambda x, batch, kv: (batch, 1, kv),
+        default={"block": 32},
+    )
+    def fn(x, batch, kv, *, config):
+        if calls is not None:
+            calls.append(config["block"])
+        time.sleep(slow.get(config["block"], 0.0))
+        return x * 2
+
+    return fn
+
+
+def store(db_path, batch, kv, config, fp=FP, op="toy"):
+    db = TuningDB(db_path)
+    db.save_record(Problem(op, canonical_json(STATIC), attention_run_key(batch, 1, kv)), fp, config,
+                   median_us=1.0, spread_us=0.1, samples=5, default_config={"block": 32},
+                   default_median_us=2.0, default_spread_us=0.1, method={"timer": "test"})
+    db.close()
+
+
+def run(fn, batch, kv, calls):
+    calls.clear()
+    fn(torch.ones(2), batch, kv)
+    return calls[-1]
+
+
+def test_lookup_exact_nearest_and_default(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    assert run(fn, 16, 2048, calls) == 64
+    assert run(fn, 16, 1500, calls) == 64  # same kv bucket (<= 2048)
+    assert run(fn, 8, 4096, calls) == 64  # nearest neighbour, 2 octaves away
+    assert run(fn, 1, 2**20, calls) == 32  # too far: the default
+
+
+def test_explicit_config_always_wins(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="force")
+    calls = []
+    fn = make_fn(calls)
+    fn(torch.ones(2), 16, 2048, config={"block": 16})
+    assert calls == [16]  # no tuning ran, the caller's config was used
+
+
+def test_off_mode_uses_the_default(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="off")
+    calls = []
+    assert run(make_fn(calls), 16, 2048, calls) == 32
+
+
+def test_records_of_another_environment_are_ignored(db_path):
+    other = dict(current_fingerprint(), device="Another GPU")
+    store(db_path, 16, 2048, {"block": 64}, fp=(fingerprint_id(other), other))
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    assert run(make_fn(calls), 16, 2048, calls) == 32
+
+
+def test_mode_comes_from_the_environment(db_path, monkeypatch):
+    store(db_path, 16, 2048, {"block": 64})
+    monkeypatch.setenv("TUNER_MODE", "off")
+    tuner.configure(db=db_path)
+    calls = []
+    assert run(make_fn(calls), 16, 2048, calls) == 32
+    with pytest.raises(tuner.TunerError, match="mode"):
+        tuner.configure(mode="sometimes")
+
+
+def test_db_comes_from_the_environment(db_path, monkeypatch):
+    store(db_path, 16, 2048, {"block": 64})
+    monkeypatch.setenv("TUNER_DB", str(db_path))
+    tuner.configure()
+    calls = []
+    assert run(make_fn(calls), 16, 2048, calls) == 64
+
+
+def test_the_snapshot_is_read_once_and_lookups_are_memoised(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    assert run(fn, 16, 2048, calls) == 64
+    store(db_path, 16, 2048, {"block": 16})  # a later write is not seen until configure()
+    assert run(fn, 16, 2048, calls) == 64
+    assert len(fn.tuner.memo) == 1
+    tuner.configure(db=db_path, mode="lookup")
+    assert run(fn, 16, 2048, calls) == 16
+
+
+def test_tune_mode_tunes_a_missing_key_once_and_stores_it(db_path):
+    tuner.configure(db=db_path, mode="tune")
+    calls = []
+    fn = make_fn(calls, slow={32: 0.004, 64: 0.004})  # block 16 is clearly fastest
+    out = fn(torch.ones(2), 4, 100)
+    assert torch.equal(out, torch.full((2,), 2.0))
+    assert set(calls) == {16, 32, 64}  # every candidate ran
+    assert run(fn, 4, 100, calls) == 16 and calls == [16]  # then the memo, no tuning
+    records = TuningDB(db_path).records()
+    assert len(records) == 1 and records[0].config == {"block": 16}
+    assert records[0].method["source"] == "runtime" and records[0].problem.run_key == attention_run_key(4, 1, 100)
+    # a new process in lookup mode finds it
+    tuner.configure(db=db_path, mode="lookup")
+    assert run(make_fn(calls), 4, 100, calls) == 16
+
+
+def test_tune_mode_does_not_retune_stored_keys_but_force_does(db_path):
+    store(db_path, 4, 128, {"block": 64})
+    tuner.configure(db=db_path, mode="tune")
+    calls = []
+    fn = make_fn(calls)
+    assert run(fn, 4, 128, calls) == 64 and calls == [64]
+    tuner.configure(db=db_path, mode="force")
+    calls.clear()
+    fn(torch.ones(2), 4, 128)
+    assert set(calls) == {16, 32, 64}
+    calls.clear()
+    fn(torch.ones(2), 4, 128)
+    assert len(calls) == 1  # once per key per process
+
+
+def test_never_tunes_during_cuda_graph_capture(db_path, monkeypatch):
+    tuner.configure(db=db_path, mode="tune")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    calls = []
+    fn = make_fn(calls)
+    assert run(fn, 4, 100, calls) == 32 and calls == [32]  # default, nothing tuned
+    assert fn.tuner.memo == {}  # and not remembered: it tunes once capture is over
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    calls.clear()
+    fn(torch.ones(2), 4, 100)
+    assert set(calls) == {16, 32, 64}
+
+
+def test_a_garbage_db_warns_once_and_runs_on_defaults(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"\x00garbage" * 512)
+    tuner.configure(db=bad, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    with pytest.warns(UserWarning, match="bad.db"):
+        assert run(fn, 4, 100, calls) == 32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run(fn, 8, 100, calls) == 32
+    assert bad.read_bytes() == b"\x00garbage" * 512
+
+
+def test_a_missing_db_in_lookup_mode_is_not_created(tmp_path):
+    target = tmp_path / "absent.db"
+    tuner.configure(db=target, mode="lookup")
+    calls = []
+    assert run(make_fn(calls), 4, 100, calls) == 32
+    assert not target.exists()
+
+
+def test_wrapper_keeps_the_function_name_and_args():
+    fn = make_fn()
+    assert fn.__name__ == "fn"
+    assert torch.equal(fn(torch.ones(3), batch=2, kv=10), torch.full((3,), 2.0))
+
+
+def test_combined_key_and_signatures_with_defaults_and_keyword_only_params(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    seen = []
+
+    @tuner.autotune("toy", configs=[{"block": 16}, {"block": 64}], default={"block": 32},
+                    key=lambda x, batch, kv=2048, *, scale=1.0: (STATIC, batch, 1, kv))
+    def fn(x, batch, kv=2048, *, config, scale=1.0):
+        seen.append((config["block"], kv, scale))
+        return x * scale
+
+    assert torch.equal(fn(torch.ones(2), 16), torch.ones(2))
+    assert torch.equal(fn(torch.ones(2), batch=16, kv=2000, scale=3.0), torch.full((2,), 3.0))
+    fn(torch.ones(2), 16, 2**20, config={"block": 16})
+    assert seen == [(64, 2048, 1.0), (64, 2000, 3.0), (16, 2**20, 1.0)]
+
+
+def test_star_args_functions_get_the_generic_wrapper(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    seen = []
+
+    @tuner.autotune("toy", configs=[{"block": 16}], default={"block": 32},
+                    static_key=lambda *a, **k: STATIC, run_key=lambda *a, **k: (a[0], 1, k["kv"]))
+    def fn(*args, config, **kwargs):
+        seen.append(config["block"])
+
+    fn(16, kv=2048)
+    fn(16, kv=2**20)
+    assert seen == [64, 32]
+
+
+def test_key_functions_must_be_given_one_way():
+    with pytest.raises(tuner.TunerError, match="static_key"):
+        tuner.autotune("x", configs=[], default={}, static_key=lambda: 1)
+    with pytest.raises(tuner.TunerError, match="not both"):
+        tuner.autotune("x", configs=[], default={}, key=lambda: 1, run_key=lambda: 1, static_key=lambda: 1)

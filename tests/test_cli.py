@@ -1,0 +1,139 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.db import TuningDB
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error:")
+    for f in fragments:
+        assert f in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def tiny_shapes(tmp_path):
+    f = tmp_path / "shapes.json"
+    common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+    f.write_text(json.dumps([dict(batch=1, kv_len=200, **common), dict(batch=2, kv_len=130, q_len=2, **common)]))
+    return f
+
+
+def sweep(db_path, shapes, *extra):
+    return cli("sweep", "torch_split_decode", "--shapes", shapes, "--db", db_path,
+               "--repeats", 3, "--warmup", 1, *extra)
+
+
+def test_ops_lists_the_ops():
+    result = cli("ops")
+    assert result.exit_code == 0
+    assert "torch_split_decode" in result.output and "triton_decode" in result.output
+
+
+def test_sweep_show_export_import_doctor(tmp_path, db_path, tiny_shapes):
+    result = sweep(db_path, tiny_shapes)
+    assert result.exit_code == 0, result.output
+    assert "winners" in result.output and "2 shapes" in result.output
+    records = TuningDB(db_path).records()
+    assert len(records) == 2
+
+    again = sweep(db_path, tiny_shapes)
+    assert again.exit_code == 0 and again.output.count("already in DB") == 2
+
+    shown = cli("show", "--db", db_path)
+    assert shown.exit_code == 0 and "torch_split_decode" in shown.output and "2 winners" in shown.output
+    assert "chunk=" in shown.output
+
+    out = tmp_path / "export.json"
+    exported = cli("export", "--format", "json", "--out", out, "--db", db_path)
+    assert exported.exit_code == 0, exported.output
+    doc = json.loads(out.read_text())
+    assert len(doc["records"]) == 2 and doc["schema"] == "tuner.tunings"
+
+    other = tmp_path / "other.db"
+    imported = cli("import", out, "--db", other)
+    assert imported.exit_code == 0, imported.output
+    assert [r.config for r in TuningDB(other).records()] == [r.config for r in records]
+
+    doctor = cli("doctor", "--db", db_path)
+    assert doctor.exit_code == 0, doctor.output
+    assert "integrity: ok" in doctor.output and "fingerprint" in doctor.output
+
+
+def test_sweep_a_named_grid(db_path):
+    result = cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--db", db_path, "--repeats", 2,
+                 "--warmup", 0, "--max-seconds", 0.01)
+    assert result.exit_code == 0, result.output
+    assert len(TuningDB(db_path).records()) == 4
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (("sweep", "nosuchop"), ("unknown op", "torch_split_decode")),
+        (("sweep", "torch_split_decode", "--grid", "nosuchgrid"), ("no grid", "cpu-small")),
+        (("sweep", "torch_split_decode", "--shapes", "/nonexistent.json"), ("cannot read",)),
+        (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--shapes", "x.json"), ("not both",)),
+        (("show", "--db", "/nonexistent/dir/x.db"), ("no tuning DB",)),
+        (("show", "--db", "/"), ("directory",)),
+        (("doctor", "--db", "nosuchdialect://x"), ("cannot open",)),
+        (("import", "/nonexistent.json"), ("cannot read",)),
+    ],
+)
+def test_bad_input_gives_one_line_and_exit_2(args, fragments):
+    one_line_error(cli(*args), *fragments)
+
+
+def test_bad_shapes_file(tmp_path, db_path):
+    f = tmp_path / "bad.json"
+    f.write_text('[{"batch": -1, "kv_len": 10}]')
+    one_line_error(sweep(db_path, f), "batch")
+    assert not db_path.exists()  # nothing was created for a sweep that could not start
+
+
+def test_malformed_import_leaves_the_db_unchanged(tmp_path, db_path, tiny_shapes):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    before = [(r.problem, r.config) for r in TuningDB(db_path).records()]
+    for content in ("{not json", json.dumps({"schema": "tuner.tunings", "version": 1, "fingerprints": {},
+                                              "records": [{"op": 1}]}), "[" * 50000):
+        f = tmp_path / "bad.json"
+        f.write_text(content)
+        one_line_error(cli("import", f, "--db", db_path))
+    assert [(r.problem, r.config) for r in TuningDB(db_path).records()] == before
+
+
+def test_garbage_db_file_is_reported_not_overwritten(tmp_path, tiny_shapes):
+    bad = tmp_path / "garbage.db"
+    bad.write_bytes(b"not sqlite" * 1000)
+    one_line_error(cli("show", "--db", bad), "garbage.db")
+    one_line_error(sweep(bad, tiny_shapes), "garbage.db")
+    assert bad.read_bytes() == b"not sqlite" * 1000
+
+
+def test_export_format_must_be_known(tmp_path, db_path):
+    result = cli("export", "--format", "yaml", "--out", tmp_path / "x", "--db", db_path)
+    assert result.exit_code == 2
+
+
+def test_console_script_and_module_entry_points(tmp_path):
+    script = Path(sys.executable).parent / "tuner"  # installed by the project's console script
+    for cmd in ([sys.executable, "-m", "tuner"], [str(script)]):
+        ok = subprocess.run(cmd + ["--version"], capture_output=True, text=True)
+        assert ok.returncode == 0 and "tuner 0." in ok.stdout
+        bad = subprocess.run(cmd + ["sweep", "nosuchop"], capture_output=True, text=True)
+        assert bad.returncode == 2 and "unknown op" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,162 @@
+import json
+
+import pytest
+import torch
+
+from tuner.keys import (
+    AttentionRunKey,
+    AttentionStaticKey,
+    attention_run_key,
+    attention_static_key,
+    canonical_json,
+    kv_len_bucket,
+    nearest_run_key,
+)
+
+
+def tensors(q_heads=32, kv_heads=8, d=128, page=1, dtype=torch.bfloat16, dv=None):
+    q = torch.empty(4, 1, q_heads, d, dtype=dtype)
+    k = torch.empty(10, page, kv_heads, d, dtype=dtype)
+    v = torch.empty(10, page, kv_heads, dv or d, dtype=dtype)
+    return q, k, v
+
+
+def key(**kw):
+    args = {k: kw.pop(k) for k in list(kw) if k in ("q_heads", "kv_heads", "d", "page", "dtype", "dv")}
+    kw.setdefault("causal", True)
+    return attention_static_key(*tensors(**args), **kw)
+
+
+def test_static_key_reads_shapes_and_dtypes():
+    k = key(q_heads=32, kv_heads=8, d=128, page=16, dv=64)
+    assert (k.num_q_heads, k.num_kv_heads, k.head_dim_qk, k.head_dim_v, k.page_size) == (32, 8, 128, 64, 16)
+    assert k.q_dtype == k.k_dtype == "bfloat16"
+    assert (k.window_left, k.window_right) == (-1, -1)
+    assert not (k.softcap or k.sinks or k.k_descale or k.v_descale)
+
+
+@pytest.mark.parametrize(
+    "window, expected",
+    [(None, (-1, -1)), (128, (128, 128)), ((64, 0), (64, 0)), ([64, 0], (64, 0)), ((-1, 5), (-1, 5))],
+)
+def test_window_forms_normalise(window, expected):
+    k = key(window_size=window)
+    assert (k.window_left, k.window_right) == expected
+
+
+def test_equivalent_window_forms_give_equal_keys_and_json():
+    a, b, c = key(window_size=None), key(window_size=(-1, -1)), key(window_size=[-1, -1])
+    assert a == b == c and hash(a) == hash(b)
+    assert a.to_json() == b.to_json() == c.to_json()
+
+
+@pytest.mark.parametrize(
+    "kwargs, arg",
+    [
+        ({"window_size": "128"}, "window_size"),
+        ({"window_size": (1, 2, 3)}, "window_size"),
+        ({"window_size": (1.5, 2)}, "window_size"),
+        ({"window_size": -2}, "window_size"),
+        ({"window_size": True}, "window_size"),
+        ({"softcap": "30"}, "softcap"),
+        ({"softcap": -1.0}, "softcap"),
+        ({"softcap": float("nan")}, "softcap"),
+        ({"causal": 1}, "causal"),
+    ],
+)
+def test_bad_values_raise_value_error_naming_the_argument(kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        key(**kwargs)
+
+
+def test_bad_tensor_shapes_raise():
+    q, k, v = tensors()
+    with pytest.raises(ValueError, match="k_cache"):
+        attention_static_key(q, k[0], v, causal=True)
+    with pytest.raises(ValueError, match="multiple"):
+        attention_static_key(*tensors(q_heads=6, kv_heads=4), causal=True)
+    with pytest.raises(ValueError, match="q"):
+        attention_static_key("q", k, v, causal=True)
+
+
+def test_softcap_none_and_zero_are_off_any_positive_is_on():
+    assert not key(softcap=None).softcap and not key(softcap=0.0).softcap and not key(softcap=0).softcap
+    assert key(softcap=30.0).softcap and key(softcap=50).softcap
+
+
+def test_every_kernel_selecting_field_changes_the_key():
+    base = key()
+    variants = [
+        key(dtype=torch.float16), key(q_heads=64), key(kv_heads=4), key(d=64), key(dv=64), key(page=16),
+        key(causal=False), key(window_size=128), key(softcap=30.0), key(sinks=torch.zeros(32)),
+        key(k_descale=torch.ones(1)), key(v_descale=torch.ones(1)),
+    ]
+    jsons = {v.to_json() for v in variants}
+    assert base.to_json() not in jsons and len(jsons) == len(variants)
+
+
+def test_static_key_json_is_canonical_and_round_trips():
+    k = key(window_size=(8, 0), softcap=20.0)
+    text = k.to_json()
+    assert text == canonical_json(json.loads(text))
+    assert " " not in text and list(json.loads(text)) == sorted(json.loads(text))
+    assert AttentionStaticKey.from_json(text) == k
+
+
+def test_kv_len_bucket_is_the_next_power_of_two():
+    assert [kv_len_bucket(n) for n in (0, 1, 2, 3, 4, 5, 512, 513, 1024)] == [1, 1, 2, 4, 4, 8, 512, 1024, 1024]
+    assert kv_len_bucket(2**40) == 2**40 and kv_len_bucket(2**40 + 1) == 2**41
+
+
+def test_run_keys_differing_in_batch_or_q_never_collide_at_any_kv():
+    kvs = [1, 1000, 2**20, 10**6 + 1, 2**32 + 7, 2**40]
+    keys = [attention_run_key(b, q, kv) for b in (1, 2, 1000, 10**6) for q in (1, 2, 4) for kv in kvs]
+    # the packed-integer scheme of the seeds collided here; separate fields cannot
+    by_batch_q = {}
+    for k in keys:
+        by_batch_q.setdefault(k, set()).add((k.batch, k.max_q_len))
+    assert all(len(v) == 1 for v in by_batch_q.values())
+    assert attention_run_key(1, 1, 10**6 + 10**6) != attention_run_key(2, 1, 0)
+
+
+def test_kv_lengths_in_different_buckets_stay_distinct():
+    assert attention_run_key(8, 1, 1000) == attention_run_key(8, 1, 1024)
+    assert attention_run_key(8, 1, 1024) != attention_run_key(8, 1, 1025)
+    assert attention_run_key(8, 1, 2**39 + 1) != attention_run_key(8, 1, 2**40 + 1)
+
+
+@pytest.mark.parametrize("args", [(0, 1, 1), (1, 0, 1), (1, 1, -1), (1.5, 1, 1), (True, 1, 1), (1, 1, 2**62 + 1)])
+def test_bad_run_key_values_raise(args):
+    with pytest.raises(ValueError):
+        attention_run_key(*args)
+
+
+def test_run_key_json_has_named_fields():
+    assert json.loads(attention_run_key(16, 2, 3000).to_json()) == {"batch": 16, "kv_len_bucket": 4096, "max_q_len": 2}
+
+
+def rk(b, q, kv):
+    return AttentionRunKey(b, q, kv)
+
+
+def test_nearest_prefers_same_q_len_then_log_distance():
+    cands = [rk(1, 1, 512), rk(64, 1, 8192), rk(16, 4, 2048), rk(16, 1, 4096)]
+    assert nearest_run_key(rk(16, 1, 2048), cands) == rk(16, 1, 4096)
+    assert nearest_run_key(rk(16, 4, 4096), cands) == rk(16, 4, 2048)  # q len wins over distance
+    assert nearest_run_key(rk(2, 1, 512), cands) == rk(1, 1, 512)
+
+
+def test_nearest_ties_go_to_the_upper_bound_and_far_keys_are_not_used():
+    cands = [rk(8, 1, 1024), rk(8, 1, 4096)]
+    assert nearest_run_key(rk(8, 1, 2048), cands) == rk(8, 1, 4096)
+    assert nearest_run_key(rk(8, 1, 2**20), cands) is None  # 8 octaves away
+    assert nearest_run_key(rk(8, 1, 2**20), cands, max_distance=100) == rk(8, 1, 4096)
+    assert nearest_run_key(rk(8, 1, 1024), []) is None
+
+
+def test_canonical_json_rejects_what_has_no_one_form():
+    assert canonical_json({"b": (1, 2), "a": 2.0}) == '{"a":2,"b":[1,2]}'
+    assert canonical_json(torch.bfloat16) == '"bfloat16"'
+    for bad in (float("inf"), {1: 2}, object()):
+        with pytest.raises(ValueError):
+            canonical_json(bad)

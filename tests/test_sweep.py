@@ -1,0 +1,193 @@
+import pytest
+import torch
+
+from tuner.bench import ERROR, OK, OOM, WRONG, Outcome, Timing, beats, decide, summarize
+from tuner.db import TuningDB, current_fingerprint_id
+from tuner.ops import DecodeShape, Op, get_op
+from tuner.ops.torch_split import split_kv_decode
+from tuner.sweep import FAILED, SKIPPED, TUNED, candidate_configs, sweep
+
+SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+
+
+class FakeTimer:
+    """Deterministic timing: the op reports each config's cost; spread is 2% of it."""
+
+    method = {"timer": "fake"}
+
+    def __init__(self):
+        self.cost = None
+        self.bias = {}  # config name -> extra cost seen only in the paired (confirming) run
+
+    def __call__(self, fn):
+        fn()
+        return Timing(self.cost, 0.02 * self.cost, 7)
+
+    def paired(self, a, b):
+        a()
+        ta = self.cost + self.bias.get(self.last, 0.0)
+        b()
+        tb = self.cost + self.bias.get(self.last, 0.0)
+        return Timing(ta, 0.02 * ta, 7), Timing(tb, 0.02 * tb, 7)
+
+
+def fake_op(timer, costs, calls=None, interrupt_after=None):
+    """A real split-KV decode whose configs carry a cost, or a way to fail."""
+
+    def run(inputs, config):
+        name = config["name"]
+        timer.last = name
+        if calls is not None:
+            calls.append(name)
+            if interrupt_after is not None and len(calls) > interrupt_after:
+                raise KeyboardInterrupt  # the process dies mid-sweep
+        if name == "crash":
+            raise RuntimeError("illegal memory access\nmore detail")
+        if name == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        out = split_kv_decode(inputs, 0)
+        if name == "wrong":
+            out = out + 1
+        timer.cost = costs.get(name, 100.0)
+        return out
+
+    names = ["default", "fast", "slightly", "crash", "wrong", "oom"]
+    return Op(
+        name="fake",
+        description="test op",
+        configs=lambda shape: [{"name": n} for n in names],
+        default=lambda shape: {"name": "default"},
+        run=run,
+        grids={"g": [DecodeShape(batch=1, kv_len=64, **SMALL), DecodeShape(batch=2, kv_len=128, **SMALL)]},
+    )
+
+
+COSTS = {"default": 100.0, "fast": 50.0, "slightly": 99.0, "wrong": 1.0, "crash": 1.0, "oom": 1.0}
+
+
+def test_winner_rule_and_failures_never_chosen(db_path):
+    timer = FakeTimer()
+    op = fake_op(timer, COSTS)
+    db = TuningDB(db_path)
+    results = sweep(op, op.grids["g"], db, timer=timer)
+    assert [r.status for r in results] == [TUNED, TUNED]
+    assert all(r.winner == {"name": "fast"} and r.speedup == pytest.approx(2.0) for r in results)
+    assert all(r.failures == 3 and r.measured == 6 for r in results)
+    rows = db.measurements(db.records()[0].problem, current_fingerprint_id())
+    status = {m.config["name"]: m.status for m in rows}
+    assert status == {"default": OK, "fast": OK, "slightly": OK, "crash": ERROR, "wrong": WRONG, "oom": OOM}
+    crash = next(m for m in rows if m.config["name"] == "crash")
+    assert crash.error == "RuntimeError: illegal memory access"  # one line
+    record = db.records()[0]
+    assert record.default_config == {"name": "default"} and record.default_median_us == 100.0
+
+
+def test_default_stays_unless_beaten_by_more_than_the_noise(db_path):
+    timer = FakeTimer()
+    op = fake_op(timer, dict(COSTS, fast=101.0, slightly=99.0))  # 1% faster, 2% noise
+    results = sweep(op, op.grids["g"], TuningDB(db_path), timer=timer)
+    assert all(r.winner == {"name": "default"} for r in results)
+
+
+def test_a_win_that_does_not_hold_when_confirmed_keeps_the_default(db_path):
+    timer = FakeTimer()
+    timer.bias = {"fast": 60.0}  # looked fast once; in the paired run it is slower
+    op = fake_op(timer, COSTS)
+    results = sweep(op, op.grids["g"], TuningDB(db_path), timer=timer)
+    assert all(r.winner == {"name": "default"} for r in results)
+
+
+def test_a_shape_where_nothing_runs_right_stores_no_winner(db_path):
+    timer = FakeTimer()
+    op = fake_op(timer, COSTS)
+    broken = Op(name="broken", description="", configs=lambda s: [{"name": "crash"}, {"name": "wrong"}],
+                default=lambda s: {"name": "crash"}, run=op.run, grids=op.grids)
+    db = TuningDB(db_path)
+    results = sweep(broken, broken.grids["g"], db, timer=timer)
+    assert [r.status for r in results] == [FAILED, FAILED]
+    assert db.records() == []
+
+
+def test_interrupted_sweep_resumes_measuring_only_what_is_missing(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    calls = []
+    # 11 calls finish shape 1 (check + time per config, one call per failure, 2 to confirm);
+    # shape 2 then gets its default and "fast" measured before the 16th call dies
+    op = fake_op(timer, COSTS, calls=calls, interrupt_after=15)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(op, op.grids["g"], db, timer=timer)
+    assert len(db.records()) == 1  # the first shape finished and was stored
+    calls2 = []
+    op2 = fake_op(timer, COSTS, calls=calls2)
+    results = sweep(op2, op2.grids["g"], db, timer=timer)
+    assert results[0].status == SKIPPED and results[0].winner == {"name": "fast"}
+    # the second shape had 2 configs measured before the interrupt; only 4 remain
+    assert (results[1].resumed, results[1].measured) == (2, 4)
+    assert len(db.records()) == 2
+    # and a third run measures nothing at all
+    calls3 = []
+    results = sweep(fake_op(timer, COSTS, calls=calls3), op.grids["g"], db, timer=timer)
+    assert [r.status for r in results] == [SKIPPED, SKIPPED] and calls3 == []
+
+
+def test_force_measures_again(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    op = fake_op(timer, COSTS)
+    sweep(op, op.grids["g"], db, timer=timer)
+    results = sweep(fake_op(timer, dict(COSTS, fast=200.0)), op.grids["g"], db, timer=timer, force=True)
+    assert all(r.status == TUNED and r.winner == {"name": "default"} and r.measured == 6 for r in results)
+    assert all(r.config == {"name": "default"} for r in db.records())
+
+
+def test_candidates_start_with_the_default_once():
+    op = get_op("torch_split_decode")
+    shape = op.grids["cpu-tiny"][0]
+    configs = candidate_configs(op, shape)
+    assert configs[0] == op.default(shape)
+    assert len(configs) == len({tuple(sorted(c.items())) for c in configs})
+
+
+def test_real_cpu_sweep_stores_a_checked_winner_per_shape(db_path):
+    op = get_op("torch_split_decode")
+    shapes = [DecodeShape(batch=1, kv_len=256, **SMALL), DecodeShape(batch=2, kv_len=300, q_len=2, **SMALL)]
+    from tuner.bench import WallClockTimer
+
+    db = TuningDB(db_path)
+    results = sweep(op, shapes, db, timer=WallClockTimer(warmup=1, repeats=3, min_repeats=3))
+    assert [r.status for r in results] == [TUNED, TUNED]
+    records = db.records(fingerprint_id=current_fingerprint_id())
+    assert len(records) == 2
+    for r, shape in zip(records, shapes):
+        assert r.config in op.configs(shape) and r.median_us > 0 and r.samples >= 3
+        assert r.method["device"] == "cpu" and r.method["timer"] == "wallclock"
+    assert all(m.status == OK for m in db.measurements(records[0].problem, current_fingerprint_id()))
+
+
+def t(median, spread=0.0):
+    return Timing(median, spread, 5)
+
+
+def test_beats_needs_more_than_noise_and_min_gain():
+    assert beats(t(80, 2), t(100, 2))
+    assert not beats(t(95, 20), t(100, 20))  # within the noise
+    assert not beats(t(99.5), t(100.0))  # under the 1% minimum gain
+    assert beats(t(99.5), t(100.0), min_gain=0.0)
+
+
+def test_decide_when_the_default_failed_or_everything_failed():
+    fast, slow = Outcome({"c": 1}, OK, t(10)), Outcome({"c": 2}, OK, t(20))
+    no_timer = None  # nothing may be re-timed without a correct default
+    assert decide(None, [Outcome({"c": 0}, ERROR), slow, fast], {"c": 0}, timer=no_timer) == (fast, None)
+    assert decide(None, [Outcome({"c": 0}, ERROR), Outcome({"c": 1}, WRONG)], {"c": 0}, timer=no_timer) == (None, None)
+
+
+def test_decide_keeps_a_default_no_challenger_looked_faster_than_without_retiming():
+    default = Outcome({"c": 0}, OK, t(10))
+    assert decide(None, [default, Outcome({"c": 1}, OK, t(11))], {"c": 0}, timer=None) == (default, default.timing)
+
+
+def test_summarize_median_and_iqr():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median_us == 3.0 and s.samples == 5 and s.spread_us == pytest.approx(2.0)

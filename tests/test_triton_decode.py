@@ -1,0 +1,194 @@
+"""The Triton split-KV decode against the torch oracle (interpreted on CPU, compiled on CUDA)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuner.ops.base import DecodeInputs, make_decode_inputs
+from tuner.ops.reference import paged_decode_reference
+from tuner.ops.shapes import DecodeShape
+from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
+
+# unavailable() also switches the interpreter on (no CUDA) before triton's first import
+_WHY = TRITON_DECODE.unavailable()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE = TRITON_DECODE.device()  # interpreted on CPU; compiled on CUDA
+# small float32 problems: the interpreter is slow, and float32 makes the comparison tight
+BASE = DecodeShape(batch=2, kv_len=80, num_q_heads=8, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")
+
+
+def _decode(inputs: DecodeInputs, max_kv_len: int | None = None, **kwargs: int) -> torch.Tensor:
+    s = inputs.shape
+    return triton_paged_decode(
+        inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+        max_kv_len=s.kv_len if max_kv_len is None else max_kv_len,
+        causal=s.causal, window=s.window, softcap=s.softcap or None, sinks=inputs.sinks, **kwargs,
+    )
+
+
+def _check(inputs: DecodeInputs, out: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-4) -> None:
+    ref = inputs.reference()
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+CASES = {
+    "plain": {},
+    "gqa_8_2": dict(num_q_heads=8, num_kv_heads=2),
+    "mqa_8_1": dict(num_q_heads=8, num_kv_heads=1),
+    "mha_4_4": dict(num_q_heads=4, num_kv_heads=4),
+    "mtp_q3_causal": dict(q_len=3),
+    "q_len_5_non_causal": dict(q_len=5, causal=False),
+    "window_left": dict(window=(20, -1)),
+    "window_both_non_causal": dict(window=(12, 5), causal=False, q_len=2),
+    "window_mtp": dict(window=(9, -1), q_len=4),
+    "softcap": dict(softcap=0.5),
+    "sinks": dict(sinks=True),
+    "sinks_window_softcap": dict(sinks=True, window=(16, -1), softcap=2.0, q_len=2),
+    "page_size_1": dict(page_size=1),
+    "page_size_16_ragged_last_page": dict(page_size=16, kv_len=77),
+    "head_dim_40": dict(head_dim=40),
+    "head_dim_24_gqa_mtp": dict(head_dim=24, q_len=2, num_q_heads=6, num_kv_heads=3),
+    "many_rows": dict(num_q_heads=32, num_kv_heads=1, q_len=3),  # 96 rows: 2 row blocks of 64
+}
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference(case: str, splits: int) -> None:
+    inputs = make_decode_inputs(dataclasses.replace(BASE, **CASES[case]), device=DEVICE)
+    _check(inputs, _decode(inputs, block_n=16, num_kv_splits=splits))
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_different_lengths_in_one_batch(splits: int) -> None:
+    shape = dataclasses.replace(BASE, batch=4, kv_len=150, q_len=2, sinks=True, window=(40, -1))
+    inputs = make_decode_inputs(shape, device=DEVICE)
+    # shorter sequences: the kernel reads their lengths on the device; the page table stays
+    inputs.cache_seqlens = torch.tensor([150, 97, 33, 2], dtype=torch.int32, device=DEVICE)
+    ref = paged_decode_reference(
+        inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+        causal=shape.causal, window=shape.window, sinks=inputs.sinks,
+    )
+    out = _decode(inputs, max_kv_len=150, block_n=16, num_kv_splits=splits)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    # the short rows really differ from a full-length run (the lengths were used)
+    full = _decode(make_decode_inputs(shape, device=DEVICE), block_n=16, num_kv_splits=splits)
+    assert (out[1:] - full[1:]).abs().amax() > 1e-2
+
+
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_empty_sequence_outputs_zero(with_sinks: bool) -> None:
+    inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=with_sinks), device=DEVICE)
+    inputs.cache_seqlens = torch.tensor([80, 0], dtype=torch.int32, device=DEVICE)
+    for splits in (1, 4):
+        out = _decode(inputs, block_n=16, num_kv_splits=splits)
+        assert torch.isfinite(out).all()
+        assert out[1].abs().amax() == 0
+        assert out[0].abs().amax() > 0
+        torch.testing.assert_close(out[0], inputs.reference()[0], atol=1e-4, rtol=1e-4)
+
+
+def test_more_splits_than_needed() -> None:
+    inputs = make_decode_inputs(dataclasses.replace(BASE, kv_len=40, sinks=True), device=DEVICE)
+    # max_kv_len far above the real length keeps all 8 splits: most of them get no keys
+    for max_kv_len in (40, 4096):
+        _check(inputs, _decode(inputs, max_kv_len=max_kv_len, block_n=16, num_kv_splits=8))
+    _check(inputs, _decode(inputs, block_n=64, num_kv_splits=8))
+
+
+def test_every_cpu_tiny_config() -> None:
+    shape = TRITON_DECODE.grids["cpu-tiny"][-1]  # the largest: batch 2, kv 128
+    inputs = TRITON_DECODE.make_inputs(shape, device=TRITON_DECODE.device())
+    ref = inputs.reference()
+    configs = TRITON_DECODE.configs(shape)
+    assert len(configs) >= 6
+    atol, rtol = TRITON_DECODE.tolerance[shape.dtype]
+    for config in configs:
+        torch.testing.assert_close(TRITON_DECODE.run(inputs, config), ref, atol=atol, rtol=rtol, msg=str(config))
+
+
+def test_op_config_space() -> None:
+    op = TRITON_DECODE
+    assert op.name == "triton_decode"
+    assert op.unavailable() is None
+    assert op.device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    for name, shapes in op.grids.items():
+        assert shapes, name
+        for shape in shapes:
+            configs = op.configs(shape)
+            keys = [tuple(sorted(c.items())) for c in configs]
+            assert len(keys) == len(set(keys)), f"duplicate configs for {shape.label()}"
+            if not torch.cuda.is_available() or name.startswith("cpu"):
+                assert op.default(shape) in configs, shape.label()
+    # no split left without keys: kv 64 in blocks of 32 holds 2 splits, not 4
+    tiny = DecodeShape(batch=1, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")
+    pairs = {(c["block_n"], c["num_kv_splits"]) for c in op.configs(tiny)}
+    assert (32, 2) in pairs and (32, 4) not in pairs and (64, 1) in pairs and (64, 2) not in pairs
+    if not torch.cuda.is_available():  # the brief's CPU space, warps and stages fixed
+        long = dataclasses.replace(tiny, kv_len=4096)
+        assert len(op.configs(long)) == 12 and {c["num_warps"] for c in op.configs(long)} == {4}
+    # a sliding window shrinks what is split: 32 visible keys, not 4096
+    windowed = dataclasses.replace(tiny, kv_len=4096, window=(31, -1))
+    assert all(c["num_kv_splits"] * c["block_n"] <= 32 for c in op.configs(windowed))
+    assert op.default(tiny)["num_kv_splits"] == 2
+
+
+def test_bfloat16() -> None:
+    # in the interpreter bfloat16 takes its own dot path (the interpreter's tl.dot mishandles bf16)
+    inputs = make_decode_inputs(dataclasses.replace(BASE, dtype="bfloat16", sinks=True, q_len=2), device=DEVICE)
+    for splits in (1, 2):
+        _check(inputs, _decode(inputs, block_n=16, num_kv_splits=splits), atol=1.6e-2, rtol=1.6e-2)
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run code in a fresh interpreter with no TRITON_INTERPRET (this process set one)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_import_does_not_import_triton() -> None:
+    result = _python("import sys, tuner.ops.triton_decode; assert 'triton' not in sys.modules, 'triton imported'")
+    assert result.returncode == 0, result.stderr
+
+
+_RUN_TINY = """
+from tuner.ops.triton_decode import TRITON_DECODE as op
+inputs = op.make_inputs(op.grids["cpu-tiny"][0])
+out = op.run(inputs, op.default(inputs.shape))
+assert (out - inputs.reference()).abs().max() < 1e-4
+print("ok")
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without CUDA")
+def test_interpreter_switched_on_without_env() -> None:
+    result = _python(_RUN_TINY)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+    # triton imported before the op could set TRITON_INTERPRET: a clear error, not a crash
+    result = _python("import triton\n" + _RUN_TINY)
+    assert result.returncode != 0 and "before TRITON_INTERPRET=1 was set" in result.stderr, result.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_bfloat16_decode() -> None:
+    shape = DecodeShape(batch=4, kv_len=3000, num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=1,
+                        dtype="bfloat16", sinks=True)
+    inputs = make_decode_inputs(shape, device="cuda")
+    inputs.cache_seqlens = torch.tensor([3000, 1500, 17, 1], dtype=torch.int32, device="cuda")
+    ref = inputs.reference()
+    for config in [TRITON_DECODE.default(shape), *TRITON_DECODE.configs(shape)[::7]]:
+        out = TRITON_DECODE.run(inputs, config)
+        assert out.device.type == "cuda" and out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, ref, atol=1.6e-2, rtol=1.6e-2, msg=str(config))

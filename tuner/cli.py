@@ -1,0 +1,316 @@
+"""The `tuner` command line: parses, calls the modules below it, prints with rich."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from typing_extensions import Annotated
+
+from tuner import __version__
+from tuner.errors import TunerError
+
+app = typer.Typer(
+    name="tuner",
+    help="Kernel autotuning with a persistent tuning DB for LLM-serving attention kernels.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+DbOption = Annotated[
+    Optional[str],
+    typer.Option("--db", help="Tuning DB: SQLAlchemy URL or SQLite file path [default: $TUNER_DB, else the embedded SQLite file]."),
+]
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Bad input of any kind: one line on stderr, exit code 2."""
+    try:
+        yield
+    except TunerError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _open_db(db: str | None, *, create: bool = True):
+    from tuner.db import TuningDB
+
+    return TuningDB(db, create=create)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        console.print(f"tuner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    """Sweep ops over shapes into the tuning DB; the runtime picks the winners up."""
+
+
+@app.command("ops")
+def ops_command() -> None:
+    """List the tunable ops, whether they can run here, and their named grids."""
+    from tuner.ops import list_ops
+
+    table = Table(title="tunable ops")
+    for col in ("op", "runs here", "grids", "description"):
+        table.add_column(col)
+    for op in list_ops():
+        why = op.unavailable()
+        table.add_row(
+            op.name,
+            f"[green]yes[/] ({op.device()})" if why is None else f"[red]no[/]: {why}",
+            ", ".join(f"{name} ({len(shapes)})" for name, shapes in op.grids.items()),
+            op.description,
+        )
+    console.print(table)
+
+
+def _fmt_us(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _fmt_config(config: dict | None) -> str:
+    if not config:
+        return "-"
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+@app.command("sweep")
+def sweep_command(
+    op_name: Annotated[str, typer.Argument(metavar="OP", help="Op to tune (see `tuner ops`).")],
+    grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op [default: cpu-small on CPU, decode on GPU].")] = None,
+    shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
+    db: DbOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds.")] = False,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = 15,
+    max_seconds: Annotated[float, typer.Option(min=0.001, help="Stop timing a config after this long (once 5 calls are timed).")] = 2.0,
+    min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, help="A winner must beat the default by this fraction, and by more than the noise.")] = 0.01,
+) -> None:
+    """Benchmark every candidate config of OP over a grid of shapes; store the winners.
+
+    Resumable: rerun the same command after an interruption and only what is missing is
+    measured. Each candidate is checked against the reference before it is timed.
+    """
+    with _user_errors():
+        from tuner.bench import WallClockTimer
+        from tuner.ops import get_grid, get_op, load_shapes
+        from tuner.sweep import sweep
+
+        op = get_op(op_name)
+        if grid is not None and shapes_file is not None:
+            raise TunerError("give --grid or --shapes, not both")
+        why = op.unavailable()
+        if why is not None:
+            raise TunerError(f"op {op.name} cannot run here: {why}")
+        device = op.device()
+        if shapes_file is not None:
+            shapes = load_shapes(shapes_file)
+        else:
+            shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
+        database = _open_db(db)
+        timer = WallClockTimer(warmup=warmup, repeats=repeats, min_repeats=min(5, repeats),
+                               max_seconds=max_seconds, cuda_sync=device == "cuda")
+        from tuner.sweep import candidate_configs
+
+        total = sum(len(candidate_configs(op, s)) for s in shapes)
+        console.print(f"sweeping [bold]{op.name}[/] on {device}: {len(shapes)} shapes, {total} measurements -> {database.display_url}")
+        with Progress(
+            TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+        ) as progress:
+            task = progress.add_task(op.name, total=total)
+            results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain,
+                            on_advance=lambda n, label: progress.update(task, advance=n, description=label))
+            progress.update(task, description=op.name)
+        console.print(_sweep_table(op.name, results))
+        if any(r.status == "skipped" for r in results):
+            console.print("skipped shapes already have a winner in the DB (see `tuner show`; --force measures again)")
+
+
+def _sweep_table(op_name: str, results: list) -> Table:
+    """One row per shape; the static part goes in the title when all rows share it."""
+    statics = {r.shape.static_label() for r in results}
+    common = statics.pop() if len(statics) == 1 else None
+    table = Table(title=f"{op_name} winners" + (f" ({common})" if common else ""))
+    if common is None:
+        table.add_column("static")
+    for col in ("batch", "q", "kv", "default us", "winner", "us", "speedup", "note"):
+        table.add_column(col, justify="left" if col in ("winner", "note") else "right")
+    for r in results:
+        note = {"skipped": "already in DB", "failed": "no config ran right"}.get(r.status, "")
+        if r.failures:
+            note = f"{note} {r.failures} failed".strip()
+        if r.resumed:
+            note = f"{note} {r.resumed} resumed".strip()
+        row = [] if common else [r.shape.static_label()]
+        row += [
+            str(r.shape.batch), str(r.shape.q_len), f"{r.shape.kv_len:,}", _fmt_us(r.default_us),
+            _fmt_config(r.winner), _fmt_us(r.winner_us),
+            "-" if r.speedup is None else f"{r.speedup:.2f}x", note,
+        ]
+        table.add_row(*row)
+    return table
+
+
+def _static_label(static_json: str) -> str:
+    try:
+        from tuner.keys import AttentionStaticKey
+
+        k = AttentionStaticKey.from_json(static_json)
+    except (ValueError, TypeError):
+        return static_json
+    label = f"{k.q_dtype} h{k.num_q_heads}/{k.num_kv_heads} d{k.head_dim_qk} p{k.page_size}"
+    if not k.causal:
+        label += " noncausal"
+    if (k.window_left, k.window_right) != (-1, -1):
+        label += f" win{k.window_left},{k.window_right}"
+    for flag in ("softcap", "sinks", "k_descale", "v_descale"):
+        if getattr(k, flag):
+            label += f" {flag}"
+    return label
+
+
+@app.command("show")
+def show_command(
+    db: DbOption = None,
+    op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
+    all_environments: Annotated[bool, typer.Option("--all", help="Include winners measured in other environments (not used at lookup).")] = False,
+) -> None:
+    """Show the stored winners of this environment."""
+    with _user_errors():
+        from tuner.db import current_fingerprint_id
+
+        database = _open_db(db, create=False)
+        fp = current_fingerprint_id()
+        records = database.records(op=op, fingerprint_id=None if all_environments else fp)
+        groups: dict[tuple[str, str], list] = {}
+        for r in records:
+            groups.setdefault((r.problem.op, r.problem.static_key), []).append(r)
+        for (op_name, static), rows in groups.items():
+            table = Table(title=f"{op_name} ({_static_label(static)})")
+            for col in ("batch", "q", "kv <=", "config", "us", "default us", "speedup"):
+                table.add_column(col, justify="left" if col == "config" else "right")
+            if all_environments:
+                table.add_column("environment")
+            for r in rows:
+                run = r.problem.run_key
+                row = [
+                    str(run.batch), str(run.max_q_len), f"{run.kv_len_bucket:,}", _fmt_config(r.config),
+                    _fmt_us(r.median_us), _fmt_us(r.default_median_us),
+                    "-" if r.speedup is None else f"{r.speedup:.2f}x",
+                ]
+                if all_environments:
+                    row.append("this" if r.fingerprint_id == fp else r.fingerprint_id)
+                table.add_row(*row)
+            console.print(table)
+        scope = "stored" if all_environments else "stored for this environment"
+        console.print(f"{len(records)} winners {scope} in {database.display_url}")
+        if not records:
+            console.print("run `tuner sweep OP` to tune an op (`tuner ops` lists them)")
+
+
+class ExportFormat(str, Enum):
+    json = "json"
+
+
+@app.command("export")
+def export_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="File to write.")],
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="Output format: json (tuner's versioned schema).")] = ExportFormat.json,
+    db: DbOption = None,
+    op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
+) -> None:
+    """Write the stored winners (every environment, with its fingerprint) to a file."""
+    with _user_errors():
+        from tuner.db import export_document
+
+        database = _open_db(db, create=False)
+        document = export_document(database, op=op)
+        if out.is_dir():
+            raise TunerError(f"--out {out} is a directory; give a file path")
+        try:
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+            tmp.replace(out)
+        except OSError as e:
+            raise TunerError(f"cannot write {out}: {e.strerror or e}") from None
+        console.print(f"exported {len(document['records'])} winners to {out}")
+
+
+@app.command("import")
+def import_command(
+    file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json`.")],
+    db: DbOption = None,
+) -> None:
+    """Load winners from a JSON export. The whole file is validated first; on any error
+    nothing is written."""
+    with _user_errors():
+        from tuner.db.jsonio import import_document, load_document
+
+        data = load_document(file)
+        database = _open_db(db)
+        n = import_document(database, data)
+        console.print(f"imported {n} winners into {database.display_url}")
+
+
+@app.command("doctor")
+def doctor_command(db: DbOption = None) -> None:
+    """Check the environment and the tuning DB: fingerprint, DB location, counts, integrity."""
+    with _user_errors():
+        from tuner.db import current_fingerprint, current_fingerprint_id
+        from tuner.ops import list_ops
+
+        fp, fp_id = current_fingerprint(), current_fingerprint_id()
+        table = Table(title=f"environment fingerprint {fp_id}", show_header=False)
+        table.add_column("field")
+        table.add_column("value")
+        for k, v in fp.items():
+            table.add_row(k, "-" if v is None else str(v))
+        console.print(table)
+        ops = Table(title="ops")
+        ops.add_column("op")
+        ops.add_column("runs here")
+        for op in list_ops():
+            why = op.unavailable()
+            ops.add_row(op.name, "yes" if why is None else f"no: {why}")
+        console.print(ops)
+
+        database = _open_db(db, create=False)
+        console.print(f"tuning DB: {database.display_url}")
+        counts = database.counts()
+        fps = database.fingerprints()
+        envs = Table(title="stored per environment")
+        for col in ("environment", "device", "records", "measurements", "used at lookup"):
+            envs.add_column(col)
+        for env_id in sorted(set(counts) | set(fps)):
+            c = counts.get(env_id, {"records": 0, "measurements": 0})
+            envs.add_row(env_id, str(fps.get(env_id, {}).get("device", "?")), str(c["records"]),
+                         str(c["measurements"]), "yes" if env_id == fp_id else "no (other environment)")
+        console.print(envs)
+        problems = database.integrity()
+        if problems:
+            for p in problems:
+                err.print(f"[red]problem:[/] {p}", highlight=False)
+            raise typer.Exit(1)
+        console.print("[green]integrity: ok[/]")
+
+
+def main() -> None:
+    app(prog_name="tuner")

@@ -1,0 +1,499 @@
+"""Split-KV paged decode in Triton: block size, kv splits, warps and stages are the knobs.
+
+Stage 1 runs one program per (sequence, kv head, block of query rows, kv split). Its rows
+are every (query token, q head) pair that reads that kv head, so K and V are loaded once
+per GQA group. It walks its share of the keys the rows can see (window and causal bounds
+applied first), BLOCK_N tokens at a time through the page table, with an online softmax,
+and writes a normalised partial output plus its log-sum-exp. Stage 2 merges the splits by
+log-sum-exp, adds the sinks to the denominator and writes q's dtype. With a single split
+stage 1 finishes the job itself and stage 2 is skipped.
+
+Triton is imported lazily, on first use: `import tuner` stays fast, and the interpreter
+(TRITON_INTERPRET=1, which Triton reads when @triton.jit runs) can be switched on before
+the kernels are defined. CPU tensors always go through the interpreter. Where CUDA is
+absent, op.unavailable() and the first call set TRITON_INTERPRET=1 unless the user set it;
+that must happen before anything imports triton, since triton.language's own @jit helpers
+(tl.sum, tl.max) are decorated at that import. A clear error says so if it came too late.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+from typing import Any
+
+import torch
+
+from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.ops.shapes import DecodeShape, grid
+
+# Bound by _define_kernels. They must be module globals, not locals of that function:
+# the compiler and the interpreter both resolve names through the kernel's __globals__,
+# and the interpreter patches the `tl` it finds there.
+triton: Any = None
+tl: Any = None
+
+# the config space. CPU (interpreter): small blocks and few splits keep each run short.
+CPU_BLOCK_NS = (16, 32, 64)
+CPU_SPLITS = (1, 2, 4, 8)
+# CUDA: larger blocks (16 is left out as too small for a GPU's tensor cores); split counts
+# come from _cuda_splits. Issue 3's sweeps on the H200 are what will judge this space.
+CUDA_BLOCK_NS = (32, 64, 128)
+CUDA_MAX_SPLITS = 128
+CUDA_WAVES = 4
+CUDA_WARPS = (4, 8)
+CUDA_STAGES = (2, 3)
+MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs
+DEFAULT: Config = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
+
+_kernels_lock = threading.Lock()
+_kernels_cache: dict[bool, tuple[Any, Any]] = {}  # interpret? -> (stage 1, stage 2)
+
+
+def _define_kernels() -> tuple[Any, Any]:
+    """Import triton and decorate the kernels; the caller has set TRITON_INTERPRET as wanted."""
+    global triton, tl
+    import triton as _triton
+    import triton.language as _tl
+
+    triton, tl = _triton, _tl
+
+    @triton.jit
+    def _decode_split_kernel(
+        Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
+        stride_qb, stride_qs, stride_qh,
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        stride_tb, stride_tp,
+        stride_pb, stride_ps, stride_ph, stride_pk,
+        stride_lb, stride_ls, stride_lh,
+        stride_ob, stride_os, stride_oh,
+        q_len, num_kv_heads, num_splits, scale, softcap, left, right,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        HEAD_DIM_V: tl.constexpr,
+        PAGE_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        MASK_LEFT: tl.constexpr,
+        MASK_RIGHT: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        HAS_SINKS: tl.constexpr,
+        FINAL: tl.constexpr,
+        F32_DOT: tl.constexpr,
+    ):
+        # int64 index math throughout: no int32 overflow on large caches or batches (and the
+        # interpreter skips its per-op int32 overflow checks, ~40% of its run time)
+        pid_bh = tl.program_id(0).to(tl.int64)
+        row_block = tl.program_id(1).to(tl.int64)
+        split = tl.program_id(2).to(tl.int64)
+        b = pid_bh // num_kv_heads
+        kvh = pid_bh % num_kv_heads
+        seq_len = tl.load(SeqLens + b).to(tl.int64)
+
+        # row r is query token r // GROUP of q head kvh * GROUP + r % GROUP
+        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_len * GROUP
+        qi = rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        pos = seq_len - q_len + qi  # the queries are the last q_len tokens
+
+        # keys any row of this block may see: [lo, hi). The window masks are compiled in only
+        # where they can bite: left >= 0, or right >= 0 with several queries (a lone query
+        # sits at the last position, so no key lies to its right)
+        lo = 0
+        hi = seq_len
+        if MASK_LEFT:  # the block's first query sees furthest left
+            first_pos = seq_len - q_len + (row_block * BLOCK_M) // GROUP
+            lo = tl.maximum(first_pos - left, 0)
+        if MASK_RIGHT:  # and its last query furthest right
+            last_pos = seq_len - q_len + tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+            hi = tl.minimum(last_pos + right + 1, seq_len)
+        # this split's share, whole BLOCK_N blocks (the last split may get less or nothing)
+        span = tl.maximum(hi - lo, 0)
+        chunk = ((span + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        start = lo + split * chunk
+        end = tl.minimum(start + chunk, hi)
+
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        d_ok = offs_d < HEAD_DIM
+        dv_ok = offs_dv < HEAD_DIM_V
+        q_ptrs = Q + b * stride_qb + qi[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if F32_DOT:
+            q = q.to(tl.float32)
+
+        # loop invariants, hoisted by hand (the interpreter does no hoisting)
+        K_head = K + kvh * stride_kh
+        V_head = V + kvh * stride_vh
+        pages = PageTable + b * stride_tb
+        k_cols = K_head + offs_d[:, None]
+        k_mask = d_ok[:, None]
+        v_rows = V_head + offs_dv[None, :]
+        v_mask = dv_ok[None, :]
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+        acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            tok_ok = tok < end
+            page = tl.load(pages + (tok // PAGE_SIZE) * stride_tp, mask=tok_ok, other=0)
+            page = page.to(tl.int64)
+            slot = tok % PAGE_SIZE
+            k_off = page * stride_kp + slot * stride_ks
+            v_off = page * stride_vp + slot * stride_vs
+            # K is loaded transposed, (D, N), ready for the dot
+            k = tl.load(k_cols + k_off[None, :], mask=k_mask & tok_ok[None, :], other=0.0)
+            if F32_DOT:  # full float32 products, not tf32
+                s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+            else:
+                s = tl.dot(q, k)
+            s = s * scale
+            if HAS_SOFTCAP:
+                # s * tanh(x / s), tanh written with exp (tl.math.tanh differs across versions)
+                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
+            # padded rows (row_ok false) hold q = 0: finite scores, never stored
+            ok = tok_ok[None, :]
+            if MASK_LEFT:
+                ok = ok & (tok[None, :] >= pos[:, None] - left)
+            if MASK_RIGHT:
+                ok = ok & (tok[None, :] <= pos[:, None] + right)
+            s = tl.where(ok, s, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen nothing yet keeps max -inf: subtract 0 instead (no NaN)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_rows + v_off[:, None], mask=v_mask & tok_ok[:, None], other=0.0)
+            if F32_DOT:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        if FINAL:
+            # one split: normalise here, sink included, and write q's dtype
+            if HAS_SINKS:
+                sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
+                m_all = tl.maximum(m_i, sink)
+                m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+                alpha = tl.exp(m_i - m_all)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha + tl.exp(sink - m_all)
+            # l_i == 0 only when nothing was seen, and then acc == 0: output 0
+            out = acc / tl.maximum(l_i, 1e-30)[:, None]
+            o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        else:
+            part = acc / tl.maximum(l_i, 1e-30)[:, None]
+            lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
+            p_ptrs = (Part + b * stride_pb + qi[:, None] * stride_ps + head[:, None] * stride_ph
+                      + split * stride_pk + offs_dv[None, :])
+            tl.store(p_ptrs, part, mask=row_ok[:, None] & dv_ok[None, :])
+            tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse, mask=row_ok)
+
+    @triton.jit
+    def _decode_merge_kernel(
+        Part, Lse, Sinks, Out,
+        stride_pb, stride_ps, stride_ph, stride_pk,
+        stride_lb, stride_ls, stride_lh,
+        stride_ob, stride_os, stride_oh,
+        q_len, num_q_heads, num_splits,
+        HEAD_DIM_V: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_DV: tl.constexpr,
+        HAS_SINKS: tl.constexpr,
+    ):
+        pid = tl.program_id(0).to(tl.int64)  # one (sequence, query token, q head) each
+        h = pid % num_q_heads
+        qi = (pid // num_q_heads) % q_len
+        b = pid // (num_q_heads * q_len)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        s_ok = offs_s < num_splits
+        dv_ok = offs_dv < HEAD_DIM_V
+
+        lse = tl.load(Lse + b * stride_lb + qi * stride_ls + h * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
+        m = tl.max(lse, 0)
+        if HAS_SINKS:
+            sink = tl.load(Sinks + h).to(tl.float32)
+            m = tl.maximum(m, sink)
+        m = tl.where(m == float("-inf"), 0.0, m)  # nothing seen anywhere: weights are all 0
+        w = tl.exp(lse - m)
+        denom = tl.sum(w, 0)
+        if HAS_SINKS:
+            denom = denom + tl.exp(sink - m)  # the sink attends to nothing: denominator only
+        p_ptrs = (Part + b * stride_pb + qi * stride_ps + h * stride_ph
+                  + offs_s[:, None] * stride_pk + offs_dv[None, :])
+        part = tl.load(p_ptrs, mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
+        out = tl.sum(part * w[:, None], 0) / tl.maximum(denom, 1e-30)
+        tl.store(Out + b * stride_ob + qi * stride_os + h * stride_oh + offs_dv, out.to(Out.dtype.element_ty),
+                 mask=dv_ok)
+
+    return _decode_split_kernel, _decode_merge_kernel
+
+
+def _prepare_env() -> None:
+    """Where nothing can be compiled, ask for the interpreter (a user's explicit setting wins).
+
+    Call before the first `import triton`: triton.language's own @jit helpers (tl.sum,
+    tl.max, ...) are decorated at that import, and the interpreter can only call them if
+    TRITON_INTERPRET was already set then.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _kernels(interpret: bool) -> tuple[Any, Any]:
+    """The two kernels, compiled (interpret=False) or run by Triton's interpreter; cached."""
+    with _kernels_lock:
+        if interpret in _kernels_cache:
+            return _kernels_cache[interpret]
+        _prepare_env()
+        previous = os.environ.get("TRITON_INTERPRET")
+        if interpret:
+            # CPU tensors can only run interpreted, even on a CUDA machine: force it
+            # while decorating (Triton reads the variable then), and put it back after
+            os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            kernels = _define_kernels()
+        finally:
+            if previous is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = previous
+        if interpret:
+            if type(kernels[0]).__name__ != "InterpretedFunction":
+                raise RuntimeError(
+                    "triton_decode: CPU tensors need Triton's interpreter, but Triton did not enable "
+                    "it (is triton.knobs.runtime.interpret forced off?)"
+                )
+            if isinstance(tl.sum, triton.runtime.jit.JITFunction):
+                raise RuntimeError(
+                    "triton_decode: CPU tensors need Triton's interpreter, but triton was imported "
+                    "before TRITON_INTERPRET=1 was set, so its tl.sum/tl.max cannot be interpreted; "
+                    "set TRITON_INTERPRET=1 in the environment (or before anything imports triton)"
+                )
+        _kernels_cache[interpret] = kernels
+        return kernels
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def triton_paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    max_kv_len: int,
+    causal: bool = True,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    block_n: int = 32,
+    num_kv_splits: int = 4,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Paged decode attention, same layouts and semantics as paged_decode_reference.
+
+    q (batch, q_len, Hq, D); k_cache/v_cache (num_pages, page_size, Hkv, D[v]); page_table
+    (batch, max_pages); cache_seqlens (batch,) on the device, read only by the kernel.
+    max_kv_len (host-side, >= every cache_seqlens entry) caps num_kv_splits so no split is
+    empty for the longest sequence; each sequence divides its own visible keys among the
+    splits, so shorter sequences in the batch just leave their last splits idle.
+    """
+    batch, q_len, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    head_dim_v = v_cache.shape[-1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16 (tl.dot), got {block_n}")
+    group = num_q_heads // num_kv_heads
+    # the kernels index the last dim with unit stride
+    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
+    split_kernel, merge_kernel = _kernels(interpret=q.device.type != "cuda")
+    # TRITON_INTERPRET=1 set by the user interprets CUDA tensors too
+    interpreted = type(split_kernel).__name__ == "InterpretedFunction"
+
+    left, right = window
+    left = left if left >= 0 else -1
+    right = right if right >= 0 else -1
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    num_splits = max(1, min(num_kv_splits, _cdiv(max_kv_len, block_n)))
+    rows = q_len * group
+    block_m = min(MAX_BLOCK_M, max(16, _next_pow2(rows)))  # tl.dot needs >= 16
+    block_d = max(16, _next_pow2(head_dim))
+    block_dv = max(16, _next_pow2(head_dim_v))
+    final = num_splits == 1
+    # float32 dots for float32 inputs (no tf32), and for bfloat16 in the interpreter, whose
+    # tl.dot multiplies bfloat16's raw uint16 bits (triton 3.9); GPUs use bf16 tensor cores
+    f32_dot = q.dtype == torch.float32 or (interpreted and q.dtype == torch.bfloat16)
+
+    out = torch.empty(batch, q_len, num_q_heads, head_dim_v, dtype=q.dtype, device=q.device)
+    if final:
+        part, lse = out, out  # unused by the kernel: FINAL writes out directly
+    else:
+        part = torch.empty(batch, q_len, num_q_heads, num_splits, head_dim_v, dtype=torch.float32, device=q.device)
+        lse = torch.empty(batch, q_len, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    sinks_arg = sinks if sinks is not None else out  # a valid pointer, never read without sinks
+    lse_strides = lse.stride()[:3] if not final else (0, 0, 0)
+    part_strides = part.stride()[:4] if not final else (0, 0, 0, 0)
+    scale = 1.0 / math.sqrt(head_dim)
+
+    grid1 = (batch * num_kv_heads, _cdiv(rows, block_m), num_splits)
+    split_kernel[grid1](
+        q, k_cache, v_cache, page_table, cache_seqlens, sinks_arg, part, lse, out,
+        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *page_table.stride(),
+        *part_strides, *lse_strides, *out.stride()[:3],
+        q_len, num_kv_heads, num_splits, scale, float(softcap or 1.0), left, right,
+        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, PAGE_SIZE=page_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0 and q_len > 1,
+        HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None, FINAL=final,
+        F32_DOT=f32_dot,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if not final:
+        merge_kernel[(batch * q_len * num_q_heads,)](
+            part, lse, sinks_arg, out,
+            *part_strides, *lse_strides, *out.stride()[:3],
+            q_len, num_q_heads, num_splits,
+            HEAD_DIM_V=head_dim_v, BLOCK_S=_next_pow2(num_splits),
+            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None,
+            num_warps=4,
+        )
+    return out
+
+
+# ---- the op ------------------------------------------------------------------------------
+
+
+def _visible_len(shape: DecodeShape) -> int:
+    """Keys the widest query can see: what the splits actually divide."""
+    left, right = shape.window
+    if shape.causal:
+        right = 0 if right < 0 else min(right, 0)
+    if left < 0 or right < 0:
+        return shape.kv_len
+    return min(shape.kv_len, left + shape.q_len + right)
+
+
+def _splits_fit(visible: int, block_n: int, splits: int) -> bool:
+    """True when `splits` splits of whole blocks all get keys (the kernel's chunking)."""
+    chunk = _cdiv(_cdiv(visible, splits), block_n) * block_n
+    return _cdiv(visible, chunk) == splits
+
+
+def _block_ns(visible: int, candidates: tuple[int, ...]) -> list[int]:
+    # a block past the visible keys only adds masked work: keep the smallest such
+    fitting = [n for n in candidates if n <= visible]
+    return fitting or [candidates[0]]
+
+
+@functools.lru_cache(maxsize=1)
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def _cuda_splits(shape: DecodeShape) -> list[int]:
+    """1, 2, 4, ... up to the first count that fills CUDA_WAVES waves of programs.
+
+    Splitting pays while (sequence, kv head) pairs alone leave SMs idle; past a few waves
+    it only adds merge work, so large batches get few candidates and batch 1 gets many.
+    """
+    base = shape.batch * shape.num_kv_heads * _cdiv(shape.q_len * shape.num_q_heads // shape.num_kv_heads, MAX_BLOCK_M)
+    target = CUDA_WAVES * _sm_count()
+    splits = [1]
+    while base * splits[-1] < target and splits[-1] < CUDA_MAX_SPLITS:
+        splits.append(splits[-1] * 2)
+    return splits
+
+
+def _configs(shape: DecodeShape) -> list[Config]:
+    visible = _visible_len(shape)
+    if torch.cuda.is_available():
+        block_ns, splits = _block_ns(visible, CUDA_BLOCK_NS), _cuda_splits(shape)
+        warps, stages = CUDA_WARPS, CUDA_STAGES
+    else:
+        # the interpreter ignores warps and stages: keep them fixed (no duplicate candidates)
+        block_ns, splits = _block_ns(visible, CPU_BLOCK_NS), list(CPU_SPLITS)
+        warps, stages = (DEFAULT["num_warps"],), (DEFAULT["num_stages"],)
+    return [
+        {"block_n": n, "num_kv_splits": s, "num_warps": w, "num_stages": st}
+        for n in block_ns
+        for s in splits
+        if _splits_fit(visible, n, s)  # no split left without keys
+        for w in warps
+        for st in stages
+    ]
+
+
+def _default(shape: DecodeShape) -> Config:
+    """DEFAULT, with block and splits cut back to what the shape's visible keys hold."""
+    visible = _visible_len(shape)
+    block_n = DEFAULT["block_n"] if visible >= DEFAULT["block_n"] else 16
+    splits = max(s for s in range(1, DEFAULT["num_kv_splits"] + 1) if _splits_fit(visible, block_n, s))
+    return {**DEFAULT, "block_n": block_n, "num_kv_splits": splits}
+
+
+def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
+    s = inputs.shape
+    return triton_paged_decode(
+        inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+        max_kv_len=s.kv_len, causal=s.causal, window=s.window, softcap=s.softcap or None,
+        sinks=inputs.sinks,
+        block_n=int(config["block_n"]), num_kv_splits=int(config["num_kv_splits"]),
+        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+    )
+
+
+def _unavailable() -> str | None:
+    _prepare_env()  # before triton's first import (see _prepare_env)
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as e:  # an ImportError, or a broken install failing at import
+        return f"triton cannot be imported: {type(e).__name__}: {e}"
+    return None
+
+
+_TINY = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")
+_SMALL = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16, dtype="float32")
+
+TRITON_DECODE = Op(
+    name="triton_decode",
+    description="split-KV paged decode in Triton; tunes kv block, splits, warps, stages "
+    "(compiled on CUDA, interpreted on CPU)",
+    configs=_configs,
+    default=_default,
+    run=_run,
+    unavailable=_unavailable,
+    device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
+    grids={
+        # interpreter-sized: a stage-1 program costs ~10 ms there and each kv block ~6 ms
+        "cpu-tiny": grid([1, 2], [64, 128], **_TINY),
+        "cpu-small": grid([1, 4], [256, 512], **_SMALL),
+        "decode": grid([1, 4, 16, 64, 256], [512, 2048, 8192, 32768, 131072], max_tokens=4 * 2**20)
+        + grid([1, 4, 16, 64, 256], [512, 2048, 8192, 32768, 131072], max_tokens=4 * 2**20,
+               num_q_heads=8, num_kv_heads=1),
+    },
+)

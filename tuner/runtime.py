@@ -1,0 +1,280 @@
+"""The runtime: @autotune and its lookup table (the hot path). (Not named autotune.py: a
+submodule of that name would shadow the tuner.autotune function.)
+
+A call's static key and run key select a config in O(1): a per-function memo, keyed by
+(static key, batch, max q len, kv bucket), holds the config resolved on the first call
+with that key. Resolving (the slow path, once per key) reads the in-memory snapshot of
+the DB: the exact run key, else the nearest one (tuner.keys.run), else the default.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from tuner.bench import WallClockTimer, decide, measure_configs
+from tuner.db import DBError, Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.errors import TunerError
+from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, nearest_run_key
+
+MODES = ("off", "lookup", "tune", "force")
+Config = dict[str, Any]
+
+# tolerance of a tuned candidate against the default config's output, by output dtype
+TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def _mode_from_env() -> str:
+    mode = os.environ.get("TUNER_MODE", "lookup").strip().lower() or "lookup"
+    if mode not in MODES:
+        warnings.warn(f"TUNER_MODE={mode!r} is not one of {', '.join(MODES)}; using 'lookup'", stacklevel=3)
+        return "lookup"
+    return mode
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class _Runtime:
+    """Process-wide settings and the DB snapshot, loaded on first need."""
+
+    def __init__(self) -> None:
+        self.db_target: str | os.PathLike | None = None
+        self.mode = _mode_from_env()
+        self.max_distance = 2.0
+        self._snapshot: dict[tuple[str, str], dict[AttentionRunKey, Config]] | None = None
+        self._db: TuningDB | None = None
+        self._lock = threading.Lock()  # slow path only
+        self.functions: weakref.WeakSet[AutotunedFunction] = weakref.WeakSet()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._snapshot = None
+            if self._db is not None:
+                self._db.close()
+            self._db = None
+        for f in list(self.functions):
+            f.memo.clear()
+
+    def db(self) -> TuningDB:
+        if self._db is None:
+            self._db = TuningDB(self.db_target)
+        return self._db
+
+    def snapshot(self) -> dict[tuple[str, str], dict[AttentionRunKey, Config]]:
+        if self._snapshot is None:
+            try:
+                db = self.db() if self.mode in ("tune", "force") else TuningDB(self.db_target, create=False)
+                self._snapshot = db.snapshot(current_fingerprint_id())
+                if db is not self._db:
+                    db.close()
+            except DBError as e:
+                if "no tuning DB at" not in str(e):
+                    warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=4)
+                self._snapshot = {}
+        return self._snapshot
+
+
+_runtime = _Runtime()
+
+
+def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, max_distance: float | None = None) -> None:
+    """Point the runtime at a DB and/or set the mode (default: $TUNER_DB, $TUNER_MODE).
+
+    Clears the snapshot and every memo, so the next call of each function resolves anew.
+    """
+    if mode is not None and mode not in MODES:
+        raise TunerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    _runtime.reset()
+    _runtime.db_target = db
+    _runtime.mode = mode if mode is not None else _mode_from_env()
+    if max_distance is not None:
+        _runtime.max_distance = max_distance
+
+
+def _static_json(value: Any) -> str:
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else canonical_json(value)
+
+
+class AutotunedFunction:
+    """Holds a decorated function's settings and memo; the hot path is the closure
+    built in autotune(), which reads the memo directly."""
+
+    def __init__(self, fn: Callable, name: str, configs: Any, default: Any,
+                 tolerance: tuple[float, float] | None) -> None:
+        self.fn, self.name = fn, name
+        self._configs, self._default = configs, default
+        self.tolerance = tolerance
+        self.memo: dict[tuple, Config] = {}
+        self.tuned: set[tuple] = set()  # keys tuned by this process (for force mode)
+
+    def configs(self, args: tuple, kwargs: dict) -> list[Config]:
+        return list(self._configs(*args, **kwargs) if callable(self._configs) else self._configs)
+
+    def default(self, args: tuple, kwargs: dict) -> Config:
+        return dict(self._default(*args, **kwargs) if callable(self._default) else self._default)
+
+    def resolve(self, memo_key: tuple, kv_len: int, args: tuple, kwargs: dict) -> Config:
+        """The slow path, once per memo key (static key, batch, max q len, kv bucket bits)."""
+        mode = _runtime.mode
+        default = self.default(args, kwargs)
+        if mode == "off":
+            self.memo[memo_key] = default
+            return default
+        static, batch, q_len, _ = memo_key
+        static_json = _static_json(static)
+        run = attention_run_key(batch, q_len, kv_len)
+        table = _runtime.snapshot().get((self.name, static_json), {})
+        config = table.get(run)
+        exact = config is not None
+        if config is None:
+            near = nearest_run_key(run, table, _runtime.max_distance)
+            config = table[near] if near is not None else default
+        wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
+        if wants_tune:
+            if _capturing():
+                return config  # never tune inside CUDA-graph capture; resolve again later
+            config = self._tune(Problem(self.name, static_json, run), kv_len, default, args, kwargs) or config
+            self.tuned.add(memo_key)
+        self.memo[memo_key] = config
+        return config
+
+    def _tune(self, problem: Problem, kv_len: int, default: Config, args: tuple, kwargs: dict) -> Config | None:
+        """Measure every config on this very call, store the winner, return it."""
+        configs = [default] + [c for c in self.configs(args, kwargs) if canonical_json(c) != canonical_json(default)]
+        call = lambda c: self.fn(*args, config=c, **kwargs)  # noqa: E731
+        reference = call(default)
+        tolerance = self.tolerance or TOLERANCE.get(getattr(reference, "dtype", None), (1e-4, 1e-4))
+        timer = WallClockTimer(warmup=1, repeats=7, min_repeats=3, max_seconds=0.5,
+                               cuda_sync=torch.cuda.is_available())
+        outcomes = measure_configs(call, configs, reference=reference, tolerance=tolerance, timer=timer)
+        winner, default_timing = decide(call, outcomes, default, timer=timer)
+        if winner is None:
+            return None
+        db, fp = _runtime.db(), (current_fingerprint_id(), current_fingerprint())
+        db.save_record(
+            problem, fp, winner.config,
+            median_us=winner.timing.median_us, spread_us=winner.timing.spread_us,
+            samples=winner.timing.samples, default_config=default,
+            default_median_us=default_timing and default_timing.median_us,
+            default_spread_us=default_timing and default_timing.spread_us,
+            method=dict(timer.method, source="runtime", kv_len=kv_len),
+        )
+        snapshot = _runtime.snapshot()
+        snapshot.setdefault((problem.op, problem.static_key), {})[problem.run_key] = winner.config
+        return winner.config
+
+
+def autotune(
+    name: str,
+    *,
+    configs: list[Config] | Callable[..., list[Config]],
+    default: Config | Callable[..., Config],
+    static_key: Callable[..., Any] | None = None,
+    run_key: Callable[..., tuple[int, int, int]] | None = None,
+    key: Callable[..., tuple[Any, int, int, int]] | None = None,
+    tolerance: tuple[float, float] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Decorate a callable that takes a `config` keyword.
+
+    Called with the decorated function's arguments (config excluded):
+      static_key(...) -> a hashable value naming the kernel (a tuple of dtypes and sizes,
+                         or a tuner.keys.AttentionStaticKey);
+      run_key(...)    -> (batch, max_q_len, max_kv_len), host-side values only;
+      or, instead of both, key(...) -> (static key, batch, max_q_len, max_kv_len), which
+      saves a call and lets each tensor's shape be read once.
+    They run on every call: keep them to attribute reads. configs and default may be
+    lists/dicts or functions of the same arguments. A caller's explicit config= always wins.
+    """
+    if key is None and (static_key is None or run_key is None):
+        raise TunerError("autotune needs static_key= and run_key=, or key=")
+    if key is not None and (static_key is not None or run_key is not None):
+        raise TunerError("autotune takes key=, or static_key= and run_key=, not both")
+
+    def wrap(fn: Callable) -> Callable:
+        state = AutotunedFunction(fn, name, configs, default, tolerance)
+        _runtime.functions.add(state)
+        keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
+        wrapper = _explicit_wrapper(fn, state, keys) or _generic_wrapper(fn, state, keys)
+        functools.update_wrapper(wrapper, fn)
+        wrapper.tuner = state  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
+# The hot path, as source so it can take the decorated function's own parameter list.
+# Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
+_WRAPPER_SOURCE = """
+def wrapper({params}):
+    if config is None:
+        {keys}
+        memo_key = (static, batch, q_len, (kv_len - 1).bit_length() if kv_len > 1 else 0)
+        config = _memo.get(memo_key)
+        if config is None:
+            config = _resolve(memo_key, kv_len, {args}, {kwargs})
+    return _fn({call_with_config})
+"""
+_SEPARATE_KEYS = "batch, q_len, kv_len = _run_key({call})\n        static = _static_key({call})"
+_COMBINED_KEY = "static, batch, q_len, kv_len = _key({call})"
+
+
+def _build(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable], params: str, call: str,
+           args: str, kwargs: str, namespace: dict[str, Any] | None = None) -> Callable:
+    namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, **keys)
+    key_code = (_COMBINED_KEY if "_key" in keys else _SEPARATE_KEYS).format(call=call)
+    source = _WRAPPER_SOURCE.format(
+        params=params, keys=key_code, args=args, kwargs=kwargs,
+        call_with_config=f"{call}, config=config" if call else "config=config",
+    )
+    exec(compile(source, f"<tuner.autotune wrapper of {state.name}>", "exec"), namespace)
+    return namespace["wrapper"]
+
+
+def _generic_wrapper(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable]) -> Callable:
+    return _build(fn, state, keys, params="*args, config=None, **kwargs", call="*args, **kwargs",
+                  args="args", kwargs="kwargs")
+
+
+def _explicit_wrapper(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable]) -> Callable | None:
+    """A wrapper with fn's own parameter list, so a call packs no *args/**kwargs.
+
+    Taken when fn's parameters are plain (positional-or-keyword, then keyword-only, one of
+    them `config`); it takes a third off the hot path. Other signatures get the generic one.
+    """
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    config = next((p for p in parameters if p.name == "config"), None)
+    if config is None or config.kind is not config.KEYWORD_ONLY or any(p.name.startswith("_") for p in parameters):
+        return None
+    positional = [p for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keyword = [p for p in parameters if p.kind is p.KEYWORD_ONLY and p.name != "config"]
+    if len(positional) + len(keyword) + 1 != len(parameters):
+        return None
+    defaults: dict[str, Any] = {}
+
+    def declare(p: inspect.Parameter) -> str:
+        if p.default is p.empty:
+            return p.name
+        defaults[f"_default_{p.name}"] = p.default
+        return f"{p.name}=_default_{p.name}"
+
+    params = [declare(p) for p in positional] + ["*", "config=None"] + [declare(p) for p in keyword]
+    call = [p.name for p in positional] + [f"{p.name}={p.name}" for p in keyword]
+    return _build(
+        fn, state, keys, params=", ".join(params), call=", ".join(call),
+        args="(" + "".join(f"{p.name}, " for p in positional) + ")",
+        kwargs="{" + ", ".join(f"{p.name!r}: {p.name}" for p in keyword) + "}",
+        namespace=defaults,
+    )

@@ -1,0 +1,139 @@
+"""Offline sweeps: shapes x candidate configs -> checked, timed -> winners in the DB.
+
+Resumable: each measurement is stored as it finishes (one transaction each), a shape
+whose winner is stored is skipped, and a shape cut short resumes from its measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tuner.bench import (
+    OK, Outcome, Timing, WallClockTimer, boundary_sync, decide, measure_config,
+)
+from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.errors import TunerError
+from tuner.keys import canonical_json
+from tuner.ops import Config, DecodeShape, Op
+
+TUNED, SKIPPED, FAILED = "tuned", "skipped", "failed"
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    shape: DecodeShape
+    status: str  # tuned | skipped (its stored winner is reported) | failed (nothing ran right)
+    winner: Config | None
+    winner_us: float | None
+    default_us: float | None
+    measured: int  # configs measured in this run
+    resumed: int  # configs whose stored measurement was reused
+    failures: int  # configs that crashed, ran out of memory or were wrong
+
+    @property
+    def speedup(self) -> float | None:
+        if self.winner_us and self.default_us:
+            return self.default_us / self.winner_us
+        return None
+
+
+def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:
+    """The default first (so it is always measured), then the rest of the space once each."""
+    default = op.default(shape)
+    seen = {canonical_json(default)}
+    out = [default]
+    for config in op.configs(shape):
+        key = canonical_json(config)
+        if key not in seen:
+            seen.add(key)
+            out.append(config)
+    return out
+
+
+def _stored_outcome(row: Any) -> Outcome:
+    timing = Timing(row.median_us, row.spread_us, row.samples) if row.status == OK else None
+    return Outcome(row.config, row.status, timing, row.max_error, row.error)
+
+
+def sweep(
+    op: Op,
+    shapes: list[DecodeShape],
+    db: TuningDB,
+    *,
+    timer: WallClockTimer | None = None,
+    force: bool = False,
+    min_gain: float = 0.01,
+    seed: int = 0,
+    on_advance: Callable[[int, str], None] | None = None,
+) -> list[ShapeResult]:
+    """Tune op over shapes into db. on_advance(n, label) reports n configs done."""
+    unavailable = op.unavailable()
+    if unavailable:
+        raise TunerError(f"op {op.name} cannot run here: {unavailable}")
+    device = op.device()
+    timer = timer or WallClockTimer(cuda_sync=device == "cuda")
+    fp_id, fp = current_fingerprint_id(), current_fingerprint()
+    method = dict(timer.method, device=device)
+    advance = on_advance or (lambda n, label: None)
+    results = []
+    for shape in shapes:
+        configs = candidate_configs(op, shape)
+        inputs = op.make_inputs(shape, device=device, seed=seed)
+        problem = Problem(op.name, inputs.static_key().to_json(), inputs.run_key())
+        label = shape.label()
+        stored_winner = None if force else db.record(problem, fp_id)
+        if stored_winner is not None:
+            advance(len(configs), label)
+            results.append(ShapeResult(
+                shape, SKIPPED, stored_winner.config, stored_winner.median_us,
+                stored_winner.default_median_us, 0, 0, 0,
+            ))
+            continue
+        stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, fp_id)}
+        reference = inputs.reference()
+        tolerance = op.tolerance[shape.dtype]
+        outcomes, measured, resumed = [], 0, 0
+        boundary_sync()
+        for config in configs:
+            row = stored.get(canonical_json(config))
+            if row is not None:
+                outcomes.append(_stored_outcome(row))
+                resumed += 1
+            else:
+                outcome = measure_config(
+                    lambda c: op.run(inputs, c), config,
+                    reference=reference, tolerance=tolerance, timer=timer,
+                )
+                t = outcome.timing
+                db.save_measurement(
+                    problem, (fp_id, fp), config, kv_len=shape.kv_len, status=outcome.status,
+                    method=method, median_us=t and t.median_us, spread_us=t and t.spread_us,
+                    samples=t.samples if t else 0, max_error=outcome.max_error, error=outcome.error,
+                )
+                outcomes.append(outcome)
+                measured += 1
+            advance(1, label)
+        default = configs[0]
+        winner, default_timing = decide(
+            lambda c: op.run(inputs, c), outcomes, default, timer=timer, min_gain=min_gain
+        )
+        failures = sum(o.status != OK for o in outcomes)
+        if winner is None:
+            boundary_sync()
+            results.append(ShapeResult(shape, FAILED, None, None, None, measured, resumed, failures))
+            continue
+        boundary_sync()
+        db.save_record(
+            problem, (fp_id, fp), winner.config,
+            median_us=winner.timing.median_us, spread_us=winner.timing.spread_us,
+            samples=winner.timing.samples, default_config=default,
+            default_median_us=default_timing and default_timing.median_us,
+            default_spread_us=default_timing and default_timing.spread_us,
+            method=dict(method, min_gain=min_gain),
+        )
+        results.append(ShapeResult(
+            shape, TUNED, winner.config, winner.timing.median_us,
+            default_timing and default_timing.median_us, measured, resumed, failures,
+        ))
+    return results
