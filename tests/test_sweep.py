@@ -19,14 +19,14 @@ class FakeTimer:
         self.cost = None
         self.bias = {}  # config name -> extra cost seen only in the paired (confirming) run
 
-    def __call__(self, fn):
-        fn()
+    def __call__(self, rotation):
+        rotation[0]()
         return Timing(self.cost, 0.02 * self.cost, 7)
 
     def paired(self, a, b):
-        a()
+        a[0]()
         ta = self.cost + self.bias.get(self.last, 0.0)
-        b()
+        b[0]()
         tb = self.cost + self.bias.get(self.last, 0.0)
         return Timing(ta, 0.02 * ta, 7), Timing(tb, 0.02 * tb, 7)
 

@@ -68,7 +68,8 @@ def ops_command() -> None:
     from tuner.ops import list_ops
 
     table = Table(title="tunable ops")
-    for col in ("op", "runs here", "grids", "description"):
+    table.add_column("op", no_wrap=True)
+    for col in ("runs here", "grids", "description"):
         table.add_column(col)
     for op in list_ops():
         why = op.unavailable()
@@ -100,7 +101,7 @@ def sweep_command(
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds.")] = False,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = 15,
-    max_seconds: Annotated[float, typer.Option(min=0.001, help="Stop timing a config after this long (once 5 calls are timed).")] = 2.0,
+    max_seconds: Annotated[float, typer.Option(min=0.001, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = 2.0,
     min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, help="A winner must beat the default by this fraction, and by more than the noise.")] = 0.01,
 ) -> None:
     """Benchmark every candidate config of OP over a grid of shapes; store the winners.
@@ -109,7 +110,7 @@ def sweep_command(
     measured. Each candidate is checked against the reference before it is timed.
     """
     with _user_errors():
-        from tuner.bench import WallClockTimer
+        from tuner.bench import CudaGraphTimer, WallClockTimer
         from tuner.ops import get_grid, get_op, load_shapes
         from tuner.sweep import sweep
 
@@ -125,8 +126,11 @@ def sweep_command(
         else:
             shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
         database = _open_db(db)
-        timer = WallClockTimer(warmup=warmup, repeats=repeats, min_repeats=min(5, repeats),
-                               max_seconds=max_seconds, cuda_sync=device == "cuda")
+        if device == "cuda":  # CUDA-graph replay with a cold L2, timed by CUDA events
+            timer = CudaGraphTimer(warmup=max(1, warmup), repeats=repeats)
+        else:
+            timer = WallClockTimer(warmup=warmup, repeats=repeats, min_repeats=min(5, repeats),
+                                   max_seconds=max_seconds)
         from tuner.sweep import candidate_configs
 
         total = sum(len(candidate_configs(op, s)) for s in shapes)

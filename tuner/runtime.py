@@ -110,8 +110,9 @@ class AutotunedFunction:
     built in autotune(), which reads the memo directly."""
 
     def __init__(self, fn: Callable, name: str, configs: Any, default: Any,
-                 tolerance: tuple[float, float] | None) -> None:
+                 tolerance: tuple[float, float] | None, static_json: Callable[[Any], str] | None = None) -> None:
         self.fn, self.name = fn, name
+        self.static_json = static_json or _static_json
         self._configs, self._default = configs, default
         self.tolerance = tolerance
         self.memo: dict[tuple, Config] = {}
@@ -131,7 +132,7 @@ class AutotunedFunction:
             self.memo[memo_key] = default
             return default
         static, batch, q_len, _ = memo_key
-        static_json = _static_json(static)
+        static_json = self.static_json(static)
         run = attention_run_key(batch, q_len, kv_len)
         table = _runtime.snapshot().get((self.name, static_json), {})
         config = table.get(run)
@@ -182,6 +183,7 @@ def autotune(
     static_key: Callable[..., Any] | None = None,
     run_key: Callable[..., tuple[int, int, int]] | None = None,
     key: Callable[..., tuple[Any, int, int, int]] | None = None,
+    static_json: Callable[[Any], str] | None = None,
     tolerance: tuple[float, float] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorate a callable that takes a `config` keyword.
@@ -194,6 +196,8 @@ def autotune(
       saves a call and lets each tensor's shape be read once.
     They run on every call: keep them to attribute reads. configs and default may be
     lists/dicts or functions of the same arguments. A caller's explicit config= always wins.
+    static_json(static key) gives the key's canonical JSON in the DB (default: its
+    to_json(), else tuner.keys.canonical_json); it runs once per new key, off the hot path.
     """
     if key is None and (static_key is None or run_key is None):
         raise TunerError("autotune needs static_key= and run_key=, or key=")
@@ -201,7 +205,7 @@ def autotune(
         raise TunerError("autotune takes key=, or static_key= and run_key=, not both")
 
     def wrap(fn: Callable) -> Callable:
-        state = AutotunedFunction(fn, name, configs, default, tolerance)
+        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json)
         _runtime.functions.add(state)
         keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
         wrapper = _explicit_wrapper(fn, state, keys) or _generic_wrapper(fn, state, keys)

@@ -3,9 +3,10 @@ record failures (crash, out of memory, wrong result) without letting them poison
 
 from __future__ import annotations
 
+import functools
 import gc
 from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -37,20 +38,31 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+# How to run a config: one callable taking the config, or one per copy of the inputs
+# (all copies hold the same values; the timers rotate through them for a cold cache).
+Runs = Callable[[dict[str, Any]], Any] | Sequence[Callable[[dict[str, Any]], Any]]
+
+
+def rotation(runs: Runs, config: dict[str, Any]) -> list[Callable[[], Any]]:
+    """Zero-argument calls of config, one per input copy, for a timer."""
+    return [functools.partial(run, config) for run in ([runs] if callable(runs) else runs)]
+
+
 def measure_config(
-    call: Callable[[dict[str, Any]], Any],
+    runs: Runs,
     config: dict[str, Any],
     *,
     reference: torch.Tensor,
     tolerance: tuple[float, float],
-    timer: Callable[[Callable[[], Any]], Timing],
+    timer: Any,
 ) -> Outcome:
     """Run config once and check it; time it only if it was right."""
+    calls = rotation(runs, config)
     try:
-        check = compare(call(config), reference, *tolerance)
+        check = compare(calls[0](), reference, *tolerance)
         if not check.ok:
             return Outcome(config, WRONG, max_error=check.max_error, error=check.reason)
-        return Outcome(config, OK, timer(lambda: call(config)), max_error=check.max_error)
+        return Outcome(config, OK, timer(calls), max_error=check.max_error)
     except torch.OutOfMemoryError as e:
         outcome = Outcome(config, OOM, error=_one_line(e))
     except Exception as e:  # a candidate may fail in any way; it must not stop the sweep
@@ -63,17 +75,17 @@ def measure_config(
 
 
 def measure_configs(
-    call: Callable[[dict[str, Any]], Any],
+    runs: Runs,
     configs: Iterable[dict[str, Any]],
     *,
     reference: torch.Tensor,
     tolerance: tuple[float, float],
-    timer: Callable[[Callable[[], Any]], Timing],
+    timer: Any,
     on_outcome: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
     outcomes = []
     for config in configs:
-        outcome = measure_config(call, config, reference=reference, tolerance=tolerance, timer=timer)
+        outcome = measure_config(runs, config, reference=reference, tolerance=tolerance, timer=timer)
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
@@ -81,7 +93,7 @@ def measure_configs(
 
 
 def decide(
-    call: Callable[[dict[str, Any]], Any],
+    runs: Runs,
     outcomes: list[Outcome],
     default_config: dict[str, Any],
     *,
@@ -107,7 +119,7 @@ def decide(
     challenger = min(challengers, key=lambda o: o.timing.median_us) if challengers else None
     if challenger is None or challenger.timing.median_us >= default.timing.median_us:
         return default, default.timing
-    t_challenger, t_default = timer.paired(lambda: call(challenger.config), lambda: call(default.config))
+    t_challenger, t_default = timer.paired(rotation(runs, challenger.config), rotation(runs, default.config))
     if beats(t_challenger, t_default, min_gain):
         return replace(challenger, timing=t_challenger), t_default
     return replace(default, timing=t_default), t_default

@@ -5,7 +5,16 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+# A timer times one call of a config as the mean over a rotation: one callable per copy of
+# the inputs, run in turn, so each call finds its data out of cache as in a real model
+# (consecutive layers read different KV). A single callable is a rotation of one.
+Rotation = Callable[[], Any] | Sequence[Callable[[], Any]]
+
+
+def as_rotation(fns: Rotation) -> Sequence[Callable[[], Any]]:
+    return [fns] if callable(fns) else list(fns)
 
 
 @dataclass(frozen=True)
@@ -58,14 +67,15 @@ class WallClockTimer:
             "max_seconds": self.max_seconds,
         }
 
-    def __call__(self, fn: Callable[[], Any]) -> Timing:
-        sync = self._sync
-        for _ in range(self.warmup):
-            fn()
+    def __call__(self, fns: Rotation) -> Timing:
+        rotation, sync = as_rotation(fns), self._sync
+        for i in range(self.warmup):
+            rotation[i % len(rotation)]()
         sync()
         samples: list[float] = []
         deadline = time.perf_counter() + self.max_seconds
         for i in range(self.repeats):
+            fn = rotation[i % len(rotation)]
             start = time.perf_counter_ns()
             fn()
             sync()
@@ -75,18 +85,18 @@ class WallClockTimer:
         return summarize(samples)
 
 
-    def paired(self, fn_a: Callable[[], Any], fn_b: Callable[[], Any]) -> tuple[Timing, Timing]:
-        """Time two callables in alternation (a, b, a, b, ...) so drift in the machine's
+    def paired(self, fns_a: Rotation, fns_b: Rotation) -> tuple[Timing, Timing]:
+        """Time two rotations in alternation (a, b, a, b, ...) so drift in the machine's
         load falls on both alike; for confirming a winner against the default."""
-        sync = self._sync
-        for _ in range(self.warmup):
-            fn_a()
-            fn_b()
+        a, b, sync = as_rotation(fns_a), as_rotation(fns_b), self._sync
+        for i in range(self.warmup):
+            a[i % len(a)]()
+            b[i % len(b)]()
         sync()
         samples: tuple[list[float], list[float]] = ([], [])
         deadline = time.perf_counter() + 2 * self.max_seconds
         for i in range(self.repeats):
-            for fn, out in ((fn_a, samples[0]), (fn_b, samples[1])):
+            for fn, out in ((a[i % len(a)], samples[0]), (b[i % len(b)], samples[1])):
                 start = time.perf_counter_ns()
                 fn()
                 sync()

@@ -9,7 +9,7 @@ from tuner.keys.run import (
     nearest_run_key,
     run_key_distance,
 )
-from tuner.keys.static import AttentionStaticKey, attention_static_key, normalize_window
+from tuner.keys.static import AttentionStaticKey, attention_static_key, normalize_window, static_key_from_parts
 
 __all__ = [
     "KV_BUCKET_MAX",
@@ -22,4 +22,5 @@ __all__ = [
     "nearest_run_key",
     "normalize_window",
     "run_key_distance",
+    "static_key_from_parts",
 ]

@@ -129,23 +129,53 @@ def attention_static_key(
         )
     if q_shape[-1] != k_shape[-1]:
         raise ValueError(f"q head dim {q_shape[-1]} differs from k_cache's {k_shape[-1]}")
+    for arg, tensor in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _dtype_name(tensor, arg)
+    return static_key_from_parts(
+        q_dtype=q.dtype, k_dtype=k_cache.dtype, v_dtype=v_cache.dtype,
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim_qk=q_shape[-1],
+        head_dim_v=v_shape[-1], page_size=k_shape[1], causal=causal, window_size=window_size,
+        softcap=softcap, sinks=sinks is not None, k_descale=k_descale is not None,
+        v_descale=v_descale is not None,
+    )
+
+
+def static_key_from_parts(
+    *,
+    q_dtype: Any,
+    k_dtype: Any,
+    v_dtype: Any,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim_qk: int,
+    head_dim_v: int,
+    page_size: int,
+    causal: bool,
+    window_size: Any,
+    softcap: float | None,
+    sinks: bool,
+    k_descale: bool,
+    v_descale: bool,
+) -> AttentionStaticKey:
+    """The static key from values a wrapper already read (dtypes may be torch dtypes or
+    names; window_size and softcap as the kernel takes them). page_size 0: not paged."""
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {type(causal).__name__}")
     left, right = normalize_window(window_size)
     return AttentionStaticKey(
-        q_dtype=_dtype_name(q, "q"),
-        k_dtype=_dtype_name(k_cache, "k_cache"),
-        v_dtype=_dtype_name(v_cache, "v_cache"),
-        num_q_heads=num_q_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim_qk=q_shape[-1],
-        head_dim_v=v_shape[-1],
-        page_size=k_shape[1],
+        q_dtype=str(q_dtype).removeprefix("torch."),
+        k_dtype=str(k_dtype).removeprefix("torch."),
+        v_dtype=str(v_dtype).removeprefix("torch."),
+        num_q_heads=int(num_q_heads),
+        num_kv_heads=int(num_kv_heads),
+        head_dim_qk=int(head_dim_qk),
+        head_dim_v=int(head_dim_v),
+        page_size=int(page_size),
         causal=causal,
         window_left=left,
         window_right=right,
         softcap=_softcap_on(softcap),
-        sinks=sinks is not None,
-        k_descale=k_descale is not None,
-        v_descale=v_descale is not None,
+        sinks=bool(sinks),
+        k_descale=bool(k_descale),
+        v_descale=bool(v_descale),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,6 +43,14 @@ class DecodeInputs:
             softcap=s.softcap or None, sinks=self.sinks,
         )
 
+    @property
+    def kv_bytes(self) -> int:
+        return self.k_cache.nbytes + self.v_cache.nbytes
+
+    def with_kv_copy(self) -> "DecodeInputs":
+        """The same problem over a fresh copy of the KV cache (same values, new memory)."""
+        return dataclasses.replace(self, k_cache=self.k_cache.clone(), v_cache=self.v_cache.clone())
+
     def run_key(self) -> AttentionRunKey:
         return attention_run_key(self.shape.batch, self.shape.q_len, self.shape.kv_len)
 
@@ -52,20 +61,25 @@ def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", s
     Every sequence holds shape.kv_len tokens; the page table has exactly the pages they
     need, so each length is within what the table can hold and every index is in range.
     """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    device = torch.device(device)
+    # values are drawn on the device itself: a 4M-token cache is 16 GB, too much to make on
+    # the host and copy over
+    gen = torch.Generator(device=device).manual_seed(seed)
+    host_gen = torch.Generator(device="cpu").manual_seed(seed)
     dtype = TORCH_DTYPES[shape.dtype]
     pages_per_seq = -(-shape.kv_len // shape.page_size)
     num_pages = shape.batch * pages_per_seq
 
     def randn(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=gen).to(device=device, dtype=dtype)
+        return torch.randn(*size, generator=gen, device=device, dtype=dtype)
 
     q = randn(shape.batch, shape.q_len, shape.num_q_heads, shape.head_dim)
     k_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
     v_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
-    page_table = torch.randperm(num_pages, generator=gen).view(shape.batch, pages_per_seq)
+    page_table = torch.randperm(num_pages, generator=host_gen).view(shape.batch, pages_per_seq)
     cache_seqlens = torch.full((shape.batch,), shape.kv_len, dtype=torch.int32)
-    sinks = torch.randn(shape.num_q_heads, generator=gen).to(device) if shape.sinks else None
+    # in q's dtype, as FA3 requires
+    sinks = torch.randn(shape.num_q_heads, generator=host_gen).to(device=device, dtype=dtype) if shape.sinks else None
     return DecodeInputs(
         shape=shape,
         q=q,

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.keys import normalize_window
+from tuner.keys import (
+    AttentionRunKey, AttentionStaticKey, attention_run_key, normalize_window, static_key_from_parts,
+)
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -36,6 +38,19 @@ class DecodeShape:
         d = asdict(self)
         d["window"] = list(self.window)
         return d
+
+    def static_key(self) -> AttentionStaticKey:
+        """The static key of this shape's calls (as tuner.ops.DecodeInputs reads it off the
+        tensors): no sinks tensor means no sinks, no descales."""
+        return static_key_from_parts(
+            q_dtype=self.dtype, k_dtype=self.dtype, v_dtype=self.dtype, num_q_heads=self.num_q_heads,
+            num_kv_heads=self.num_kv_heads, head_dim_qk=self.head_dim, head_dim_v=self.head_dim,
+            page_size=self.page_size, causal=self.causal, window_size=self.window,
+            softcap=self.softcap or None, sinks=self.sinks, k_descale=False, v_descale=False,
+        )
+
+    def run_key(self) -> AttentionRunKey:
+        return attention_run_key(self.batch, self.q_len, self.kv_len)
 
     def static_label(self) -> str:
         """The kernel-selecting part: dtype, heads, head dim, page size, masking."""

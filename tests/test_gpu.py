@@ -1,0 +1,72 @@
+"""On the H200: the CUDA-graph timer and FA3, for real. Skipped without a CUDA GPU."""
+
+import pytest
+import torch
+
+import tuner
+from tuner.bench import CudaGraphTimer
+from tuner.db import TuningDB
+from tuner.ops import DecodeShape, get_op, make_decode_inputs
+from tuner.sweep import TUNED, kv_copies, sweep
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_graph_timer_captures_and_rotates():
+    a = [torch.randn(1024, 1024, device="cuda") for _ in range(4)]
+    timer = CudaGraphTimer(warmup=2, repeats=5)
+    timing = timer([lambda x=x: x @ x for x in a])
+    assert not timer.last_capture_failed
+    assert timing.samples == 5 and 0 < timing.median_us < 10_000 and timing.spread_us >= 0
+    fast, slow = timer.paired([lambda: a[0] + 1], [lambda: a[0] @ a[0] @ a[0]])
+    assert fast.samples == slow.samples == 5
+
+
+def test_kv_copies_exceed_the_l2():
+    inputs = make_decode_inputs(DecodeShape(batch=1, kv_len=512), device="cuda")
+    n = kv_copies(inputs, "cuda")
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert n > 1 and n * inputs.kv_bytes >= min(2 * l2, 64 * inputs.kv_bytes)
+    big = make_decode_inputs(DecodeShape(batch=64, kv_len=8192), device="cuda")
+    assert kv_copies(big, "cuda") == 1
+
+
+FA3_SHAPES = [
+    DecodeShape(batch=3, kv_len=700),
+    DecodeShape(batch=2, kv_len=1000, num_q_heads=8, num_kv_heads=1),
+    DecodeShape(batch=2, kv_len=900, q_len=4),
+    DecodeShape(batch=2, kv_len=900, window=(128, 0)),
+    DecodeShape(batch=2, kv_len=900, softcap=30.0),
+    DecodeShape(batch=2, kv_len=900, sinks=True),
+    DecodeShape(batch=2, kv_len=900, page_size=16, dtype="float16"),
+]
+
+
+@pytest.mark.parametrize("shape", FA3_SHAPES, ids=lambda s: s.label())
+def test_fa3_every_config_matches_the_reference(shape):
+    op = get_op("fa3")
+    if op.unavailable():
+        pytest.skip(op.unavailable())
+    inputs = make_decode_inputs(shape, device="cuda")
+    ref = inputs.reference()
+    atol, rtol = op.tolerance[shape.dtype]
+    for config in op.configs(shape):
+        torch.testing.assert_close(op.run(inputs, config), ref, atol=atol, rtol=rtol, msg=lambda m: f"{config}: {m}")
+
+
+def test_fa3_sweep_then_drop_in_uses_the_winner(tmp_path):
+    op = get_op("fa3")
+    if op.unavailable():
+        pytest.skip(op.unavailable())
+    from tuner.ops import fa3
+
+    shape = DecodeShape(batch=1, kv_len=8192, num_q_heads=8, num_kv_heads=1)
+    db_path = tmp_path / "gpu.db"
+    [result] = sweep(op, [shape], TuningDB(db_path), timer=CudaGraphTimer(warmup=2, repeats=5))
+    assert result.status == TUNED and result.failures == 0
+    tuner.configure(db=db_path, mode="lookup")
+    inputs = make_decode_inputs(shape, device="cuda")
+    out = fa3.flash_attn_with_kvcache(inputs.q, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens,
+                                      page_table=inputs.page_table, causal=True)
+    assert list(fa3.flash_attn_with_kvcache.tuner.memo.values()) == [result.winner]
+    torch.testing.assert_close(out, inputs.reference(), atol=1.6e-2, rtol=1.6e-2)
