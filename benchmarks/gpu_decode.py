@@ -49,11 +49,6 @@ def copy_bandwidth_gbps(nbytes: int = 4 * 2**30, repeats: int = 10) -> float:
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
-def kv_bytes(shape) -> int:
-    item = {"float32": 4, "float16": 2, "bfloat16": 2}[shape.dtype]
-    return 2 * shape.batch * shape.kv_len * shape.num_kv_heads * shape.head_dim * item
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--op", required=True)
@@ -91,7 +86,7 @@ def main() -> None:
             best = min(ok.values(), key=lambda m: m.median_us) if ok else None
             default_m = ok.get(default_key)
             winner_m = ok.get(canonical_json(record.config)) if record else None
-            roofline_us = kv_bytes(shape) / (bandwidth * 1e9) * 1e6
+            roofline_us = shape.kv_bytes() / (bandwidth * 1e9) * 1e6
             row = {
                 "shape": shape.to_dict(),
                 "label": shape.label(),

@@ -223,3 +223,60 @@ def test_key_functions_must_be_given_one_way():
         tuner.autotune("x", configs=[], default={}, static_key=lambda: 1)
     with pytest.raises(tuner.TunerError, match="not both"):
         tuner.autotune("x", configs=[], default={}, key=lambda: 1, run_key=lambda: 1, static_key=lambda: 1)
+
+
+def test_parameters_named_like_the_wrappers_locals_reach_the_kernel(db_path):
+    tuner.configure(db=db_path, mode="lookup")
+
+    @tuner.autotune("toy", configs=[{"block": 16}], default={"block": 32},
+                    static_key=lambda static, batch, kv_len, q_len: STATIC,
+                    run_key=lambda static, batch, kv_len, q_len: (len(batch), 1, max(kv_len)))
+    def fn(static, batch, kv_len, q_len, *, config):
+        return static, batch, kv_len, q_len
+
+    assert fn("S", "BATCH", [5, 7], "Q") == ("S", "BATCH", [5, 7], "Q")
+
+
+def test_numpy_kv_lengths_are_bucketed_like_ints(db_path):
+    import numpy as np
+
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    fn(torch.ones(2), 16, np.int64(1500))
+    fn(torch.ones(2), 16, 2000)
+    assert calls == [64, 64] and len(fn.tuner.memo) == 1
+
+
+def test_memo_buckets_agree_with_kv_len_bucket(db_path):
+    from tuner.keys import kv_len_bucket
+
+    tuner.configure(db=db_path, mode="off")
+    fn = make_fn([])
+    for kv in (0, 1, 2, 3, 2048, 2049, 2**40, 2**40 + 1):
+        fn.tuner.memo.clear()
+        fn(torch.ones(1), 1, kv)
+        [key] = fn.tuner.memo
+        assert 1 << key[3] == kv_len_bucket(kv)
+
+
+def test_configure_lets_force_mode_tune_again(tmp_path):
+    calls = []
+    fn = make_fn(calls)
+    for name in ("a.db", "b.db"):
+        tuner.configure(db=tmp_path / name, mode="force")
+        calls.clear()
+        fn(torch.ones(2), 4, 128)
+        assert set(calls) == {16, 32, 64}
+        assert len(TuningDB(tmp_path / name).records()) == 1
+
+
+def test_tune_mode_with_an_unwritable_db_warns_and_still_serves_the_winner(tmp_path):
+    (tmp_path / "t.db.lock").mkdir()  # the DB cannot be created here
+    tuner.configure(db=tmp_path / "t.db", mode="tune")
+    calls = []
+    fn = make_fn(calls, slow={32: 0.004, 64: 0.004})
+    with pytest.warns(UserWarning, match="could not store"):
+        fn(torch.ones(2), 4, 100)
+    assert run(fn, 4, 100, calls) == 16

@@ -137,3 +137,83 @@ def test_console_script_and_module_entry_points(tmp_path):
         assert ok.returncode == 0 and "tuner 0." in ok.stdout
         bad = subprocess.run(cmd + ["sweep", "nosuchop"], capture_output=True, text=True)
         assert bad.returncode == 2 and "unknown op" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def run_main(*args):
+    """The console script's entry point, as a user's shell runs it."""
+    from tuner.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in args])
+    return e.value.code
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("export", "--format", "yaml", "--out", "x"), ("sweep",), ("nosuchcommand",),
+     ("sweep", "torch_split_decode", "--repeats", "0"), ("export",)],
+)
+def test_usage_errors_are_one_line_and_exit_2(args, capsys):
+    assert run_main(*args) == 2
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1 and err.startswith("error:")
+
+
+def test_no_arguments_shows_help_once(capsys):
+    assert run_main() == 0
+    assert capsys.readouterr().out.count("Usage") == 1
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("sweep", "[/x]"), "unknown op '[/x]'"),  # user text is never read as rich markup
+        (("show", "--db", "/tmp/[/x]/none.db"), "[/x]"),
+        (("show", "--db", "postgresql://u@h:notaport/db"), "URL"),
+        (("show", "--db", "/tmp/" + "x" * 5000 + ".db"), "unusable tuning DB path"),
+    ],
+)
+def test_awkward_input_is_reported_in_one_line(args, fragment):
+    result = cli(*args)
+    one_line_error(result)
+    assert fragment in result.stderr
+
+
+def test_markup_in_stored_configs_is_shown_as_text(tmp_path, db_path, tiny_shapes):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "e.json"
+    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    doc = json.loads(out.read_text())
+    doc["records"][0]["config"] = {"chunk": "[/x]"}
+    out.write_text(json.dumps(doc))
+    assert cli("import", out, "--db", db_path).exit_code == 0
+    shown = cli("show", "--db", db_path)
+    assert shown.exit_code == 0 and "chunk=[/x]" in shown.output
+
+
+def test_a_failed_import_creates_no_db(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "nope"}')
+    target = tmp_path / "new.db"
+    one_line_error(cli("import", bad, "--db", target))
+    assert not target.exists()
+
+
+def test_a_foreign_sqlite_file_is_refused_untouched(tmp_path):
+    import sqlite3
+
+    foreign = tmp_path / "app.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE records (x INTEGER)")
+    conn.commit()
+    conn.close()
+    before = foreign.read_bytes()
+    one_line_error(cli("show", "--db", foreign), "not a tuning DB")
+    one_line_error(cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--db", foreign), "not a tuning DB")
+    assert foreign.read_bytes() == before
+
+
+def test_an_unwritable_lock_is_a_one_line_error(tmp_path, tiny_shapes):
+    db_path = tmp_path / "t.db"
+    (tmp_path / "t.db.lock").mkdir()  # the lock file cannot be created, as in a read-only directory
+    one_line_error(sweep(db_path, tiny_shapes), "cannot create tuning DB")

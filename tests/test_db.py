@@ -217,3 +217,38 @@ def test_concurrent_writer_processes_lose_nothing(db_path):
     db = TuningDB(db_path)
     assert db.counts() == {FP[0]: {"records": 45, "measurements": 45}}
     assert db.integrity() == []
+
+
+def test_import_stores_times_in_utc_and_wants_object_keys(tmp_path):
+    doc = _doc(tmp_path / "src.db")
+    doc["records"][0]["created_at"] = "2026-01-01T12:00:00+05:00"
+    dst = TuningDB(tmp_path / "dst.db")
+    import_document(dst, doc)
+    stamps = {r.created_at.isoformat() for r in dst.records()}
+    assert "2026-01-01T07:00:00+00:00" in stamps
+    doc["records"][0]["static_key"] = 5
+    with pytest.raises(DocumentError, match="static_key"):
+        import_document(dst, doc)
+
+
+def test_reading_never_writes(tmp_path):
+    db_path = tmp_path / "r.db"
+    save(TuningDB(db_path), problem(), {"c": 1})
+    before = db_path.stat().st_mtime_ns
+    TuningDB(db_path, create=False).records()
+    assert db_path.stat().st_mtime_ns == before
+
+
+def test_writers_take_the_file_lock(db_path, monkeypatch):
+    from filelock import FileLock
+
+    import tuner.db.store as store
+
+    TuningDB(db_path).close()
+    monkeypatch.setattr(store, "WRITE_LOCK_TIMEOUT_S", 0.2)
+    db = TuningDB(db_path)
+    with FileLock(str(db_path) + ".lock"):  # another writer holds it
+        with pytest.raises(DBError, match="locked by another writer"):
+            save(db, problem(), {"c": 1})
+    save(db, problem(), {"c": 1})  # and once it is free, the write lands
+    assert len(db.records()) == 1

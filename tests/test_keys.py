@@ -109,14 +109,14 @@ def test_kv_len_bucket_is_the_next_power_of_two():
 
 
 def test_run_keys_differing_in_batch_or_q_never_collide_at_any_kv():
-    kvs = [1, 1000, 2**20, 10**6 + 1, 2**32 + 7, 2**40]
-    keys = [attention_run_key(b, q, kv) for b in (1, 2, 1000, 10**6) for q in (1, 2, 4) for kv in kvs]
-    # the packed-integer scheme of the seeds collided here; separate fields cannot
-    by_batch_q = {}
-    for k in keys:
-        by_batch_q.setdefault(k, set()).add((k.batch, k.max_q_len))
-    assert all(len(v) == 1 for v in by_batch_q.values())
-    assert attention_run_key(1, 1, 10**6 + 10**6) != attention_run_key(2, 1, 0)
+    kvs = [1, 1000, 2**20, 3 * 10**6, 2**32 + 7, 2**40]  # one per bucket
+    inputs = [(b, q, kv) for b in (1, 2, 1000, 10**6) for q in (1, 2, 4) for kv in kvs]
+    keys = {attention_run_key(*i) for i in inputs}
+    json_keys = {attention_run_key(*i).to_json() for i in inputs}
+    # the packed-integer scheme of the seeds (batch * 10**12 + q * 10**6 + kv) collided
+    # once kv passed 10**6; keys with separate fields cannot
+    assert len(keys) == len(json_keys) == len(inputs)
+    assert attention_run_key(1, 1, 2 * 10**6) != attention_run_key(1, 2, 10**6)
 
 
 def test_kv_lengths_in_different_buckets_stay_distinct():
@@ -144,6 +144,13 @@ def test_nearest_prefers_same_q_len_then_log_distance():
     assert nearest_run_key(rk(16, 1, 2048), cands) == rk(16, 1, 4096)
     assert nearest_run_key(rk(16, 4, 4096), cands) == rk(16, 4, 2048)  # q len wins over distance
     assert nearest_run_key(rk(2, 1, 512), cands) == rk(1, 1, 512)
+
+
+def test_nearest_never_borrows_across_far_q_lens_and_filters_before_ranking():
+    # a q len 1 octave away but same batch/kv beats a far batch at the same q len...
+    assert nearest_run_key(rk(1, 1, 512), [rk(1024, 1, 512), rk(1, 2, 512)]) == rk(1, 2, 512)
+    # ...but a prefill-sized q len is never used for decode
+    assert nearest_run_key(rk(1, 1, 512), [rk(1, 4096, 512)]) is None
 
 
 def test_nearest_ties_go_to_the_upper_bound_and_far_keys_are_not_used():

@@ -133,7 +133,9 @@ def test_shapes_file_parses_and_validates(tmp_path):
         ('[{"batch": 1, "kv_len": 8, "num_q_heads": 6, "num_kv_heads": 4}]', "multiple"),
         ('[{"batch": 1, "kv_len": 8, "window": "x"}]', "window"),
         ('[{"batch": 1, "kv_len": 2, "q_len": 3}]', "exceeds"),
-        ("[" * 100000 + "]" * 100000, "JSON"),
+        ("[" * 100000 + "]" * 100000, "nested too deeply"),
+        ("[" + "9" * 5000 + "]", "not valid JSON"),
+        ('[{"batch": 1, "kv_len": 8, "head_dim": 1099511627776}]', "head_dim"),
     ],
 )
 def test_bad_shapes_files_give_one_line_errors(tmp_path, content, message):
@@ -144,9 +146,13 @@ def test_bad_shapes_files_give_one_line_errors(tmp_path, content, message):
     assert "\n" not in str(e.value)
 
 
-def test_missing_shapes_file():
+def test_missing_and_binary_shapes_files(tmp_path):
     with pytest.raises(ShapeError, match="cannot read"):
         load_shapes("/nonexistent/shapes.json")
+    binary = tmp_path / "b.json"
+    binary.write_bytes(b"\xff\xfe[")
+    with pytest.raises(ShapeError, match="not UTF-8"):
+        load_shapes(binary)
 
 
 def test_shape_from_dict_rejects_non_objects():

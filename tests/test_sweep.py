@@ -191,3 +191,21 @@ def test_decide_keeps_a_default_no_challenger_looked_faster_than_without_retimin
 def test_summarize_median_and_iqr():
     s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
     assert s.median_us == 3.0 and s.samples == 5 and s.spread_us == pytest.approx(2.0)
+
+
+def test_shapes_sharing_a_key_are_measured_once(db_path):
+    timer = FakeTimer()
+    op = fake_op(timer, COSTS)
+    shapes = [DecodeShape(batch=1, kv_len=300, **SMALL), DecodeShape(batch=1, kv_len=500, **SMALL)]
+    results = sweep(op, shapes, TuningDB(db_path), timer=timer)
+    assert [r.status for r in results] == [TUNED, "duplicate"]
+    assert "kv300" in results[1].note and results[1].measured == 0
+
+
+def test_a_shape_too_big_for_memory_fails_alone(db_path):
+    timer = FakeTimer()
+    op = fake_op(timer, COSTS)
+    huge = DecodeShape(batch=2**20, kv_len=2**30, **SMALL)
+    results = sweep(op, [huge, op.grids["g"][0]], TuningDB(db_path), timer=timer)
+    assert results[0].status == FAILED and "GiB" in results[0].note
+    assert results[1].status == TUNED

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from typing_extensions import Annotated
 
 from tuner import __version__
+
+try:  # typer from 0.26 on carries its own copy of click
+    from typer._click import exceptions as click_exceptions
+except ImportError:
+    from click import exceptions as click_exceptions
 from tuner.errors import TunerError
+from tuner.keys import AttentionStaticKey
 
 app = typer.Typer(
     name="tuner",
@@ -39,8 +47,12 @@ def _user_errors() -> Iterator[None]:
     try:
         yield
     except TunerError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True, soft_wrap=True)
+        _print_error(str(e))
         raise typer.Exit(2) from None
+
+
+def _print_error(message: str) -> None:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _open_db(db: str | None, *, create: bool = True):
@@ -89,7 +101,7 @@ def _fmt_us(value: float | None) -> str:
 def _fmt_config(config: dict | None) -> str:
     if not config:
         return "-"
-    return " ".join(f"{k}={v}" for k, v in config.items())
+    return escape(" ".join(f"{k}={v}" for k, v in config.items()))
 
 
 @app.command("sweep")
@@ -134,7 +146,8 @@ def sweep_command(
         from tuner.sweep import candidate_configs
 
         total = sum(len(candidate_configs(op, s)) for s in shapes)
-        console.print(f"sweeping [bold]{op.name}[/] on {device}: {len(shapes)} shapes, {total} measurements -> {database.display_url}")
+        console.print(f"sweeping [bold]{op.name}[/] on {device}: {len(shapes)} shapes, {total} measurements "
+                      f"-> {escape(database.display_url)}")
         with Progress(
             TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
@@ -158,7 +171,7 @@ def _sweep_table(op_name: str, results: list) -> Table:
     for col in ("batch", "q", "kv", "default us", "winner", "us", "speedup", "note"):
         table.add_column(col, justify="left" if col in ("winner", "note") else "right")
     for r in results:
-        note = {"skipped": "already in DB", "failed": "no config ran right"}.get(r.status, "")
+        note = "already in DB" if r.status == "skipped" else escape(r.note)
         if r.failures:
             note = f"{note} {r.failures} failed".strip()
         if r.resumed:
@@ -175,20 +188,9 @@ def _sweep_table(op_name: str, results: list) -> Table:
 
 def _static_label(static_json: str) -> str:
     try:
-        from tuner.keys import AttentionStaticKey
-
-        k = AttentionStaticKey.from_json(static_json)
-    except (ValueError, TypeError):
-        return static_json
-    label = f"{k.q_dtype} h{k.num_q_heads}/{k.num_kv_heads} d{k.head_dim_qk} p{k.page_size}"
-    if not k.causal:
-        label += " noncausal"
-    if (k.window_left, k.window_right) != (-1, -1):
-        label += f" win{k.window_left},{k.window_right}"
-    for flag in ("softcap", "sinks", "k_descale", "v_descale"):
-        if getattr(k, flag):
-            label += f" {flag}"
-    return label
+        return AttentionStaticKey.from_json(static_json).label()
+    except (ValueError, TypeError):  # a key of some other function decorated by the user
+        return escape(static_json)
 
 
 @app.command("show")
@@ -225,7 +227,7 @@ def show_command(
                 table.add_row(*row)
             console.print(table)
         scope = "stored" if all_environments else "stored for this environment"
-        console.print(f"{len(records)} winners {scope} in {database.display_url}")
+        console.print(f"{len(records)} winners {scope} in {escape(database.display_url)}")
         if not records:
             console.print("run `tuner sweep OP` to tune an op (`tuner ops` lists them)")
 
@@ -255,7 +257,7 @@ def export_command(
             tmp.replace(out)
         except OSError as e:
             raise TunerError(f"cannot write {out}: {e.strerror or e}") from None
-        console.print(f"exported {len(document['records'])} winners to {out}")
+        console.print(f"exported {len(document['records'])} winners to {escape(str(out))}")
 
 
 @app.command("import")
@@ -266,12 +268,12 @@ def import_command(
     """Load winners from a JSON export. The whole file is validated first; on any error
     nothing is written."""
     with _user_errors():
-        from tuner.db.jsonio import import_document, load_document
+        from tuner.db.jsonio import load_document, parse_document
 
-        data = load_document(file)
+        rows = parse_document(load_document(file))  # all checked before the DB is touched
         database = _open_db(db)
-        n = import_document(database, data)
-        console.print(f"imported {n} winners into {database.display_url}")
+        database.save_records(rows)
+        console.print(f"imported {len(rows)} winners into {escape(database.display_url)}")
 
 
 @app.command("doctor")
@@ -286,7 +288,7 @@ def doctor_command(db: DbOption = None) -> None:
         table.add_column("field")
         table.add_column("value")
         for k, v in fp.items():
-            table.add_row(k, "-" if v is None else str(v))
+            table.add_row(k, "-" if v is None else escape(str(v)))
         console.print(table)
         ops = Table(title="ops")
         ops.add_column("op")
@@ -297,7 +299,7 @@ def doctor_command(db: DbOption = None) -> None:
         console.print(ops)
 
         database = _open_db(db, create=False)
-        console.print(f"tuning DB: {database.display_url}")
+        console.print(f"tuning DB: {escape(database.display_url)}")
         counts = database.counts()
         fps = database.fingerprints()
         envs = Table(title="stored per environment")
@@ -305,16 +307,29 @@ def doctor_command(db: DbOption = None) -> None:
             envs.add_column(col)
         for env_id in sorted(set(counts) | set(fps)):
             c = counts.get(env_id, {"records": 0, "measurements": 0})
-            envs.add_row(env_id, str(fps.get(env_id, {}).get("device", "?")), str(c["records"]),
+            envs.add_row(env_id, escape(str(fps.get(env_id, {}).get("device", "?"))), str(c["records"]),
                          str(c["measurements"]), "yes" if env_id == fp_id else "no (other environment)")
         console.print(envs)
         problems = database.integrity()
         if problems:
             for p in problems:
-                err.print(f"[red]problem:[/] {p}", highlight=False)
+                err.print(f"[red]problem:[/] {escape(p)}", highlight=False)
             raise typer.Exit(1)
         console.print("[green]integrity: ok[/]")
 
 
-def main() -> None:
-    app(prog_name="tuner")
+def main(argv: list[str] | None = None) -> None:
+    """The console script: usage errors, like every other bad input, are one line and exit 2."""
+    try:
+        code = app(args=argv, prog_name="tuner", standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as e:
+        help_text = e.format_message()  # typer's rich help prints itself and leaves this empty
+        if help_text.strip():
+            console.print(help_text, markup=False, highlight=False)
+        code = 0
+    except click_exceptions.UsageError as e:
+        _print_error(e.format_message().strip().replace("\n", " "))
+        code = 2
+    except typer.Abort:
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)

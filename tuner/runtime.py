@@ -12,23 +12,19 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import threading
 import warnings
 import weakref
 from typing import Any, Callable
 
 import torch
 
-from tuner.bench import WallClockTimer, decide, measure_configs
-from tuner.db import DBError, Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.bench import WallClockTimer, decide, measure_configs, tolerance_for, with_default_first
+from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.errors import TunerError
-from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, nearest_run_key
+from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_len_bucket, nearest_run_key
 
 MODES = ("off", "lookup", "tune", "force")
 Config = dict[str, Any]
-
-# tolerance of a tuned candidate against the default config's output, by output dtype
-TOLERANCE = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
 def _mode_from_env() -> str:
@@ -52,33 +48,34 @@ class _Runtime:
         self.max_distance = 2.0
         self._snapshot: dict[tuple[str, str], dict[AttentionRunKey, Config]] | None = None
         self._db: TuningDB | None = None
-        self._lock = threading.Lock()  # slow path only
         self.functions: weakref.WeakSet[AutotunedFunction] = weakref.WeakSet()
 
     def reset(self) -> None:
-        with self._lock:
-            self._snapshot = None
-            if self._db is not None:
-                self._db.close()
-            self._db = None
+        self._snapshot = None
+        if self._db is not None:
+            self._db.close()
+        self._db = None
         for f in list(self.functions):
             f.memo.clear()
+            f.tuned.clear()
 
-    def db(self) -> TuningDB:
+    def writable_db(self) -> TuningDB:
+        """The DB that tune mode writes winners to (created if missing)."""
         if self._db is None:
             self._db = TuningDB(self.db_target)
         return self._db
 
     def snapshot(self) -> dict[tuple[str, str], dict[AttentionRunKey, Config]]:
+        """Every winner of this environment, read once. A DB that is missing is empty; one
+        that cannot be read gives one warning, and the library defaults run."""
         if self._snapshot is None:
             try:
-                db = self.db() if self.mode in ("tune", "force") else TuningDB(self.db_target, create=False)
-                self._snapshot = db.snapshot(current_fingerprint_id())
-                if db is not self._db:
-                    db.close()
-            except DBError as e:
-                if "no tuning DB at" not in str(e):
-                    warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=4)
+                with TuningDB(self.db_target, create=False) as db:
+                    self._snapshot = db.snapshot(current_fingerprint_id())
+            except MissingDBError:
+                self._snapshot = {}
+            except (TunerError, OSError) as e:
+                warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=4)
                 self._snapshot = {}
         return self._snapshot
 
@@ -151,25 +148,23 @@ class AutotunedFunction:
 
     def _tune(self, problem: Problem, kv_len: int, default: Config, args: tuple, kwargs: dict) -> Config | None:
         """Measure every config on this very call, store the winner, return it."""
-        configs = [default] + [c for c in self.configs(args, kwargs) if canonical_json(c) != canonical_json(default)]
-        call = lambda c: self.fn(*args, config=c, **kwargs)  # noqa: E731
-        reference = call(default)
-        tolerance = self.tolerance or TOLERANCE.get(getattr(reference, "dtype", None), (1e-4, 1e-4))
+        configs = with_default_first(default, self.configs(args, kwargs))
+        run = lambda c: self.fn(*args, config=c, **kwargs)  # noqa: E731
+        reference = run(default)
+        tolerance = self.tolerance or tolerance_for(getattr(reference, "dtype", None))
         timer = WallClockTimer(warmup=1, repeats=7, min_repeats=3, max_seconds=0.5,
                                cuda_sync=torch.cuda.is_available())
-        outcomes = measure_configs(call, configs, reference=reference, tolerance=tolerance, timer=timer)
-        winner, default_timing = decide(call, outcomes, default, timer=timer)
+        outcomes = measure_configs(run, configs, reference=reference, tolerance=tolerance, timer=timer)
+        winner, default_timing = decide(run, outcomes, default, timer=timer)
         if winner is None:
             return None
-        db, fp = _runtime.db(), (current_fingerprint_id(), current_fingerprint())
-        db.save_record(
-            problem, fp, winner.config,
-            median_us=winner.timing.median_us, spread_us=winner.timing.spread_us,
-            samples=winner.timing.samples, default_config=default,
-            default_median_us=default_timing and default_timing.median_us,
-            default_spread_us=default_timing and default_timing.spread_us,
-            method=dict(timer.method, source="runtime", kv_len=kv_len),
-        )
+        try:
+            _runtime.writable_db().save_winner(
+                problem, (current_fingerprint_id(), current_fingerprint()), winner.config, winner.timing,
+                default, default_timing, method=dict(timer.method, source="runtime", kv_len=kv_len),
+            )
+        except (TunerError, OSError) as e:  # the winner still serves this process
+            warnings.warn(f"tuner: could not store the tuned config of {self.name}: {e}", stacklevel=5)
         snapshot = _runtime.snapshot()
         snapshot.setdefault((problem.op, problem.static_key), {})[problem.run_key] = winner.config
         return winner.config
@@ -218,23 +213,33 @@ def autotune(
 
 # The hot path, as source so it can take the decorated function's own parameter list.
 # Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
+# Its locals start with "_": parameters that do are refused (_explicit_wrapper), so no
+# parameter is ever shadowed. Integer-likes that are not ints (numpy) take the except branch.
 _WRAPPER_SOURCE = """
 def wrapper({params}):
     if config is None:
         {keys}
-        memo_key = (static, batch, q_len, (kv_len - 1).bit_length() if kv_len > 1 else 0)
-        config = _memo.get(memo_key)
+        try:
+            _memo_key = (_static, _batch, _q_len, (_kv_len - 1).bit_length() if _kv_len > 1 else 0)
+        except AttributeError:
+            _memo_key = (_static, _batch, _q_len, _kv_bits(_kv_len))
+        config = _memo.get(_memo_key)
         if config is None:
-            config = _resolve(memo_key, kv_len, {args}, {kwargs})
+            config = _resolve(_memo_key, _kv_len, {args}, {kwargs})
     return _fn({call_with_config})
 """
-_SEPARATE_KEYS = "batch, q_len, kv_len = _run_key({call})\n        static = _static_key({call})"
-_COMBINED_KEY = "static, batch, q_len, kv_len = _key({call})"
+_SEPARATE_KEYS = "_batch, _q_len, _kv_len = _run_key({call})\n        _static = _static_key({call})"
+_COMBINED_KEY = "_static, _batch, _q_len, _kv_len = _key({call})"
+
+
+def _kv_bits(kv_len: Any) -> int:
+    """The memo's kv bucket for integer-likes (numpy ints); a clear ValueError otherwise."""
+    return (kv_len_bucket(kv_len) - 1).bit_length()
 
 
 def _build(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable], params: str, call: str,
            args: str, kwargs: str, namespace: dict[str, Any] | None = None) -> Callable:
-    namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, **keys)
+    namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, _kv_bits=_kv_bits, **keys)
     key_code = (_COMBINED_KEY if "_key" in keys else _SEPARATE_KEYS).format(call=call)
     source = _WRAPPER_SOURCE.format(
         params=params, keys=key_code, args=args, kwargs=kwargs,

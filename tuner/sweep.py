@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from tuner.bench import (
-    OK, CudaGraphTimer, Outcome, Timing, WallClockTimer, boundary_sync, decide, measure_config,
+    OK, CudaGraphTimer, Outcome, Timing, WallClockTimer, boundary_sync, decide, measure_config, same_config,
+    one_line, with_default_first,
 )
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.errors import TunerError
@@ -23,19 +25,20 @@ from tuner.ops import Config, DecodeInputs, DecodeShape, Op
 
 DEFAULT_L2_BYTES = 60 * 2**20  # the H200's, when the device does not say
 
-TUNED, SKIPPED, FAILED = "tuned", "skipped", "failed"
+TUNED, SKIPPED, FAILED, DUPLICATE = "tuned", "skipped", "failed", "duplicate"
 
 
 @dataclass(frozen=True)
 class ShapeResult:
     shape: DecodeShape
-    status: str  # tuned | skipped (its stored winner is reported) | failed (nothing ran right)
+    status: str  # tuned | skipped (its stored winner is reported) | failed | duplicate
     winner: Config | None
     winner_us: float | None
     default_us: float | None
     measured: int  # configs measured in this run
     resumed: int  # configs whose stored measurement was reused
     failures: int  # configs that crashed, ran out of memory or were wrong
+    note: str = ""  # why a shape failed, or which shape it duplicates
 
     @property
     def speedup(self) -> float | None:
@@ -55,17 +58,24 @@ def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
     return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(inputs.kv_bytes, 1))))
 
 
+def _too_big(shape: DecodeShape, device: str) -> str | None:
+    """Why the shape's KV cache (and the reference's copy of it) cannot fit, or None."""
+    need = 3 * shape.kv_bytes()  # the cache, plus headroom for outputs and the reference's work
+    if device == "cuda":
+        free = torch.cuda.mem_get_info()[0]
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    if need > free:
+        return f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free on {device}"
+    return None
+
+
 def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:
     """The default first (so it is always measured), then the rest of the space once each."""
-    default = op.default(shape)
-    seen = {canonical_json(default)}
-    out = [default]
-    for config in op.configs(shape):
-        key = canonical_json(config)
-        if key not in seen:
-            seen.add(key)
-            out.append(config)
-    return out
+    return with_default_first(op.default(shape), op.configs(shape))
 
 
 def _stored_outcome(row: Any) -> Outcome:
@@ -93,11 +103,18 @@ def sweep(
     fp_id, fp = current_fingerprint_id(), current_fingerprint()
     method = dict(timer.method, device=device)
     advance = on_advance or (lambda n, label: None)
-    results = []
+    results: list[ShapeResult] = []
+    seen: dict[Problem, DecodeShape] = {}
     for shape in shapes:
         configs = candidate_configs(op, shape)
         problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
         label = shape.label()
+        if problem in seen:  # same static key and kv bucket: one record holds both
+            advance(len(configs), label)
+            results.append(ShapeResult(shape, DUPLICATE, None, None, None, 0, 0, 0,
+                                       note=f"same key as {seen[problem].label()}"))
+            continue
+        seen[problem] = shape
         stored_winner = None if force else db.record(problem, fp_id)
         if stored_winner is not None:
             advance(len(configs), label)
@@ -107,9 +124,19 @@ def sweep(
             ))
             continue
         stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, fp_id)}
-        inputs = op.make_inputs(shape, device=device, seed=seed)
-        reference = inputs.reference()
-        copies = [inputs] + [inputs.with_kv_copy() for _ in range(kv_copies(inputs, device) - 1)]
+        too_big = _too_big(shape, device)
+        try:
+            if too_big:
+                raise MemoryError(too_big)
+            inputs = op.make_inputs(shape, device=device, seed=seed)
+            reference = inputs.reference()
+            copies = [inputs] + [inputs.with_kv_copy() for _ in range(kv_copies(inputs, device) - 1)]
+        except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed
+            inputs = reference = copies = None
+            boundary_sync()
+            advance(len(configs), label)
+            results.append(ShapeResult(shape, FAILED, None, None, None, 0, 0, 0, note=one_line(e)))
+            continue
         runs = [functools.partial(op.run, copy) for copy in copies]
         tolerance = op.tolerance[shape.dtype]
         outcomes, measured, resumed = [], 0, 0
@@ -120,10 +147,7 @@ def sweep(
                 outcomes.append(_stored_outcome(row))
                 resumed += 1
             else:
-                outcome = measure_config(
-                    runs, config,
-                    reference=reference, tolerance=tolerance, timer=timer,
-                )
+                outcome = measure_config(runs, config, reference=reference, tolerance=tolerance, timer=timer)
                 t = outcome.timing
                 db.save_measurement(
                     problem, (fp_id, fp), config, kv_len=shape.kv_len, status=outcome.status,
@@ -134,21 +158,20 @@ def sweep(
                 measured += 1
             advance(1, label)
         default = configs[0]
-        winner, default_timing = decide(runs, outcomes, default, timer=timer, min_gain=min_gain)
+        try:
+            winner, default_timing = decide(runs, outcomes, default, timer=timer, min_gain=min_gain)
+        except (RuntimeError, MemoryError) as e:  # the side-by-side re-timing failed: keep the default
+            winner = next((o for o in outcomes if o.status == OK and same_config(o.config, default)), None)
+            default_timing = winner.timing if winner else None
         failures = sum(o.status != OK for o in outcomes)
         del inputs, copies, runs, reference  # free the device before the next shape's inputs
         boundary_sync()
         if winner is None:
-            results.append(ShapeResult(shape, FAILED, None, None, None, measured, resumed, failures))
+            results.append(ShapeResult(shape, FAILED, None, None, None, measured, resumed, failures,
+                                       note="no config ran right"))
             continue
-        db.save_record(
-            problem, (fp_id, fp), winner.config,
-            median_us=winner.timing.median_us, spread_us=winner.timing.spread_us,
-            samples=winner.timing.samples, default_config=default,
-            default_median_us=default_timing and default_timing.median_us,
-            default_spread_us=default_timing and default_timing.spread_us,
-            method=dict(method, min_gain=min_gain),
-        )
+        db.save_winner(problem, (fp_id, fp), winner.config, winner.timing, default, default_timing,
+                       method=dict(method, min_gain=min_gain))
         results.append(ShapeResult(
             shape, TUNED, winner.config, winner.timing.median_us,
             default_timing and default_timing.median_us, measured, resumed, failures,

@@ -7,6 +7,15 @@ from dataclasses import dataclass
 import torch
 
 
+# (atol, rtol) of a candidate's output against the reference's, by output dtype
+TOLERANCE = {"float32": (1e-4, 1e-4), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
+
+
+def tolerance_for(dtype: object) -> tuple[float, float]:
+    """TOLERANCE of a dtype (torch dtype or name); float32's for anything else."""
+    return TOLERANCE.get(str(dtype).removeprefix("torch."), TOLERANCE["float32"])
+
+
 @dataclass(frozen=True)
 class Check:
     ok: bool

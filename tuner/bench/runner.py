@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from tuner.bench.check import compare
-from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats
+from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, same_config
 from tuner.bench.timer import Timing
 
 
@@ -33,7 +33,7 @@ def boundary_sync() -> None:
         dist.barrier()
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
@@ -64,9 +64,9 @@ def measure_config(
             return Outcome(config, WRONG, max_error=check.max_error, error=check.reason)
         return Outcome(config, OK, timer(calls), max_error=check.max_error)
     except torch.OutOfMemoryError as e:
-        outcome = Outcome(config, OOM, error=_one_line(e))
+        outcome = Outcome(config, OOM, error=one_line(e))
     except Exception as e:  # a candidate may fail in any way; it must not stop the sweep
-        outcome = Outcome(config, ERROR, error=_one_line(e))
+        outcome = Outcome(config, ERROR, error=one_line(e))
     # free what the failed candidate left behind before the next one runs
     gc.collect()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -81,15 +81,8 @@ def measure_configs(
     reference: torch.Tensor,
     tolerance: tuple[float, float],
     timer: Any,
-    on_outcome: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
-    outcomes = []
-    for config in configs:
-        outcome = measure_config(runs, config, reference=reference, tolerance=tolerance, timer=timer)
-        outcomes.append(outcome)
-        if on_outcome is not None:
-            on_outcome(outcome)
-    return outcomes
+    return [measure_config(runs, c, reference=reference, tolerance=tolerance, timer=timer) for c in configs]
 
 
 def decide(
@@ -112,7 +105,7 @@ def decide(
     ok = [o for o in outcomes if o.status == OK and o.timing is not None]
     if not ok:
         return None, None
-    default = next((o for o in ok if o.config == default_config), None)
+    default = next((o for o in ok if same_config(o.config, default_config)), None)
     if default is None:
         return min(ok, key=lambda o: o.timing.median_us), None
     challengers = [o for o in ok if o is not default]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.bench.timer import Timing
+from tuner.keys import canonical_json
 
 OK, WRONG, ERROR, OOM = "ok", "wrong", "error", "oom"
 
@@ -27,3 +28,20 @@ def beats(candidate: Timing, default: Timing, min_gain: float = 0.01) -> bool:
     noise = (candidate.spread_us + default.spread_us) / 2
     margin = max(noise, min_gain * default.median_us)
     return candidate.median_us < default.median_us - margin
+
+
+def with_default_first(default: dict[str, Any], configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The default first (so it is always measured), then each other config once."""
+    seen = {canonical_json(default)}
+    out = [default]
+    for config in configs:
+        key = canonical_json(config)
+        if key not in seen:
+            seen.add(key)
+            out.append(config)
+    return out
+
+
+def same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal as stored: (1, 2) and [1, 2], 2.0 and 2 are the same config value."""
+    return canonical_json(a) == canonical_json(b)

@@ -23,6 +23,7 @@ from typing import Any
 from tuner.db.fingerprint import fingerprint_id
 from tuner.db.store import Problem, Record, TuningDB
 from tuner.errors import TunerError
+from tuner.jsonfile import read_json
 from tuner.keys import KV_BUCKET_MAX, AttentionRunKey, canonical_json
 
 EXPORT_SCHEMA = "tuner.tunings"
@@ -171,6 +172,11 @@ def parse_document(data: Any) -> list[tuple[Problem, tuple[str, dict[str, Any]],
                 created_at = datetime.fromisoformat(_str(rec["created_at"], f"{where}.created_at", 64))
             except ValueError:
                 raise DocumentError(f"{where}.created_at: not an ISO 8601 time") from None
+            # stored as UTC (SQLite keeps no offset); a time without one is taken as UTC
+            created_at = created_at.astimezone(timezone.utc) if created_at.tzinfo else created_at.replace(
+                tzinfo=timezone.utc)
+        if not isinstance(rec["static_key"], dict) or not rec["static_key"]:
+            raise DocumentError(f"{where}.static_key: expected a non-empty object")
         problem = Problem(
             _str(rec["op"], f"{where}.op"),
             _canonical(rec["static_key"], f"{where}.static_key"),
@@ -195,17 +201,7 @@ def parse_document(data: Any) -> list[tuple[Problem, tuple[str, dict[str, Any]],
 
 def load_document(path: str | Path) -> Any:
     """Read and parse a JSON file, with one-line errors."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DocumentError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DocumentError(f"{path} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise DocumentError(f"{path} is nested too deeply") from None
+    return read_json(path, DocumentError, "tunings file")
 
 
 def import_document(db: TuningDB, data: Any) -> int:

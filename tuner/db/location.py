@@ -17,6 +17,10 @@ class DBError(TunerError):
     """The tuning DB cannot be opened or used; the message says why in one line."""
 
 
+class MissingDBError(DBError):
+    """No tuning DB exists there yet (opened for reading only)."""
+
+
 def default_db_path() -> Path:
     """tuning_cache/tuner.db in a source checkout, else the user's cache directory."""
     root = Path(__file__).resolve().parents[2]
@@ -37,7 +41,7 @@ def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
     if "://" in text:
         try:
             return make_url(text), False
-        except ArgumentError:
+        except (ArgumentError, ValueError):
             raise DBError(f"not a valid SQLAlchemy URL: {text!r}") from None
     path = Path(text).expanduser().resolve()
     return URL.create("sqlite", database=str(path)), is_default

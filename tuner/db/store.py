@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from tuner.db.location import DBError, resolve_db_url
+from tuner.db.location import DBError, MissingDBError, resolve_db_url
 from tuner.db.schema import SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, TuningRecord, utcnow
 from tuner.keys import AttentionRunKey, canonical_json
 
@@ -100,7 +100,6 @@ def _record(row: TuningRecord) -> Record:
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
@@ -118,21 +117,26 @@ class TuningDB:
     are serialised across processes by a file lock beside it."""
 
     def __init__(self, target: str | os.PathLike | None = None, *, create: bool = True) -> None:
+        """create=False: open for reading only; nothing is written, not even the schema,
+        and a missing DB raises MissingDBError."""
         url, is_default = resolve_db_url(target)
         self.url = url
         self.path: Path | None = None
         self._lock: FileLock | None = None
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             self.path = Path(url.database)
-            self._check_sqlite_path(self.path, create=create or is_default, make_parent=is_default)
+            try:
+                self._check_sqlite_path(self.path, create=create, make_parent=is_default)
+            except OSError as e:  # a name too long, a path through a file, ...
+                raise DBError(f"unusable tuning DB path {self.path}: {e.strerror or e}") from None
             self._lock = FileLock(str(self.path) + ".lock", timeout=WRITE_LOCK_TIMEOUT_S)
         try:
             self.engine: Engine = create_engine(url)
-        except (SQLAlchemyError, ImportError) as e:
+        except (SQLAlchemyError, ImportError, ValueError) as e:
             raise DBError(f"cannot open tuning DB {self.display_url}: {_short(e)}") from None
         if url.get_backend_name() == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._init_schema()
+        self._init_schema(create)
 
     # -- opening -----------------------------------------------------------------------
 
@@ -149,7 +153,7 @@ class TuningDB:
                 raise DBError(f"tuning DB {path} is not readable")
             return
         if not create:
-            raise DBError(f"no tuning DB at {path}")
+            raise MissingDBError(f"no tuning DB at {path} yet (`tuner sweep OP` makes one)")
         if make_parent:
             path.parent.mkdir(parents=True, exist_ok=True)
         if not path.parent.is_dir():
@@ -157,17 +161,33 @@ class TuningDB:
         if not os.access(path.parent, os.W_OK):
             raise DBError(f"cannot create tuning DB {path}: directory {path.parent} is not writable")
 
-    def _init_schema(self) -> None:
-        with self._write(action="open") as session:
-            Base.metadata.create_all(session.connection())
-            version = session.get(Meta, "schema_version")
-            if version is None:
-                session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            elif version.value != str(SCHEMA_VERSION):
+    def _init_schema(self, create: bool) -> None:
+        """Check the schema with reads; write it only into an empty DB, and only if create."""
+        with self._read() as session:
+            tables = set(inspect(session.connection()).get_table_names())
+            version = session.get(Meta, "schema_version") if Meta.__tablename__ in tables else None
+        if version is not None:
+            if version.value != str(SCHEMA_VERSION):
                 raise DBError(
                     f"tuning DB {self.display_url} has schema version {version.value}; "
                     f"this tuner reads version {SCHEMA_VERSION}"
                 )
+            return
+        if tables:
+            raise DBError(f"{self.display_url} is not a tuning DB (it has other tables); give another --db")
+        if not create:
+            raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
+        with self._locked("create"):  # another process may be creating it too
+            if self.url.get_backend_name() == "sqlite":
+                try:  # WAL is a property of the file, and cannot be set inside a transaction
+                    with self.engine.connect() as conn:
+                        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+                except DBAPIError as e:
+                    raise DBError(f"cannot create tuning DB {self.display_url}: {_short(e)}") from None
+            with self._write(action="create") as session:  # the lock is reentrant
+                Base.metadata.create_all(session.connection())
+                if session.get(Meta, "schema_version") is None:
+                    session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -181,15 +201,31 @@ class TuningDB:
     # -- sessions ----------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, action: str = "write") -> Iterator[Session]:
-        """One transaction, under the cross-process file lock for SQLite files."""
+    def _locked(self, action: str) -> Iterator[None]:
+        """The cross-process write lock of a SQLite file (nothing for server DBs)."""
+        if self._lock is None:
+            yield
+            return
         try:
-            with self._lock or nullcontext(), Session(self.engine) as session, session.begin():
-                yield session
-        except DBAPIError as e:
-            raise DBError(f"cannot {action} tuning DB {self.display_url}: {_short(e)}") from None
+            self._lock.acquire()
         except Timeout:
             raise DBError(f"tuning DB {self.display_url} stayed locked by another writer") from None
+        except OSError as e:  # the lock file cannot be made: a read-only directory
+            raise DBError(f"cannot {action} tuning DB {self.display_url}: {e.strerror or e}") from None
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    @contextmanager
+    def _write(self, action: str = "write") -> Iterator[Session]:
+        """One transaction, under the cross-process file lock for SQLite files."""
+        with self._locked(action):
+            try:
+                with Session(self.engine) as session, session.begin():
+                    yield session
+            except DBAPIError as e:
+                raise DBError(f"cannot {action} tuning DB {self.display_url}: {_short(e)}") from None
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -218,8 +254,15 @@ class TuningDB:
     # -- writes ------------------------------------------------------------------------
 
     def _ensure_fingerprint(self, session: Session, fingerprint_id: str, data: dict[str, Any]) -> None:
-        if session.get(Fingerprint, fingerprint_id) is None:
-            session.add(Fingerprint(id=fingerprint_id, data=canonical_json(data)))
+        if session.get(Fingerprint, fingerprint_id) is not None:
+            return
+        values = {"id": fingerprint_id, "data": canonical_json(data), "created_at": utcnow()}
+        dialect = session.bind.dialect.name
+        if dialect in ("sqlite", "postgresql"):  # writers without the file lock may race here
+            insert = (sqlite if dialect == "sqlite" else postgresql).insert(Fingerprint).values(**values)
+            session.execute(insert.on_conflict_do_nothing(index_elements=["id"]))
+        else:
+            session.add(Fingerprint(**values))
             session.flush()
 
     def save_measurement(
@@ -278,6 +321,26 @@ class TuningDB:
                 default_spread_us=default_spread_us, method=method, created_at=created_at,
             ))
         ])
+
+    def save_winner(
+        self,
+        problem: Problem,
+        fingerprint: tuple[str, dict[str, Any]],
+        config: dict[str, Any],
+        timing: Any,
+        default_config: dict[str, Any],
+        default_timing: Any | None,
+        method: dict[str, Any],
+    ) -> None:
+        """save_record from timings (anything with median_us, spread_us and samples)."""
+        self.save_record(
+            problem, fingerprint, config,
+            median_us=timing.median_us, spread_us=timing.spread_us, samples=timing.samples,
+            default_config=default_config,
+            default_median_us=default_timing.median_us if default_timing else None,
+            default_spread_us=default_timing.spread_us if default_timing else None,
+            method=method,
+        )
 
     def save_records(self, rows: list[tuple[Problem, tuple[str, dict[str, Any]], dict[str, Any]]]) -> None:
         """Upsert many records in ONE transaction: all land or none (used by import)."""

@@ -74,16 +74,19 @@ def run_key_distance(a: AttentionRunKey, b: AttentionRunKey) -> tuple[float, flo
 
 
 def nearest_run_key(
-    target: AttentionRunKey, candidates: Any, max_distance: float = 2.0
+    target: AttentionRunKey, candidates: Any, max_distance: float = 2.0, max_q_distance: float = 1.0
 ) -> AttentionRunKey | None:
-    """The candidate nearest to target by the policy in this module's docstring, or None."""
-    best = None
-    best_rank = None
+    """The candidate nearest to target by the policy in this module's docstring, or None.
+
+    Candidates more than max_q_distance octaves away in max q len, or more than
+    max_distance octaves away in batch + kv, are never used.
+    """
+    best, best_rank = None, None
     for cand in candidates:
         q_dist, dist = run_key_distance(target, cand)
+        if q_dist > max_q_distance or dist > max_distance:
+            continue
         rank = (q_dist, dist, -cand.batch, -cand.kv_len_bucket)
         if best_rank is None or rank < best_rank:
             best, best_rank = cand, rank
-    if best is None or best_rank[1] > max_distance:
-        return None
     return best

@@ -86,6 +86,21 @@ class AttentionStaticKey:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def label(self) -> str:
+        """Short and human: dtype, heads, head dim, page size, and the features that are on."""
+        dtype = self.q_dtype if self.q_dtype == self.k_dtype == self.v_dtype else (
+            f"{self.q_dtype}/{self.k_dtype}/{self.v_dtype}")
+        dims = f"d{self.head_dim_qk}" if self.head_dim_qk == self.head_dim_v else f"d{self.head_dim_qk}/{self.head_dim_v}"
+        label = f"{dtype} h{self.num_q_heads}/{self.num_kv_heads} {dims} p{self.page_size}"
+        if not self.causal:
+            label += " noncausal"
+        if (self.window_left, self.window_right) != (-1, -1):
+            label += f" win{self.window_left},{self.window_right}"
+        for flag in ("softcap", "sinks", "k_descale", "v_descale"):
+            if getattr(self, flag):
+                label += f" {flag}"
+        return label
+
     def to_json(self) -> str:
         return canonical_json(self.to_dict())
 

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 
+from tuner.bench.check import TOLERANCE
 from tuner.keys import AttentionRunKey, AttentionStaticKey, attention_run_key, attention_static_key
 from tuner.ops.reference import paged_decode_reference
 from tuner.ops.shapes import DecodeShape
@@ -105,6 +106,4 @@ class Op:
     unavailable: Callable[[], str | None] = lambda: None
     device: Callable[[], str] = lambda: "cpu"
     make_inputs: Callable[..., DecodeInputs] = make_decode_inputs
-    tolerance: dict[str, tuple[float, float]] = field(
-        default_factory=lambda: {"float32": (1e-4, 1e-4), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
-    )
+    tolerance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOLERANCE))

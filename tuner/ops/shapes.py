@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
+from tuner.jsonfile import read_json
 from tuner.keys import (
     AttentionRunKey, AttentionStaticKey, attention_run_key, normalize_window, static_key_from_parts,
 )
@@ -52,24 +52,24 @@ class DecodeShape:
     def run_key(self) -> AttentionRunKey:
         return attention_run_key(self.batch, self.q_len, self.kv_len)
 
+    def kv_bytes(self) -> int:
+        """Bytes of K and V cache this shape reads (and a sweep allocates)."""
+        item = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
+        pages = -(-self.kv_len // self.page_size)
+        return 2 * self.batch * pages * self.page_size * self.num_kv_heads * self.head_dim * item
+
     def static_label(self) -> str:
-        """The kernel-selecting part: dtype, heads, head dim, page size, masking."""
-        label = f"{self.dtype} h{self.num_q_heads}/{self.num_kv_heads} d{self.head_dim} p{self.page_size}"
-        if not self.causal:
-            label += " noncausal"
-        if self.window != (-1, -1):
-            label += f" win{self.window[0]},{self.window[1]}"
-        if self.softcap:
-            label += f" cap{self.softcap:g}"
-        if self.sinks:
-            label += " sinks"
-        return label
+        return self.static_key().label()
 
     def label(self) -> str:
         return f"b{self.batch} q{self.q_len} kv{self.kv_len} {self.static_label()}"
 
 
-_INT_FIELDS = ("batch", "kv_len", "q_len", "num_q_heads", "num_kv_heads", "head_dim", "page_size")
+# upper bounds: past these no GPU holds the problem, and a typo should not try to
+_INT_LIMITS = {
+    "batch": 2**20, "kv_len": 2**40, "q_len": 2**20, "num_q_heads": 1024, "num_kv_heads": 1024,
+    "head_dim": 1024, "page_size": 2**20,
+}
 
 
 def shape_from_dict(data: Any, where: str = "shape") -> DecodeShape:
@@ -84,13 +84,13 @@ def shape_from_dict(data: Any, where: str = "shape") -> DecodeShape:
         if required not in data:
             raise ShapeError(f"{where}: missing field {required}")
     values = dict(data)
-    for name in _INT_FIELDS:
+    for name, limit in _INT_LIMITS.items():
         if name in values:
             v = values[name]
             if isinstance(v, bool) or not isinstance(v, int):
-                raise ShapeError(f"{where}: {name} must be an integer, got {v!r}")
-            if v < 1 or v > 2**40:
-                raise ShapeError(f"{where}: {name} must be between 1 and 2**40, got {v}")
+                raise ShapeError(f"{where}: {name} must be an integer, got {v!r:.40}")
+            if v < 1 or v > limit:
+                raise ShapeError(f"{where}: {name} must be between 1 and {limit}, got {v:.6g}")
     if "dtype" in values and values["dtype"] not in DTYPES:
         raise ShapeError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {values['dtype']!r}")
     if "causal" in values and not isinstance(values["causal"], bool):
@@ -123,15 +123,7 @@ def shape_from_dict(data: Any, where: str = "shape") -> DecodeShape:
 
 def load_shapes(path: str | Path) -> list[DecodeShape]:
     """Shapes from a JSON file: a list of shape objects, or {"shapes": [...]}."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ShapeError(f"cannot read shapes file {path}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ShapeError(f"shapes file {path} is not valid JSON: {e}") from None
+    data = read_json(path, ShapeError, "shapes file")
     if isinstance(data, dict) and set(data) == {"shapes"}:
         data = data["shapes"]
     if not isinstance(data, list) or not data:

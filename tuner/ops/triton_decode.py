@@ -87,7 +87,7 @@ def _define_kernels() -> tuple[Any, Any]:
         F32_DOT: tl.constexpr,
     ):
         # int64 index math throughout: no int32 overflow on large caches or batches (and the
-        # interpreter skips its per-op int32 overflow checks, ~40% of its run time)
+        # interpreter skips its per-op int32 overflow checks, a large share of its run time)
         pid_bh = tl.program_id(0).to(tl.int64)
         row_block = tl.program_id(1).to(tl.int64)
         split = tl.program_id(2).to(tl.int64)
@@ -489,7 +489,7 @@ TRITON_DECODE = Op(
     unavailable=_unavailable,
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
     grids={
-        # interpreter-sized: a stage-1 program costs ~10 ms there and each kv block ~6 ms
+        # interpreter-sized: every program and kv block costs milliseconds there
         "cpu-tiny": grid([1, 2], [64, 128], **_TINY),
         "cpu-small": grid([1, 4], [256, 512], **_SMALL),
         "decode": grid([1, 4, 16, 64, 256], [512, 2048, 8192, 32768, 131072], max_tokens=4 * 2**20)

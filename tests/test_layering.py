@@ -1,0 +1,42 @@
+"""DESIGN.md's dependency rules, checked: keys and db import no kernel library; bench and
+ops know no DB."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "tuner"
+KERNEL_LIBRARIES = ("triton", "sgl_kernel", "flashinfer")
+
+
+def imported_modules(package: str) -> set[str]:
+    names = set()
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", ["keys", "db"])
+def test_keys_and_db_import_no_kernel_library(package):
+    assert not {m for m in imported_modules(package) if m.split(".")[0] in KERNEL_LIBRARIES}
+    code = (f"import sys, tuner.{package}; "
+            f"print([m for m in {KERNEL_LIBRARIES!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("package", ["bench", "ops"])
+def test_bench_and_ops_know_no_db(package):
+    assert not {m for m in imported_modules(package) if m == "tuner.db" or m.startswith("tuner.db.")}
+
+
+def test_keys_import_nothing_but_the_standard_library_and_themselves():
+    allowed = {"__future__", "json", "math", "operator", "dataclasses", "typing"}
+    assert {m for m in imported_modules("keys") if not m.startswith("tuner.keys")} <= allowed
