@@ -217,3 +217,18 @@ def test_an_unwritable_lock_is_a_one_line_error(tmp_path, tiny_shapes):
     db_path = tmp_path / "t.db"
     (tmp_path / "t.db.lock").mkdir()  # the lock file cannot be created, as in a read-only directory
     one_line_error(sweep(db_path, tiny_shapes), "cannot create tuning DB")
+
+
+def test_doctor_lists_records_of_other_environments(tmp_path, db_path):
+    from tuner.db import Problem, current_fingerprint, fingerprint_id
+    from tuner.keys import attention_run_key
+
+    other = dict(current_fingerprint(), device="Some Other GPU")
+    db = TuningDB(db_path)
+    db.save_record(Problem("op", '{"h":1}', attention_run_key(1, 1, 8)), (fingerprint_id(other), other), {"c": 1},
+                   median_us=1.0, spread_us=0.0, samples=1, default_config={"c": 0}, default_median_us=1.0,
+                   default_spread_us=0.0, method={})
+    result = cli("doctor", "--db", db_path)
+    assert result.exit_code == 0
+    row = next(line for line in result.output.splitlines() if fingerprint_id(other) in line)
+    assert "Some Other GPU" in row and row.rstrip("│ ").endswith("no")

@@ -302,13 +302,15 @@ def doctor_command(db: DbOption = None) -> None:
         console.print(f"tuning DB: {escape(database.display_url)}")
         counts = database.counts()
         fps = database.fingerprints()
-        envs = Table(title="stored per environment")
-        for col in ("environment", "device", "records", "measurements", "used at lookup"):
-            envs.add_column(col)
+        envs = Table(title="stored per environment (only this one's are used at lookup)")
+        envs.add_column("environment", no_wrap=True)
+        envs.add_column("device")
+        for col in ("records", "measurements", "used"):
+            envs.add_column(col, justify="right")
         for env_id in sorted(set(counts) | set(fps)):
             c = counts.get(env_id, {"records": 0, "measurements": 0})
             envs.add_row(env_id, escape(str(fps.get(env_id, {}).get("device", "?"))), str(c["records"]),
-                         str(c["measurements"]), "yes" if env_id == fp_id else "no (other environment)")
+                         str(c["measurements"]), "yes" if env_id == fp_id else "no")
         console.print(envs)
         problems = database.integrity()
         if problems:

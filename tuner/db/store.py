@@ -235,35 +235,34 @@ class TuningDB:
         except DBAPIError as e:
             raise DBError(f"cannot read tuning DB {self.display_url}: {_short(e)}") from None
 
-    def _upsert(self, session: Session, model: type, values: dict[str, Any], key: list[str]) -> None:
+    def _upsert(self, session: Session, model: type, values: dict[str, Any], key: list[str],
+                replace: bool = True) -> None:
+        """Insert, or on a key conflict replace the other columns (or keep the row: replace=False)."""
         dialect = session.bind.dialect.name
         update = {k: v for k, v in values.items() if k not in key}
         if dialect in ("sqlite", "postgresql"):
             insert = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(**values)
-            session.execute(insert.on_conflict_do_update(index_elements=key, set_=update))
+            if replace:
+                session.execute(insert.on_conflict_do_update(index_elements=key, set_=update))
+            else:
+                session.execute(insert.on_conflict_do_nothing(index_elements=key))
             return
         existing = session.scalars(
             select(model).where(*(getattr(model, k) == values[k] for k in key))
         ).one_or_none()
         if existing is None:
             session.add(model(**values))
-        else:
+            session.flush()
+        elif replace:
             for k, v in update.items():
                 setattr(existing, k, v)
 
     # -- writes ------------------------------------------------------------------------
 
     def _ensure_fingerprint(self, session: Session, fingerprint_id: str, data: dict[str, Any]) -> None:
-        if session.get(Fingerprint, fingerprint_id) is not None:
-            return
-        values = {"id": fingerprint_id, "data": canonical_json(data), "created_at": utcnow()}
-        dialect = session.bind.dialect.name
-        if dialect in ("sqlite", "postgresql"):  # writers without the file lock may race here
-            insert = (sqlite if dialect == "sqlite" else postgresql).insert(Fingerprint).values(**values)
-            session.execute(insert.on_conflict_do_nothing(index_elements=["id"]))
-        else:
-            session.add(Fingerprint(**values))
-            session.flush()
+        if session.get(Fingerprint, fingerprint_id) is None:  # writers to a server DB may race here
+            values = {"id": fingerprint_id, "data": canonical_json(data), "created_at": utcnow()}
+            self._upsert(session, Fingerprint, values, ["id"], replace=False)
 
     def save_measurement(
         self,

@@ -1,0 +1,125 @@
+"""decode_attention: one paged decode op that runs, per shape, the fastest backend installed
+(FA3 or our Triton kernel) with that backend's fastest config, as the sweep measured.
+
+A config is {"backend": name, **that backend's config}; the sweep measures the union of
+the backends' spaces, so the winner is chosen across backends and knobs at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tuner.keys import static_key_from_parts
+from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
+from tuner.ops.fa3 import _kernel as _fa3_kernel
+from tuner.ops.shapes import DecodeShape
+from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
+from tuner.runtime import autotune
+
+OP_NAME = "decode_attention"
+BACKENDS: dict[str, Op] = {"fa3": FA3, "triton_decode": TRITON_DECODE}  # the default's preference order
+
+
+def _installed() -> list[Op]:
+    return [op for op in BACKENDS.values() if op.unavailable() is None]
+
+
+def _configs(shape: DecodeShape) -> list[Config]:
+    return [{"backend": op.name, **c} for op in _installed() for c in op.configs(shape)]
+
+
+def _default(shape: DecodeShape) -> Config:
+    """The first installed backend's own default: what a caller gets without tuner."""
+    installed = _installed()
+    if not installed:
+        return {"backend": "none"}
+    return {"backend": installed[0].name, **installed[0].default(shape)}
+
+
+def _split(config: Config) -> tuple[Op, Config]:
+    rest = {k: v for k, v in config.items() if k != "backend"}
+    return BACKENDS[config["backend"]], rest
+
+
+def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
+    op, rest = _split(config)
+    return op.run(inputs, rest)
+
+
+def _unavailable() -> str | None:
+    if _installed():
+        return None
+    return "; ".join(f"{name}: {op.unavailable()}" for name, op in BACKENDS.items())
+
+
+DECODE_ATTENTION = Op(
+    name=OP_NAME,
+    description="paged decode on the fastest installed backend per shape (FA3 or Triton), with its best config",
+    configs=_configs,
+    default=_default,
+    run=_run,
+    grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "cpu-tiny": TRITON_DECODE.grids["cpu-tiny"]},
+    unavailable=_unavailable,
+    device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
+)
+
+
+# -- the runtime entry point ---------------------------------------------------------------
+
+
+def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
+              softcap=0.0, sinks=None):
+    q_shape = q.shape
+    if type(window_size) is list:
+        window_size = tuple(window_size)
+    static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[2], k_cache.shape[2], q_shape[3], v_cache.shape[3],
+              k_cache.shape[1], causal, window_size, softcap, sinks is not None)
+    return static, q_shape[0], q_shape[1], max_kv_len
+
+
+def _static_json(static: tuple) -> str:
+    q_dtype, k_dtype, v_dtype, q_heads, kv_heads, d_qk, d_v, page_size, causal, window, softcap, sinks = static
+    return static_key_from_parts(
+        q_dtype=q_dtype, k_dtype=k_dtype, v_dtype=v_dtype, num_q_heads=q_heads, num_kv_heads=kv_heads,
+        head_dim_qk=d_qk, head_dim_v=d_v, page_size=page_size, causal=bool(causal), window_size=window,
+        softcap=softcap or None, sinks=sinks, k_descale=False, v_descale=False,
+    ).to_json()
+
+
+def _shape_of(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
+              softcap=0.0, sinks=None) -> DecodeShape:
+    """The call as a DecodeShape, for the backends' config spaces (tune mode only)."""
+    return DecodeShape(
+        batch=q.shape[0], kv_len=max(int(max_kv_len), q.shape[1]), q_len=q.shape[1], num_q_heads=q.shape[2],
+        num_kv_heads=k_cache.shape[2], head_dim=q.shape[3], page_size=k_cache.shape[1],
+        dtype=str(q.dtype).removeprefix("torch."), causal=causal, window=tuple(window_size),
+        softcap=float(softcap or 0.0), sinks=sinks is not None,
+    )
+
+
+@autotune(OP_NAME, key=_call_key, static_json=_static_json,
+          configs=lambda *a, **k: _configs(_shape_of(*a, **k)), default=lambda *a, **k: _default(_shape_of(*a, **k)))
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     cache_seqlens: torch.Tensor, max_kv_len: int, causal: bool = True,
+                     window_size: Any = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                     *, config: Config) -> torch.Tensor:
+    """Paged decode attention (layouts as tuner.ops.paged_decode_reference) on the backend
+    and config the DB holds for this shape. max_kv_len is a host-side upper bound of
+    cache_seqlens (never read from the device)."""
+    if config["backend"] == "fa3":
+        return _fa3_kernel()(
+            q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
+            window_size=window_size, softcap=softcap or 0.0, sinks=sinks,
+            num_splits=config["num_splits"], pack_gqa=config["pack_gqa"],
+        )
+    if config["backend"] == "triton_decode":
+        return triton_paged_decode(
+            q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len=max_kv_len, causal=causal,
+            window=tuple(window_size), softcap=softcap or None, sinks=sinks,
+            block_n=config["block_n"], num_kv_splits=config["num_kv_splits"],
+            num_warps=config["num_warps"], num_stages=config["num_stages"],
+        )
+    raise RuntimeError(f"decode_attention: no backend can run here ({_unavailable()})")
