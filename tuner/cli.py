@@ -37,7 +37,7 @@ err = Console(stderr=True)
 
 DbOption = Annotated[
     Optional[str],
-    typer.Option("--db", help="Tuning DB: SQLAlchemy URL or SQLite file path [default: $TUNER_DB, else the embedded SQLite file]."),
+    typer.Option("--db", help="Tuning DB: SQLAlchemy URL or SQLite file path (default: $TUNER_DB, else the embedded SQLite file)."),
 ]
 
 
@@ -107,7 +107,7 @@ def _fmt_config(config: dict | None) -> str:
 @app.command("sweep")
 def sweep_command(
     op_name: Annotated[str, typer.Argument(metavar="OP", help="Op to tune (see `tuner ops`).")],
-    grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op [default: cpu-small on CPU, decode on GPU].")] = None,
+    grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: cpu-small on CPU, decode on GPU).")] = None,
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds.")] = False,
@@ -118,8 +118,7 @@ def sweep_command(
 ) -> None:
     """Benchmark every candidate config of OP over a grid of shapes; store the winners.
 
-    Resumable: rerun the same command after an interruption and only what is missing is
-    measured. Each candidate is checked against the reference before it is timed.
+    Resumable: rerun the same command after an interruption and only what is missing is measured. Each candidate is checked against the reference before it is timed; a winner must beat the library default by more than the noise.
     """
     with _user_errors():
         from tuner.bench import CudaGraphTimer, WallClockTimer
@@ -265,8 +264,7 @@ def import_command(
     file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json`.")],
     db: DbOption = None,
 ) -> None:
-    """Load winners from a JSON export. The whole file is validated first; on any error
-    nothing is written."""
+    """Load winners from a JSON export. The whole file is validated first; on any error nothing is written."""
     with _user_errors():
         from tuner.db.jsonio import load_document, parse_document
 
