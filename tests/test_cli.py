@@ -75,6 +75,19 @@ def test_sweep_show_export_import_doctor(tmp_path, db_path, tiny_shapes):
     assert "integrity: ok" in doctor.output and "fingerprint" in doctor.output
 
 
+def test_sweep_with_pruning(db_path, tiny_shapes):
+    result = sweep(db_path, tiny_shapes, "--prune")
+    assert result.exit_code == 0, result.output
+    db = TuningDB(db_path)
+    assert len(db.records()) == 2
+    for record in db.records():
+        rows = db.measurements(record.problem, record.fingerprint_id)
+        assert all(m.method["rung"] in (0, 1) for m in rows)
+        # the default and the winner were measured fully
+        full = [m.config for m in rows if m.method["rung"] == 1]
+        assert record.default_config in full and record.config in full
+
+
 def test_sweep_a_named_grid(db_path):
     result = cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--db", db_path, "--repeats", 2,
                  "--warmup", 0, "--max-seconds", 0.01)

@@ -23,12 +23,28 @@ class FakeTimer:
         rotation[0]()
         return Timing(self.cost, 0.02 * self.cost, 7)
 
+    def quick(self):
+        return QuickFakeTimer(self)
+
     def paired(self, a, b):
         a[0]()
         ta = self.cost + self.bias.get(self.last, 0.0)
         b[0]()
         tb = self.cost + self.bias.get(self.last, 0.0)
         return Timing(ta, 0.02 * ta, 7), Timing(tb, 0.02 * tb, 7)
+
+
+class QuickFakeTimer:
+    """The quick rung of a FakeTimer: same costs, fewer samples."""
+
+    method = {"timer": "fake-quick"}
+
+    def __init__(self, full):
+        self.full = full
+
+    def __call__(self, rotation):
+        rotation[0]()
+        return Timing(self.full.cost, 0.02 * self.full.cost, 3)
 
 
 def fake_op(timer, costs, calls=None, interrupt_after=None):
@@ -209,3 +225,32 @@ def test_a_shape_too_big_for_memory_fails_alone(db_path):
     results = sweep(op, [huge, op.grids["g"][0]], TuningDB(db_path), timer=timer)
     assert results[0].status == FAILED and "GiB" in results[0].note
     assert results[1].status == TUNED
+
+
+def test_pruning_measures_only_the_contenders_fully(db_path):
+    timer = FakeTimer()
+    op = fake_op(timer, COSTS)
+    db = TuningDB(db_path)
+    results = sweep(op, op.grids["g"][:1], db, timer=timer, prune=True)
+    assert results[0].winner == {"name": "fast"} and results[0].failures == 3
+    rows = {m.config["name"]: m for m in db.measurements(db.records()[0].problem, current_fingerprint_id())}
+    assert {name: m.method["rung"] for name, m in rows.items()} == {
+        "default": 1, "fast": 1, "slightly": 0, "crash": 0, "wrong": 0, "oom": 0}
+    assert rows["fast"].samples == 7 and rows["slightly"].samples == 3
+
+
+def test_a_pruned_sweep_resumes_each_rung(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    calls = []
+    # rung 0 of shape 1: 3 configs checked + timed (6 calls) and 3 failures (3 calls); then
+    # rung 1 dies on its first call
+    with pytest.raises(KeyboardInterrupt):
+        sweep(fake_op(timer, COSTS, calls=calls, interrupt_after=9), fake_op(timer, COSTS).grids["g"][:1], db,
+              timer=timer, prune=True)
+    calls2 = []
+    [result] = sweep(fake_op(timer, COSTS, calls=calls2), fake_op(timer, COSTS).grids["g"][:1], db,
+                     timer=timer, prune=True)
+    assert result.winner == {"name": "fast"}
+    assert result.resumed == 4 and result.measured == 2  # rung 0 reused; rung 1 measured anew
+    assert set(calls2) == {"fast", "default"}

@@ -15,7 +15,8 @@ from typing import Any, Callable
 import torch
 
 from tuner.bench import (
-    OK, CudaGraphTimer, Outcome, Timing, WallClockTimer, boundary_sync, decide, measure_config, same_config,
+    OK, CudaGraphTimer, Outcome, Timing, WallClockTimer, boundary_sync, contenders, decide, measure_config,
+    same_config,
     one_line, with_default_first,
 )
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
@@ -92,9 +93,16 @@ def sweep(
     force: bool = False,
     min_gain: float = 0.01,
     seed: int = 0,
+    prune: bool = False,
     on_advance: Callable[[int, str], None] | None = None,
 ) -> list[ShapeResult]:
-    """Tune op over shapes into db. on_advance(n, label) reports n configs done."""
+    """Tune op over shapes into db. on_advance(n, label) reports n configs done.
+
+    prune: time every config quickly first (timer.quick()), then only the contenders (the
+    default and those within 10% of the fastest, at most 6) with the full timer; the
+    winner is chosen among those. Off by default until its agreement with full sweeps is
+    measured on the GPU.
+    """
     unavailable = op.unavailable()
     if unavailable:
         raise TunerError(f"op {op.name} cannot run here: {unavailable}")
@@ -102,6 +110,7 @@ def sweep(
     timer = timer or (CudaGraphTimer() if device == "cuda" else WallClockTimer())
     fp_id, fp = current_fingerprint_id(), current_fingerprint()
     method = dict(timer.method, device=device)
+    quick_timer = timer.quick() if prune else None
     advance = on_advance or (lambda n, label: None)
     results: list[ShapeResult] = []
     seen: dict[Problem, DecodeShape] = {}
@@ -139,24 +148,36 @@ def sweep(
             continue
         runs = [functools.partial(op.run, copy) for copy in copies]
         tolerance = op.tolerance[shape.dtype]
-        outcomes, measured, resumed = [], 0, 0
+        measured_now: set[str] = set()
+        resumed_from_db: set[str] = set()
+
+        def measure(config: Config, rung_timer: Any, rung: int) -> Outcome:
+            """A stored measurement of this rung or a later one, else a new, stored one."""
+            key = canonical_json(config)
+            row = stored.get(key)
+            if row is not None and row.method.get("rung", 1) >= rung:
+                resumed_from_db.add(key)
+                return _stored_outcome(row)
+            outcome = measure_config(runs, config, reference=reference, tolerance=tolerance, timer=rung_timer)
+            t = outcome.timing
+            db.save_measurement(
+                problem, (fp_id, fp), config, kv_len=shape.kv_len, status=outcome.status,
+                method=dict(method, **rung_timer.method, rung=rung) if prune else method,
+                median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
+                max_error=outcome.max_error, error=outcome.error,
+            )
+            measured_now.add(key)
+            return outcome
+
         boundary_sync()
-        for config in configs:
-            row = stored.get(canonical_json(config))
-            if row is not None:
-                outcomes.append(_stored_outcome(row))
-                resumed += 1
-            else:
-                outcome = measure_config(runs, config, reference=reference, tolerance=tolerance, timer=timer)
-                t = outcome.timing
-                db.save_measurement(
-                    problem, (fp_id, fp), config, kv_len=shape.kv_len, status=outcome.status,
-                    method=method, median_us=t and t.median_us, spread_us=t and t.spread_us,
-                    samples=t.samples if t else 0, max_error=outcome.max_error, error=outcome.error,
-                )
-                outcomes.append(outcome)
-                measured += 1
+        outcomes = []
+        for config in configs:  # prune: rung 0, every config quickly; else the only rung
+            outcomes.append(measure(config, quick_timer, 0) if prune else measure(config, timer, 1))
             advance(1, label)
+        if prune:  # rung 1: the contenders, fully; the winner is chosen among them only
+            kept = contenders(outcomes, configs[0])
+            outcomes = [measure(o.config, timer, 1) for o in kept] + [o for o in outcomes if o.status != OK]
+        measured, resumed = len(measured_now), len(resumed_from_db - measured_now)
         default = configs[0]
         try:
             winner, default_timing = decide(runs, outcomes, default, timer=timer, min_gain=min_gain)

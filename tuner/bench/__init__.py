@@ -3,12 +3,12 @@
 from tuner.bench.check import TOLERANCE, Check, compare, tolerance_for
 from tuner.bench.cuda_timer import CudaGraphTimer
 from tuner.bench.runner import boundary_sync, decide, measure_config, measure_configs, one_line
-from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, same_config, with_default_first
+from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, contenders, same_config, with_default_first
 from tuner.bench.timer import Timing, WallClockTimer, summarize
 
 __all__ = [
     "ERROR", "OK", "OOM", "WRONG",
     "Check", "CudaGraphTimer", "Outcome", "Timing", "WallClockTimer",
-    "beats", "boundary_sync", "decide", "compare", "measure_config", "measure_configs", "one_line",
+    "beats", "boundary_sync", "contenders", "decide", "compare", "measure_config", "measure_configs", "one_line",
     "TOLERANCE", "same_config", "summarize", "tolerance_for", "with_default_first",
 ]

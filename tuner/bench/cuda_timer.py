@@ -34,6 +34,10 @@ class CudaGraphTimer:
             "min_sample_us": self.min_sample_us,
         }
 
+    def quick(self) -> "CudaGraphTimer":
+        """A cheaper timer for a first, pruning pass over the candidates."""
+        return CudaGraphTimer(warmup=1, repeats=min(self.repeats, 5), min_sample_us=self.min_sample_us)
+
     def _capture(self, rotation: Sequence[Callable[[], Any]]) -> Callable[[], None]:
         """A replay function for the rotation, or eager calls if capture fails."""
         stream = torch.cuda.Stream()

@@ -45,3 +45,19 @@ def with_default_first(default: dict[str, Any], configs: list[dict[str, Any]]) -
 def same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Equal as stored: (1, 2) and [1, 2], 2.0 and 2 are the same config value."""
     return canonical_json(a) == canonical_json(b)
+
+
+def contenders(
+    outcomes: list[Outcome], default_config: dict[str, Any], keep: float = 0.10, max_keep: int = 6
+) -> list[Outcome]:
+    """What a first, quick pass keeps for a full measurement: the default (when it ran
+    right) and the fastest correct configs within `keep` of the fastest, at most max_keep."""
+    ok = sorted((o for o in outcomes if o.status == OK and o.timing), key=lambda o: o.timing.median_us)
+    if not ok:
+        return []
+    limit = ok[0].timing.median_us * (1 + keep)
+    kept = [o for o in ok if o.timing.median_us <= limit][:max_keep]
+    default = next((o for o in ok if same_config(o.config, default_config)), None)
+    if default is not None and all(o is not default for o in kept):
+        kept.append(default)
+    return kept

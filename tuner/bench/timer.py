@@ -67,6 +67,13 @@ class WallClockTimer:
             "max_seconds": self.max_seconds,
         }
 
+    def quick(self) -> "WallClockTimer":
+        """A cheaper timer for a first, pruning pass over the candidates."""
+        timer = WallClockTimer(warmup=min(self.warmup, 1), repeats=3, min_repeats=3,
+                               max_seconds=self.max_seconds / 4)
+        timer._sync = self._sync
+        return timer
+
     def __call__(self, fns: Rotation) -> Timing:
         rotation, sync = as_rotation(fns), self._sync
         for i in range(self.warmup):

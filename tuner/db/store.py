@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
@@ -74,6 +74,7 @@ class MeasurementRow:
     samples: int
     max_error: float | None
     error: str | None
+    method: dict[str, Any] = field(default_factory=dict)
 
 
 def _problem(row: Any) -> Problem:
@@ -364,7 +365,7 @@ class TuningDB:
             ).all()
             return [
                 MeasurementRow(json.loads(r.config), r.status, r.median_us, r.spread_us,
-                               r.samples, r.max_error, r.error)
+                               r.samples, r.max_error, r.error, json.loads(r.method))
                 for r in rows
             ]
 
