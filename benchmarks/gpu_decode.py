@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--db", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--prune", action="store_true", help="sweep with pruning (see tuner.sweep.sweep)")
+    parser.add_argument("--halving", action="store_true", help="successive-halving sweep (see tuner.sweep.sweep)")
     args = parser.parse_args()
 
     op = get_op(args.op)
@@ -72,7 +72,7 @@ def main() -> None:
     for grid_name in args.grid:
         shapes = get_grid(op, grid_name)
         started = time.perf_counter()
-        results = sweep(op, shapes, db, timer=timer, prune=args.prune)
+        results = sweep(op, shapes, db, timer=timer, halving=args.halving)
         seconds = time.perf_counter() - started
         measured = sum(r.measured for r in results)
         total_measured += measured

@@ -75,8 +75,8 @@ def test_sweep_show_export_import_doctor(tmp_path, db_path, tiny_shapes):
     assert "integrity: ok" in doctor.output and "fingerprint" in doctor.output
 
 
-def test_sweep_with_pruning(db_path, tiny_shapes):
-    result = sweep(db_path, tiny_shapes, "--prune")
+def test_sweep_with_successive_halving(db_path, tiny_shapes):
+    result = sweep(db_path, tiny_shapes, "--halving")
     assert result.exit_code == 0, result.output
     db = TuningDB(db_path)
     assert len(db.records()) == 2

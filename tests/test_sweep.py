@@ -227,11 +227,11 @@ def test_a_shape_too_big_for_memory_fails_alone(db_path):
     assert results[1].status == TUNED
 
 
-def test_pruning_measures_only_the_contenders_fully(db_path):
+def test_halving_measures_only_the_contenders_fully(db_path):
     timer = FakeTimer()
     op = fake_op(timer, COSTS)
     db = TuningDB(db_path)
-    results = sweep(op, op.grids["g"][:1], db, timer=timer, prune=True)
+    results = sweep(op, op.grids["g"][:1], db, timer=timer, halving=True)
     assert results[0].winner == {"name": "fast"} and results[0].failures == 3
     rows = {m.config["name"]: m for m in db.measurements(db.records()[0].problem, current_fingerprint_id())}
     assert {name: m.method["rung"] for name, m in rows.items()} == {
@@ -239,7 +239,7 @@ def test_pruning_measures_only_the_contenders_fully(db_path):
     assert rows["fast"].samples == 7 and rows["slightly"].samples == 3
 
 
-def test_a_pruned_sweep_resumes_each_rung(db_path):
+def test_a_halving_sweep_resumes_each_rung(db_path):
     timer = FakeTimer()
     db = TuningDB(db_path)
     calls = []
@@ -247,10 +247,10 @@ def test_a_pruned_sweep_resumes_each_rung(db_path):
     # rung 1 dies on its first call
     with pytest.raises(KeyboardInterrupt):
         sweep(fake_op(timer, COSTS, calls=calls, interrupt_after=9), fake_op(timer, COSTS).grids["g"][:1], db,
-              timer=timer, prune=True)
+              timer=timer, halving=True)
     calls2 = []
     [result] = sweep(fake_op(timer, COSTS, calls=calls2), fake_op(timer, COSTS).grids["g"][:1], db,
-                     timer=timer, prune=True)
+                     timer=timer, halving=True)
     assert result.winner == {"name": "fast"}
     assert result.resumed == 4 and result.measured == 2  # rung 0 reused; rung 1 measured anew
     assert set(calls2) == {"fast", "default"}

@@ -111,7 +111,7 @@ def sweep_command(
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds.")] = False,
-    prune: Annotated[bool, typer.Option("--prune", help="Time every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = False,
+    halving: Annotated[bool, typer.Option("--halving", help="Successive halving: time every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = False,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = 15,
     max_seconds: Annotated[float, typer.Option(min=0.001, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = 2.0,
@@ -153,7 +153,7 @@ def sweep_command(
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
         ) as progress:
             task = progress.add_task(op.name, total=total)
-            results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain, prune=prune,
+            results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain, halving=halving,
                             on_advance=lambda n, label: progress.update(task, advance=n, description=label))
             progress.update(task, description=op.name)
         console.print(_sweep_table(op.name, results))

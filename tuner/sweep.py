@@ -93,12 +93,12 @@ def sweep(
     force: bool = False,
     min_gain: float = 0.01,
     seed: int = 0,
-    prune: bool = False,
+    halving: bool = False,
     on_advance: Callable[[int, str], None] | None = None,
 ) -> list[ShapeResult]:
     """Tune op over shapes into db. on_advance(n, label) reports n configs done.
 
-    prune: time every config quickly first (timer.quick()), then only the contenders (the
+    halving: time every config quickly first (timer.quick()), then only the contenders (the
     default and those within 10% of the fastest, at most 6) with the full timer; the
     winner is chosen among those. Off by default until its agreement with full sweeps is
     measured on the GPU.
@@ -110,7 +110,7 @@ def sweep(
     timer = timer or (CudaGraphTimer() if device == "cuda" else WallClockTimer())
     fp_id, fp = current_fingerprint_id(), current_fingerprint()
     method = dict(timer.method, device=device)
-    quick_timer = timer.quick() if prune else None
+    quick_timer = timer.quick() if halving else None
     advance = on_advance or (lambda n, label: None)
     results: list[ShapeResult] = []
     seen: dict[Problem, DecodeShape] = {}
@@ -162,7 +162,7 @@ def sweep(
             t = outcome.timing
             db.save_measurement(
                 problem, (fp_id, fp), config, kv_len=shape.kv_len, status=outcome.status,
-                method=dict(method, **rung_timer.method, rung=rung) if prune else method,
+                method=dict(method, **rung_timer.method, rung=rung) if halving else method,
                 median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
                 max_error=outcome.max_error, error=outcome.error,
             )
@@ -171,10 +171,10 @@ def sweep(
 
         boundary_sync()
         outcomes = []
-        for config in configs:  # prune: rung 0, every config quickly; else the only rung
-            outcomes.append(measure(config, quick_timer, 0) if prune else measure(config, timer, 1))
+        for config in configs:  # halving: rung 0, every config quickly; else the only rung
+            outcomes.append(measure(config, quick_timer, 0) if halving else measure(config, timer, 1))
             advance(1, label)
-        if prune:  # rung 1: the contenders, fully; the winner is chosen among them only
+        if halving:  # rung 1: the contenders, fully; the winner is chosen among them only
             kept = contenders(outcomes, configs[0])
             outcomes = [measure(o.config, timer, 1) for o in kept] + [o for o in outcomes if o.status != OK]
         measured, resumed = len(measured_now), len(resumed_from_db - measured_now)

@@ -35,7 +35,7 @@ class CudaGraphTimer:
         }
 
     def quick(self) -> "CudaGraphTimer":
-        """A cheaper timer for a first, pruning pass over the candidates."""
+        """A cheaper timer for the first, quick rung of a successive-halving sweep."""
         return CudaGraphTimer(warmup=1, repeats=min(self.repeats, 5), min_sample_us=self.min_sample_us)
 
     def _capture(self, rotation: Sequence[Callable[[], Any]]) -> Callable[[], None]:

@@ -68,7 +68,7 @@ class WallClockTimer:
         }
 
     def quick(self) -> "WallClockTimer":
-        """A cheaper timer for a first, pruning pass over the candidates."""
+        """A cheaper timer for the first, quick rung of a successive-halving sweep."""
         timer = WallClockTimer(warmup=min(self.warmup, 1), repeats=3, min_repeats=3,
                                max_seconds=self.max_seconds / 4)
         timer._sync = self._sync
