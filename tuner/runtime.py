@@ -170,6 +170,33 @@ class AutotunedFunction:
         return winner.config
 
 
+class ConfigLookup:
+    """Lookup only, for callers that choose a config once per plan rather than per kernel
+    call (the FlashInfer wrappers): the same snapshot, nearest-key rule, memo and modes as
+    @autotune, except that it never tunes (timing a plan says nothing of its kernel)."""
+
+    def __init__(self, name: str, static_json: Callable[[Any], str]) -> None:
+        self.name, self.static_json = name, static_json
+        self.memo: dict[tuple, Config] = {}
+        self.tuned: set[tuple] = set()  # cleared with the memo by configure(); never filled
+        _runtime.functions.add(self)  # type: ignore[arg-type]
+
+    def get(self, static: Any, batch: int, q_len: int, kv_len: int, default: Config) -> Config:
+        """The stored config for this key (exact, else nearest), else `default`."""
+        memo_key = (static, batch, q_len, (kv_len - 1).bit_length() if kv_len > 1 else 0)
+        config = self.memo.get(memo_key)
+        if config is None:
+            config = default
+            if _runtime.mode != "off":
+                table = _runtime.snapshot().get((self.name, self.static_json(static)), {})
+                run = attention_run_key(batch, q_len, kv_len)
+                near = run if run in table else nearest_run_key(run, table, _runtime.max_distance)
+                if near is not None:
+                    config = table[near]
+            self.memo[memo_key] = config
+        return config
+
+
 def autotune(
     name: str,
     *,

@@ -8,10 +8,11 @@ from tuner.ops.reference import paged_decode_reference
 from tuner.ops.shapes import DecodeShape, ShapeError, load_shapes, shape_from_dict
 from tuner.ops.decode_attention import DECODE_ATTENTION
 from tuner.ops.fa3 import FA3
+from tuner.ops.flashinfer import FLASHINFER
 from tuner.ops.torch_split import TORCH_SPLIT_DECODE
 from tuner.ops.triton_decode import TRITON_DECODE
 
-_REGISTRY: dict[str, Op] = {op.name: op for op in (TORCH_SPLIT_DECODE, TRITON_DECODE, FA3, DECODE_ATTENTION)}
+_REGISTRY: dict[str, Op] = {op.name: op for op in (TORCH_SPLIT_DECODE, TRITON_DECODE, FA3, FLASHINFER, DECODE_ATTENTION)}
 
 
 def list_ops() -> list[Op]:

@@ -1,0 +1,68 @@
+"""A stand-in for the flashinfer module, for testing tuner's wrapper logic on the CPU.
+
+Its plan() schedules as FlashInfer 0.6's decode planner does in outline (split a request's
+pages into chunks of a fixed length once any request is longer than one chunk) and writes
+the plan into a page-locked-style host buffer in FlashInfer's DecodePlanInfo layout. It
+records every plan and what run() read, so tests can check when tuner re-plans, which
+tensors a run reads, and that no plan got device-resident metadata.
+"""
+
+import types
+
+import numpy as np
+import torch
+
+CHUNK_PAGES = 4
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    instances: list = []
+
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 backend="auto"):
+        self.use_tensor_cores, self._backend, self.use_cuda_graph = use_tensor_cores, backend, use_cuda_graph
+        self._pin_memory_int_workspace_buffer = torch.zeros(4096, dtype=torch.uint8)
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self.plan_calls: list[dict] = []
+        BatchDecodeWithPagedKVCacheWrapper.instances.append(self)
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kwargs):
+        self.plan_calls.append(dict(kwargs, indptr=indptr.clone(), last_page_len=last_page_len.clone(),
+                                    page_size=page_size))
+        if self.use_tensor_cores and self._backend == "auto":
+            self._backend = "fa2"
+        if indptr.device.type != "cpu":  # the standard plan reads device metadata back; not modelled
+            self._plan_info = [0] * 10
+            self._paged_kv_indptr_buf, self._paged_kv_indices_buf = indptr, indices
+            self._paged_kv_last_page_len_buf = last_page_len
+            return
+        pages = np.diff(indptr.numpy())
+        chunk = kwargs.get("fixed_split_size") or CHUNK_PAGES
+        split = bool(pages.max() > chunk)
+        chunks = -(-np.maximum(pages, 1) // chunk) if split else np.ones_like(pages)
+        o_indptr = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+        raw = self._pin_memory_int_workspace_buffer.numpy()
+        raw[64:64 + 4 * len(o_indptr)] = o_indptr.view(np.uint8)
+        raw[32:36] = np.array([chunk * page_size], dtype=np.int32).view(np.uint8)
+        info = [0] * 10
+        info[5], info[7], info[9] = 64, 32, int(split)
+        self._plan_info = info
+        if self.use_cuda_graph:
+            self._paged_kv_indptr_buf.copy_(indptr)
+            self._paged_kv_last_page_len_buf.copy_(last_page_len)
+            self._paged_kv_indices_buf[: len(indices)].copy_(indices)
+        else:
+            self._paged_kv_indptr_buf, self._paged_kv_indices_buf = indptr.clone(), indices
+            self._paged_kv_last_page_len_buf = last_page_len.clone()
+
+    def run(self, q, paged_kv_cache):
+        return {"indptr": self._paged_kv_indptr_buf, "indices": self._paged_kv_indices_buf,
+                "last_page_len": self._paged_kv_last_page_len_buf}
+
+
+def module() -> types.SimpleNamespace:
+    BatchDecodeWithPagedKVCacheWrapper.instances = []
+    return types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=BatchDecodeWithPagedKVCacheWrapper)

@@ -1,0 +1,228 @@
+"""The FlashInfer wrappers' host-side logic on the CPU: when a plan may be reused, which
+tensors a run reads, where configs come from. FlashInfer itself is replaced by
+tests/fake_flashinfer.py; test_gpu_flashinfer.py checks the real one on the H200."""
+
+import numpy as np
+import pytest
+import torch
+
+import fake_flashinfer
+import tuner
+import tuner.ops.flashinfer as fi
+from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.bench import Timing
+from tuner.keys import attention_run_key
+from tuner.ops import DecodeShape
+from tuner.ops.decode_attention import BACKENDS
+from tuner.ops.flashinfer_plan import (
+    PlanCoverage, coverage_from_plan, host_seq_lens, paged_metadata, valid_bounds,
+)
+
+CUDA_CORES = {"use_tensor_cores": False, "flashinfer_backend": "auto", "fixed_split_size": None,
+              "disable_split_kv": False}
+
+
+# -- the validity rule ---------------------------------------------------------------------
+
+
+def test_a_split_plan_covers_lengths_that_keep_every_chunk_count():
+    cov = PlanCoverage(split=True, chunk_tokens=100, chunks=np.array([3, 1, 2]))
+    assert cov.covers(np.array([201, 1, 101])) and cov.covers(np.array([300, 100, 200]))
+    assert not cov.covers(np.array([301, 50, 150]))  # a fourth chunk would go unread
+    assert not cov.covers(np.array([200, 50, 150]))  # chunk 3 would start past the end
+    assert not cov.covers(np.array([250, 50]))  # another batch
+
+
+def test_an_unsplit_plan_covers_any_lengths_of_the_same_batch():
+    cov = PlanCoverage(split=False, chunk_tokens=0, chunks=np.array([1, 1]))
+    assert cov.covers(np.array([1, 10**9])) and not cov.covers(np.array([5]))
+
+
+def test_bounds_are_capped_at_the_kv_bucket_and_exact_without_coverage():
+    cov = PlanCoverage(split=True, chunk_tokens=512, chunks=np.array([2, 4]))
+    lo, hi = valid_bounds(cov, np.array([600, 1800]), kv_upper=2048)
+    assert lo.tolist() == [512, 1536] and hi.tolist() == [1024, 2048]
+    lo, hi = valid_bounds(None, np.array([600, 1800]), kv_upper=2048)
+    assert lo.tolist() == [599, 1799] and hi.tolist() == [600, 1800]
+
+
+def _plan_buffer(layout_size, split, o_indptr, chunk_tokens, o_at, chunk_at, split_at):
+    raw = np.zeros(1024, dtype=np.uint8)
+    raw[128:128 + 4 * len(o_indptr)] = np.asarray(o_indptr, dtype=np.int32).view(np.uint8)
+    raw[64:68] = np.array([chunk_tokens], dtype=np.int32).view(np.uint8)
+    info = [0] * layout_size
+    info[o_at], info[chunk_at], info[split_at] = 128, 64, int(split)
+    return info, raw
+
+
+def test_coverage_is_read_from_flashinfer_decode_and_fa2_prefill_plans():
+    info, raw = _plan_buffer(10, True, [0, 3, 4, 6], 256, o_at=5, chunk_at=7, split_at=9)
+    cov = coverage_from_plan(info, raw, batch=3)
+    assert cov.split and cov.chunk_tokens == 256 and cov.chunks.tolist() == [3, 1, 2]
+    # prefill: o_indptr counts chunks times query rows
+    info, raw = _plan_buffer(15, True, [0, 6, 8], 128, o_at=8, chunk_at=9, split_at=14)
+    cov = coverage_from_plan(info, raw, batch=2, qo_lens=np.array([2, 2]))
+    assert cov.chunks.tolist() == [3, 1] and cov.chunk_tokens == 128
+
+
+def test_an_unknown_or_inconsistent_plan_layout_gives_no_coverage():
+    assert coverage_from_plan([0] * 12, np.zeros(64, dtype=np.uint8), batch=2) is None
+    info, raw = _plan_buffer(10, True, [0, 2, 3], 0, o_at=5, chunk_at=7, split_at=9)
+    assert coverage_from_plan(info, raw, batch=2) is None  # a split plan with no chunk length
+    info, raw = _plan_buffer(10, True, [0, 2, 3], 64, o_at=5, chunk_at=7, split_at=9)
+    info[5] = 10**6
+    assert coverage_from_plan(info, raw, batch=2) is None  # offsets outside the buffer
+
+
+def test_host_lengths_come_from_host_tensors_only():
+    assert host_seq_lens(np.array([5, 7]), None, None, 1).tolist() == [5, 7]
+    assert host_seq_lens(torch.tensor([5, 7], dtype=torch.int32), None, None, 1).tolist() == [5, 7]
+    indptr, last = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([3, 16], dtype=torch.int32)
+    assert host_seq_lens(None, indptr, last, 16).tolist() == [19, 48]
+    on_device = torch.empty(3, device="meta")
+    assert host_seq_lens(on_device, None, None, 1) is None
+    assert host_seq_lens(None, on_device, last, 16) is None
+
+
+def test_paged_metadata():
+    indptr, last = paged_metadata(np.array([1, 16, 17]), 16)
+    assert indptr.tolist() == [0, 1, 2, 4] and last.tolist() == [1, 16, 1]
+
+
+# -- the wrappers (on the fake FlashInfer) ---------------------------------------------------
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    module = fake_flashinfer.module()
+    monkeypatch.setattr(fi, "_flashinfer", lambda: module)
+    return module.BatchDecodeWithPagedKVCacheWrapper
+
+
+def _step(wrapper, lens, page_size=1, host_metadata="seq_lens"):
+    indptr, last = paged_metadata(lens, page_size)
+    indptr_t, last_t = torch.from_numpy(indptr), torch.from_numpy(last)
+    indices = torch.arange(int(indptr[-1]), dtype=torch.int32) + 1000 * int(lens[0])  # new every step
+    if host_metadata == "seq_lens":
+        wrapper.plan(indptr_t, indices, last_t, 4, 2, 8, page_size, seq_lens=lens)
+    elif host_metadata == "indptr":
+        wrapper.plan(indptr_t, indices, last_t, 4, 2, 8, page_size)
+    else:  # only device tensors: here, the meta device stands in for the GPU
+        wrapper.plan(indptr_t.to("meta"), indices.to("meta"), last_t.to("meta"), 4, 2, 8, page_size)
+    return indptr_t, indices, last_t
+
+
+def test_a_plan_is_reused_exactly_while_every_chunk_count_holds(fake):
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    lens = np.array([10, 3, 7])  # the fake splits kv into 4-page chunks: 3, 1, 2 chunks
+    history = []
+    for _ in range(8):
+        _step(wrapper, lens)
+        history.append((wrapper.plans, wrapper.plans_reused))
+        lens = lens + 1
+    # re-planned exactly when some request crossed a chunk boundary (4 -> 5, 8 -> 9, 12 -> 13)
+    assert history == [(1, 0), (1, 1), (2, 1), (3, 1), (3, 2), (3, 3), (4, 3), (5, 3)]
+    _step(wrapper, np.array([1, 1, 1]))  # shorter sequences: planned chunks would start past their end
+    assert wrapper.plans == 6
+    [inner] = fake.instances
+    assert all(call["indptr"].device.type == "cpu" for call in inner.plan_calls)  # no device reads
+
+
+def test_reused_plans_run_on_the_callers_latest_tensors(fake):
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _step(wrapper, np.array([17, 20]), page_size=16)
+    indptr, indices, last = _step(wrapper, np.array([18, 21]), page_size=16)
+    assert wrapper.plans_reused == 1
+    seen = wrapper.run(None, None)
+    assert seen["indptr"] is indptr and seen["indices"] is indices and seen["last_page_len"] is last
+
+
+def test_under_cuda_graph_reuse_copies_into_the_captured_buffers(fake):
+    buffers = dict(paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
+                   paged_kv_indices_buffer=torch.zeros(64, dtype=torch.int32),
+                   paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32))
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True, **buffers)
+    _step(wrapper, np.array([17, 20]), page_size=16)
+    indptr, indices, last = _step(wrapper, np.array([18, 21]), page_size=16)
+    assert wrapper.plans_reused == 1
+    seen = wrapper.run(None, None)
+    assert seen["indptr"] is buffers["paged_kv_indptr_buffer"]  # the captured tensors, updated
+    assert seen["last_page_len"].tolist() == last.tolist() == [2, 5]
+    assert seen["indices"][: len(indices)].tolist() == indices.tolist()
+
+
+def test_without_host_lengths_the_standard_plan_runs_with_flashinfers_defaults(fake):
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _step(wrapper, np.array([9, 4]), host_metadata="device")
+    _step(wrapper, np.array([9, 4]), host_metadata="device")
+    assert wrapper.standard_plans == wrapper.plans == 2 and wrapper.plans_reused == 0
+    [inner] = fake.instances
+    assert not inner.use_tensor_cores and inner.plan_calls[0]["indptr"].device.type == "meta"
+
+
+def test_indptr_and_last_page_len_on_the_host_count_as_host_lengths(fake):
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _step(wrapper, np.array([17, 20]), page_size=16, host_metadata="indptr")
+    indptr, _, last = _step(wrapper, np.array([18, 21]), page_size=16, host_metadata="indptr")
+    assert wrapper.plans == 1 and wrapper.plans_reused == 1 and wrapper.standard_plans == 0
+    assert wrapper.run(None, None)["last_page_len"].tolist() == [2, 5]
+
+
+def _store(db_path, static_json, run_key, config):
+    db = TuningDB(db_path)
+    db.save_winner(Problem("flashinfer", static_json, run_key), (current_fingerprint_id(), current_fingerprint()),
+                   config, Timing(10.0, 0.1, 5), dict(fi.DECODE_DEFAULT), Timing(20.0, 0.1, 5), method={})
+    db.close()
+
+
+def test_the_db_chooses_the_plan_config_and_an_explicit_argument_wins(fake, db_path):
+    static = (torch.float16, torch.float16, 4, 2, 8, 1, True, -1, 0.0)
+    tc = {"use_tensor_cores": True, "flashinfer_backend": "fa2", "fixed_split_size": 4, "disable_split_kv": False}
+    _store(db_path, fi._static_json(static), attention_run_key(2, 1, 16), tc)
+    tuner.configure(db=db_path, mode="lookup")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _step(wrapper, np.array([12, 16]))
+    inner = fake.instances[-1]
+    assert inner.use_tensor_cores and inner.plan_calls[-1]["fixed_split_size"] == 4
+    explicit = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_tensor_cores=False)
+    indptr, last = paged_metadata(np.array([12, 16]), 1)
+    explicit.plan(torch.from_numpy(indptr), torch.arange(28, dtype=torch.int32), torch.from_numpy(last), 4, 2, 8, 1,
+                  seq_lens=np.array([12, 16]))
+    inner = fake.instances[-1]
+    assert not inner.use_tensor_cores and "fixed_split_size" not in inner.plan_calls[-1]
+    tuner.configure(mode="off")
+    off = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _step(off, np.array([12, 16]))
+    assert not fake.instances[-1].use_tensor_cores
+
+
+def test_a_prefill_record_never_configures_the_decode_wrapper(fake, db_path):
+    static = (torch.float16, torch.float16, 4, 2, 8, 1, True, -1, 0.0)
+    _store(db_path, fi._static_json(static), attention_run_key(2, 2, 16),
+           {"flashinfer_backend": "fa3", "fixed_split_size": None, "disable_split_kv": False})
+    tuner.configure(db=db_path, mode="lookup")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _step(wrapper, np.array([12, 16]))  # q len 1 is one octave from the record's 2: nearest
+    assert not fake.instances[-1].use_tensor_cores and wrapper.plans == 1
+
+
+# -- the op's config space -------------------------------------------------------------------
+
+
+def test_config_spaces():
+    decode, mtp = DecodeShape(batch=4, kv_len=8192), DecodeShape(batch=4, kv_len=2048, q_len=2)
+    assert fi.config_space(decode)[0] == fi.default_config(decode) == fi.DECODE_DEFAULT
+    assert fi.config_space(mtp)[0] == fi.default_config(mtp) == fi.PREFILL_DEFAULT
+    splits = [c["fixed_split_size"] for c in fi.config_space(decode) if c["fixed_split_size"]]
+    assert splits == sorted(set(splits)) and all(0 < s < 8192 for s in splits)
+    assert fi.config_space(DecodeShape(batch=4, kv_len=8192, sinks=True)) == []
+    assert fi.config_space(DecodeShape(batch=4, kv_len=2048, q_len=2, causal=False)) == []
+
+
+@pytest.mark.parametrize("shape", [DecodeShape(batch=4, kv_len=8192), DecodeShape(batch=4, kv_len=2048, q_len=2)])
+def test_no_backend_config_names_a_backend_key(shape):
+    """decode_attention's configs are {"backend": library, **that library's config}: a
+    library config with its own "backend" key would overwrite the library's name (FlashInfer
+    once did, and every FlashInfer config of decode_attention failed)."""
+    for name, op in BACKENDS.items():
+        assert all("backend" not in c for c in op.configs(shape)), name
