@@ -73,7 +73,7 @@ def test_fa3_sweep_then_drop_in_uses_the_winner(tmp_path):
 
 
 def test_decode_attention_sweeps_across_backends_and_dispatches(tmp_path):
-    from tuner.ops.decode_attention import decode_attention
+    from tuner.ops.decode_attention import BACKENDS, decode_attention
 
     op = get_op("decode_attention")
     shape = DecodeShape(batch=1, kv_len=2048, num_q_heads=8, num_kv_heads=1)
@@ -82,10 +82,10 @@ def test_decode_attention_sweeps_across_backends_and_dispatches(tmp_path):
     assert result.status == TUNED and result.failures == 0
     backends = {m.config["backend"] for m in TuningDB(db_path).measurements(
         TuningDB(db_path).records()[0].problem, TuningDB(db_path).records()[0].fingerprint_id)}
-    assert backends == {name for name in ("fa3", "triton_decode") if get_op(name).unavailable() is None}
+    assert backends == {name for name, backend in BACKENDS.items() if backend.unavailable() is None}
     tuner.configure(db=db_path, mode="lookup")
     inputs = make_decode_inputs(shape, device="cuda")
     out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
-                           shape.kv_len, causal=True)
+                           shape.kv_len, causal=True, seq_lens_host=inputs.cache_seqlens.cpu())
     assert list(decode_attention.tuner.memo.values()) == [result.winner]
     torch.testing.assert_close(out, inputs.reference(), atol=1.6e-2, rtol=1.6e-2)

@@ -1,5 +1,5 @@
 """decode_attention: one paged decode op that runs, per shape, the fastest backend installed
-(FA3 or our Triton kernel) with that backend's fastest config, as the sweep measured.
+(FA3, FlashInfer or our Triton kernel) with that backend's fastest config, as the sweep measured.
 
 A config is {"backend": name, **that backend's config}; the sweep measures the union of
 the backends' spaces, so the winner is chosen across backends and knobs at once.
@@ -15,12 +15,15 @@ from tuner.keys import static_key_from_parts
 from tuner.ops.base import Config, DecodeInputs, Op
 from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
 from tuner.ops.fa3 import _kernel as _fa3_kernel
+from tuner.ops.flashinfer import FLASHINFER, paged_attention
+from tuner.ops.flashinfer_plan import host_seq_lens
 from tuner.ops.shapes import DecodeShape
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
 from tuner.runtime import autotune
 
 OP_NAME = "decode_attention"
-BACKENDS: dict[str, Op] = {"fa3": FA3, "triton_decode": TRITON_DECODE}  # the default's preference order
+# the default's preference order; the default never needs host lengths (FlashInfer does)
+BACKENDS: dict[str, Op] = {"fa3": FA3, "triton_decode": TRITON_DECODE, "flashinfer": FLASHINFER}
 
 
 def _installed() -> list[Op]:
@@ -57,7 +60,7 @@ def _unavailable() -> str | None:
 
 DECODE_ATTENTION = Op(
     name=OP_NAME,
-    description="paged decode on the fastest installed backend per shape (FA3 or Triton), with its best config",
+    description="paged decode on the fastest installed backend per shape (FA3, FlashInfer or Triton), best config",
     configs=_configs,
     default=_default,
     run=_run,
@@ -71,7 +74,7 @@ DECODE_ATTENTION = Op(
 
 
 def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
-              softcap=0.0, sinks=None):
+              softcap=0.0, sinks=None, seq_lens_host=None):
     q_shape = q.shape
     if type(window_size) is list:
         window_size = tuple(window_size)
@@ -90,7 +93,7 @@ def _static_json(static: tuple) -> str:
 
 
 def _shape_of(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
-              softcap=0.0, sinks=None) -> DecodeShape:
+              softcap=0.0, sinks=None, seq_lens_host=None) -> DecodeShape:
     """The call as a DecodeShape, for the backends' config spaces (tune mode only)."""
     return DecodeShape(
         batch=q.shape[0], kv_len=max(int(max_kv_len), q.shape[1]), q_len=q.shape[1], num_q_heads=q.shape[2],
@@ -105,10 +108,20 @@ def _shape_of(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                      cache_seqlens: torch.Tensor, max_kv_len: int, causal: bool = True,
                      window_size: Any = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                     *, config: Config) -> torch.Tensor:
+                     seq_lens_host: Any = None, *, config: Config) -> torch.Tensor:
     """Paged decode attention (layouts as tuner.ops.paged_decode_reference) on the backend
     and config the DB holds for this shape. max_kv_len is a host-side upper bound of
-    cache_seqlens (never read from the device)."""
+    cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
+    a CPU tensor or array) lets FlashInfer run where it won; without it those shapes run
+    the default backend."""
+    if config["backend"] == "flashinfer":
+        lens = host_seq_lens(seq_lens_host, None, None, k_cache.shape[1]) if seq_lens_host is not None else None
+        if lens is not None:
+            return paged_attention(q, k_cache, v_cache, page_table, lens, {k: v for k, v in config.items()
+                                                                          if k != "backend"},
+                                   causal=causal, window_left=tuple(window_size)[0], softcap=softcap or None)
+        config = _default(_shape_of(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal,
+                                    window_size, softcap, sinks))
     if config["backend"] == "fa3":
         return _fa3_kernel()(
             q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
