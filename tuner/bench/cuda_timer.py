@@ -91,13 +91,18 @@ class CudaGraphTimer:
 
     def paired(self, fns_a: Rotation, fns_b: Rotation) -> tuple[Timing, Timing]:
         """Alternate samples of two rotations, so clock and thermal drift hit both alike."""
-        a, b = as_rotation(fns_a), as_rotation(fns_b)
-        replay_a, replay_b = self._capture(a), self._capture(b)
+        a, b = self.interleaved([fns_a, fns_b])
+        return a, b
+
+    def interleaved(self, rotations: Sequence[Rotation]) -> list[Timing]:
+        """Samples of several rotations taken in turn (a, b, c, a, b, c, ...): one timing each."""
+        rots = [as_rotation(fns) for fns in rotations]
+        replays = [self._capture(rot) for rot in rots]
         for _ in range(self.warmup):
-            replay_a()
-            replay_b()
-        samples: tuple[list[float], list[float]] = ([], [])
+            for replay in replays:
+                replay()
+        samples: list[list[float]] = [[] for _ in rots]
         for _ in range(self.repeats):
-            samples[0].append(self._time(replay_a, len(a)))
-            samples[1].append(self._time(replay_b, len(b)))
-        return summarize(samples[0]), summarize(samples[1])
+            for replay, rot, out in zip(replays, rots, samples):
+                out.append(self._time(replay, len(rot)))
+        return [summarize(s) for s in samples]
