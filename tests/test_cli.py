@@ -245,3 +245,85 @@ def test_doctor_lists_records_of_other_environments(tmp_path, db_path):
     assert result.exit_code == 0
     row = next(line for line in result.output.splitlines() if fingerprint_id(other) in line)
     assert "Some Other GPU" in row and row.rstrip("│ ").endswith("no")
+
+
+def test_prune_removes_other_environments_only_and_dry_run_removes_nothing(tmp_path, db_path, tiny_shapes):
+    from tuner.db import Problem, current_fingerprint, current_fingerprint_id, fingerprint_id
+    from tuner.keys import attention_run_key
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    ours = TuningDB(db_path).counts()[current_fingerprint_id()]
+    other = dict(current_fingerprint(), torch="0.0-old")
+    db = TuningDB(db_path)
+    problem = Problem("op", '{"h":1}', attention_run_key(1, 1, 8))
+    db.save_record(problem, (fingerprint_id(other), other), {"c": 1}, median_us=1.0, spread_us=0.0, samples=1,
+                   default_config={"c": 0}, default_median_us=1.0, default_spread_us=0.0, method={})
+    db.save_measurement(problem, (fingerprint_id(other), other), {"c": 1}, kv_len=8, status="ok", median_us=1.0,
+                        spread_us=0.0, samples=1, method={})
+
+    dry = cli("prune", "--dry-run", "--db", db_path)
+    assert dry.exit_code == 0 and "would remove" in dry.output and fingerprint_id(other) in dry.output
+    assert fingerprint_id(other) in TuningDB(db_path).counts()
+
+    done = cli("prune", "--db", db_path)
+    assert done.exit_code == 0 and "removed" in done.output
+    after = TuningDB(db_path)
+    assert after.counts() == {current_fingerprint_id(): ours}
+    assert set(after.fingerprints()) == {current_fingerprint_id()} and after.integrity() == []
+    again = cli("prune", "--db", db_path)
+    assert again.exit_code == 0 and "nothing to prune" in again.output
+
+
+def test_prune_of_a_missing_db_is_one_line_exit_2(tmp_path):
+    result = cli("prune", "--db", tmp_path / "none.db")
+    assert result.exit_code == 2 and "no tuning DB" in result.output
+
+
+def _truncated_db(tmp_path, tiny_shapes):
+    path = tmp_path / "truncated.db"
+    assert sweep(path, tiny_shapes).exit_code == 0
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:  # everything into the main file, then cut it in half
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    for side in ("-wal", "-shm"):
+        (tmp_path / f"truncated.db{side}").unlink(missing_ok=True)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path, path.read_bytes()
+
+
+def test_a_truncated_db_is_reported_and_kept_until_sweep_force_sets_it_aside(tmp_path, tiny_shapes):
+    path, truncated = _truncated_db(tmp_path, tiny_shapes)
+    for args in (("show",), ("doctor",), ("export", "--out", tmp_path / "x.json")):
+        result = cli(*args, "--db", path)
+        assert result.exit_code in (1, 2), result.output  # doctor: integrity problems, exit 1
+        assert "Traceback" not in result.output
+    one_line_error(sweep(path, tiny_shapes), "truncated.db", "--force")
+    assert path.read_bytes() == truncated  # nothing overwritten
+    forced = sweep(path, tiny_shapes, "--force")
+    assert forced.exit_code == 0, forced.output
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("truncated.db.unreadable-") and "-" not in p.name[-4:]]
+    assert aside.read_bytes() == truncated and len(TuningDB(path).records()) == 2
+
+
+def test_runtime_on_a_truncated_db_warns_once_and_runs_defaults(tmp_path, tiny_shapes):
+    import warnings
+
+    import torch
+
+    import tuner
+
+    path, truncated = _truncated_db(tmp_path, tiny_shapes)
+    tuner.configure(db=path, mode="lookup")
+
+    @tuner.autotune("t", configs=[{"c": 1}], default={"c": 0}, static_key=lambda x: "s",
+                    run_key=lambda x: (1, 1, 8))
+    def f(x, *, config):
+        return config["c"]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [f(torch.zeros(1)) for _ in range(3)] == [0, 0, 0]
+    assert len([w for w in caught if "tuner" in str(w.message)]) == 1
+    assert path.read_bytes() == truncated

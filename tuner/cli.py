@@ -61,6 +61,29 @@ def _open_db(db: str | None, *, create: bool = True):
     return TuningDB(db, create=create)
 
 
+def _open_db_to_sweep(db: str | None, force: bool):
+    """The DB a sweep writes to. One that cannot be read is an error, unless --force: then
+    the file is renamed aside (never deleted) and a new DB started."""
+    from tuner.db import DBError, MissingDBError, set_aside
+
+    try:
+        database = _open_db(db)
+        problems = database.integrity()  # a truncated file opens, then fails mid-sweep
+        if problems:
+            database.close()
+            raise DBError(f"tuning DB {database.display_url} is damaged: {problems[0]}")
+        return database
+    except MissingDBError:
+        raise
+    except DBError as e:
+        if not force:
+            raise DBError(f"{e} (sweep --force renames it aside and starts a new DB)") from None
+        aside = set_aside(db)
+        err.print(f"[yellow]warning:[/] {escape(str(e))}; renamed it to {escape(str(aside))}", highlight=False,
+                  soft_wrap=True)
+        return _open_db(db)
+
+
 def _version_callback(value: bool) -> None:
     if value:
         console.print(f"tuner {__version__}")
@@ -110,7 +133,7 @@ def sweep_command(
     grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: cpu-small on CPU, decode on GPU).")] = None,
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
     db: DbOption = None,
-    force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
     halving: Annotated[bool, typer.Option("--halving", help="Successive halving: time every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = False,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = 15,
@@ -137,7 +160,7 @@ def sweep_command(
             shapes = load_shapes(shapes_file)
         else:
             shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
-        database = _open_db(db)
+        database = _open_db_to_sweep(db, force)
         if device == "cuda":  # CUDA-graph replay with a cold L2, timed by CUDA events
             timer = CudaGraphTimer(warmup=max(1, warmup), repeats=repeats)
         else:
@@ -317,6 +340,33 @@ def doctor_command(db: DbOption = None) -> None:
                 err.print(f"[red]problem:[/] {escape(p)}", highlight=False)
             raise typer.Exit(1)
         console.print("[green]integrity: ok[/]")
+
+
+@app.command("prune")
+def prune_command(
+    db: DbOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Only list what would be removed.")] = False,
+) -> None:
+    """Remove what other environments stored (records and measurements from another
+    device, driver or library version: never used at lookup here). One transaction."""
+    with _user_errors():
+        from tuner.db import current_fingerprint_id
+
+        database = _open_db(db, create=False)
+        fps = database.fingerprints()
+        removed = database.prune(current_fingerprint_id(), dry_run=dry_run)
+        if not removed:
+            console.print(f"nothing to prune in {escape(database.display_url)}: every record is this environment's")
+            return
+        table = Table(title="would remove (dry run)" if dry_run else "removed")
+        table.add_column("environment", no_wrap=True)
+        table.add_column("device")
+        table.add_column("records", justify="right")
+        table.add_column("measurements", justify="right")
+        for env_id, c in sorted(removed.items()):
+            table.add_row(env_id, escape(str(fps.get(env_id, {}).get("device", "?"))), str(c["records"]),
+                          str(c["measurements"]))
+        console.print(table)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,7 @@
 
 from tuner.db.fingerprint import current_fingerprint, current_fingerprint_id, fingerprint_id
 from tuner.db.jsonio import EXPORT_SCHEMA, EXPORT_VERSION, export_document, import_document, parse_document
-from tuner.db.location import DBError, MissingDBError, default_db_path, resolve_db_url
+from tuner.db.location import DBError, MissingDBError, default_db_path, resolve_db_url, set_aside
 from tuner.db.store import MeasurementRow, Problem, Record, TuningDB
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "import_document",
     "parse_document",
     "resolve_db_url",
+    "set_aside",
 ]

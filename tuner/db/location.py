@@ -45,3 +45,26 @@ def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
             raise DBError(f"not a valid SQLAlchemy URL: {text!r}") from None
     path = Path(text).expanduser().resolve()
     return URL.create("sqlite", database=str(path)), is_default
+
+
+def set_aside(target: str | os.PathLike | None) -> Path:
+    """Rename an unusable SQLite tuning DB file (and its -wal/-shm) to
+    NAME.unreadable-TIMESTAMP beside it, so a new DB can take its place; nothing is deleted.
+    Server DBs (PostgreSQL, ...) are never touched: that is the DB admin's call."""
+    from datetime import datetime, timezone
+
+    url, _ = resolve_db_url(target)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        raise DBError(f"--force sets aside SQLite files only; repair or drop {url.render_as_string(hide_password=True)} yourself")
+    path = Path(url.database)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    aside = path.with_name(f"{path.name}.unreadable-{stamp}")
+    try:
+        for suffix in ("-wal", "-shm"):
+            side = path.with_name(path.name + suffix)
+            if side.exists():
+                side.replace(aside.with_name(aside.name + suffix))
+        path.replace(aside)
+    except OSError as e:
+        raise DBError(f"cannot set aside {path}: {e.strerror or e}") from None
+    return aside

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
-from sqlalchemy import Engine, create_engine, event, func, inspect, select, text
+from sqlalchemy import Engine, create_engine, delete, event, func, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -413,6 +413,21 @@ class TuningDB:
                 for fp, n in session.execute(query):
                     out.setdefault(fp, {"records": 0, "measurements": 0})[name] = n
         return out
+
+    def prune(self, keep_fingerprint_id: str, *, dry_run: bool = False) -> dict[str, dict[str, int]]:
+        """Remove every record, measurement and fingerprint of environments other than
+        `keep_fingerprint_id` (stale after an upgrade: never used at lookup), in one
+        transaction. Returns what was (or, with dry_run, would be) removed, per environment."""
+        stale = {fp: c for fp, c in self.counts().items() if fp != keep_fingerprint_id}
+        stale.update({fp: {"records": 0, "measurements": 0} for fp in self.fingerprints()
+                      if fp != keep_fingerprint_id and fp not in stale})
+        if dry_run or not stale:
+            return stale
+        with self._write(action="prune") as session:
+            for model in (Measurement, TuningRecord):
+                session.execute(delete(model).where(model.fingerprint_id != keep_fingerprint_id))
+            session.execute(delete(Fingerprint).where(Fingerprint.id != keep_fingerprint_id))
+        return stale
 
     def integrity(self) -> list[str]:
         """Problems found (empty when the DB is sound)."""
