@@ -22,6 +22,44 @@ def db_path(tmp_path):
     return tmp_path / "tuning.db"
 
 
+# Set by .ci/run, which starts a local PostgreSQL: the DB suite then runs on both backends.
+POSTGRES_URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(params=["sqlite"] + (["postgresql"] if POSTGRES_URL else []))
+def make_db(request, tmp_path):
+    """make_db(name) -> the target (path or URL) of a new, empty tuning DB on this backend:
+    a SQLite file, or a fresh PostgreSQL database dropped after the test."""
+    created: list[str] = []
+
+    def make(name: str = "tuning") -> str:
+        if request.param == "sqlite":
+            return str(tmp_path / f"{name}.db")
+        import uuid
+
+        from sqlalchemy import create_engine
+        from sqlalchemy.engine import make_url
+
+        dbname = f"tuner_{uuid.uuid4().hex[:16]}"
+        admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{dbname}"')  # a fixed pattern, not user input
+        admin.dispose()
+        created.append(dbname)
+        return make_url(POSTGRES_URL).set(database=dbname).render_as_string(hide_password=False)
+
+    make.backend = request.param
+    yield make
+    if created:
+        from sqlalchemy import create_engine
+
+        admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            for dbname in created:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        admin.dispose()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_runtime(tmp_path, monkeypatch):
     """Every test starts with a fresh runtime pointed at its own (absent) DB."""

@@ -45,8 +45,8 @@ def test_sqlite_file_uses_wal(db_path):
     assert mode == "wal"
 
 
-def test_record_round_trip_and_upsert(db_path):
-    db = TuningDB(db_path)
+def test_record_round_trip_and_upsert(make_db):
+    db = TuningDB(make_db())
     p = problem()
     save(db, p, {"c": 64})
     save(db, p, {"c": 128}, median=9.0)  # same key: replaces, does not duplicate
@@ -60,13 +60,14 @@ def test_record_round_trip_and_upsert(db_path):
     assert r.speedup == pytest.approx(12.0 / 9.0)
 
 
-def test_records_persist_across_connections(db_path):
-    save(TuningDB(db_path), problem(), {"c": 64})
-    assert TuningDB(db_path).records()[0].config == {"c": 64}
+def test_records_persist_across_connections(make_db):
+    target = make_db()
+    save(TuningDB(target), problem(), {"c": 64})
+    assert TuningDB(target).records()[0].config == {"c": 64}
 
 
-def test_kv_bucket_is_its_own_column_up_to_2_to_40(db_path):
-    db = TuningDB(db_path)
+def test_kv_bucket_is_its_own_column_up_to_2_to_40(make_db):
+    db = TuningDB(make_db())
     save(db, problem(batch=1, kv=2**40), {"c": 1})
     save(db, problem(batch=2, kv=2**40), {"c": 2})
     save(db, problem(batch=1, kv=2**39), {"c": 3})
@@ -76,8 +77,8 @@ def test_kv_bucket_is_its_own_column_up_to_2_to_40(db_path):
     assert table[attention_run_key(1, 1, 2**39)] == {"c": 3}
 
 
-def test_snapshot_holds_only_this_environment(db_path):
-    db = TuningDB(db_path)
+def test_snapshot_holds_only_this_environment(make_db):
+    db = TuningDB(make_db())
     save(db, problem(batch=1), {"c": 1})
     save(db, problem(batch=2), {"c": 2}, fp=OTHER)
     snap = db.snapshot(FP[0])
@@ -85,8 +86,8 @@ def test_snapshot_holds_only_this_environment(db_path):
     assert db.counts() == {FP[0]: {"records": 1, "measurements": 0}, OTHER[0]: {"records": 1, "measurements": 0}}
 
 
-def test_measurements_upsert_per_config(db_path):
-    db = TuningDB(db_path)
+def test_measurements_upsert_per_config(make_db):
+    db = TuningDB(make_db())
     p = problem()
     db.save_measurement(p, FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=5.0, spread_us=1.0, samples=3)
     db.save_measurement(p, FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=4.0, spread_us=1.0, samples=3)
@@ -97,8 +98,8 @@ def test_measurements_upsert_per_config(db_path):
     assert db.measurements(p, OTHER[0]) == []
 
 
-def test_integrity_ok_on_a_sound_db(db_path):
-    db = TuningDB(db_path)
+def test_integrity_ok_on_a_sound_db(make_db):
+    db = TuningDB(make_db())
     save(db, problem(), {"c": 1})
     assert db.integrity() == []
 
@@ -129,22 +130,22 @@ def test_unusable_paths_raise_one_line_db_errors(tmp_path):
         TuningDB("nosuchdialect://x")
 
 
-def test_export_import_round_trip(tmp_path):
-    src = TuningDB(tmp_path / "a.db")
+def test_export_import_round_trip(make_db):
+    src = TuningDB(make_db("a"))
     save(src, problem(batch=1), {"c": 1})
     save(src, problem(batch=2, kv=2**40), {"c": 2, "mode": "fast", "on": True}, fp=OTHER)
     doc = json.loads(json.dumps(export_document(src)))
     assert doc["schema"] == "tuner.tunings" and doc["version"] == 1
     assert set(doc["fingerprints"]) == {FP[0], OTHER[0]}
-    dst = TuningDB(tmp_path / "b.db")
+    dst = TuningDB(make_db("b"))
     assert import_document(dst, doc) == 2
     strip = lambda rs: [(r.problem, r.fingerprint_id, r.config, r.median_us, r.default_config, r.method) for r in rs]  # noqa: E731
     assert strip(dst.records()) == strip(src.records())
     assert dst.fingerprints()[OTHER[0]]["device"] == "Some Other GPU"
 
 
-def test_export_filters_by_op(tmp_path):
-    db = TuningDB(tmp_path / "a.db")
+def test_export_filters_by_op(make_db):
+    db = TuningDB(make_db())
     save(db, problem(op="a"), {"c": 1})
     save(db, problem(op="b"), {"c": 1})
     assert [r["op"] for r in export_document(db, op="b")["records"]] == ["b"]
@@ -183,10 +184,10 @@ def _mutations():
 
 
 @pytest.mark.parametrize("name", sorted(_mutations()))
-def test_import_rejects_bad_documents_and_leaves_db_unchanged(tmp_path, name):
+def test_import_rejects_bad_documents_and_leaves_db_unchanged(tmp_path, make_db, name):
     doc = _doc(tmp_path / "src.db")
     _mutations()[name](doc)
-    dst = TuningDB(tmp_path / "dst.db")
+    dst = TuningDB(make_db("dst"))
     save(dst, problem(batch=9), {"c": 9})
     before = [(r.problem, r.config) for r in dst.records()]
     with pytest.raises(DocumentError) as e:
@@ -203,9 +204,10 @@ def _writer(path, worker, n):
         save(db, p, {"c": i})
 
 
-def test_concurrent_writer_processes_lose_nothing(db_path):
+def test_concurrent_writer_processes_lose_nothing(make_db):
     import multiprocessing
 
+    db_path = make_db()
     TuningDB(db_path).close()
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(db_path, w, 15)) for w in range(3)]
@@ -219,10 +221,10 @@ def test_concurrent_writer_processes_lose_nothing(db_path):
     assert db.integrity() == []
 
 
-def test_import_stores_times_in_utc_and_wants_object_keys(tmp_path):
+def test_import_stores_times_in_utc_and_wants_object_keys(tmp_path, make_db):
     doc = _doc(tmp_path / "src.db")
     doc["records"][0]["created_at"] = "2026-01-01T12:00:00+05:00"
-    dst = TuningDB(tmp_path / "dst.db")
+    dst = TuningDB(make_db("dst"))
     import_document(dst, doc)
     stamps = {r.created_at.isoformat() for r in dst.records()}
     assert "2026-01-01T07:00:00+00:00" in stamps
@@ -252,3 +254,35 @@ def test_writers_take_the_file_lock(db_path, monkeypatch):
             save(db, problem(), {"c": 1})
     save(db, problem(), {"c": 1})  # and once it is free, the write lands
     assert len(db.records()) == 1
+
+
+def test_prune_keeps_only_this_environment(make_db):
+    db = TuningDB(make_db())
+    save(db, problem(batch=1), {"c": 1})
+    save(db, problem(batch=2), {"c": 2}, fp=OTHER)
+    db.save_measurement(problem(batch=2), OTHER, {"c": 2}, kv_len=1000, status="ok", method={}, median_us=1.0,
+                        spread_us=0.0, samples=1)
+    expected = {OTHER[0]: {"records": 1, "measurements": 1}}
+    assert db.prune(FP[0], dry_run=True) == expected and OTHER[0] in db.counts()
+    assert db.prune(FP[0]) == expected
+    assert db.counts() == {FP[0]: {"records": 1, "measurements": 0}} and set(db.fingerprints()) == {FP[0]}
+    assert db.integrity() == [] and db.prune(FP[0]) == {}
+
+
+def test_a_half_made_db_is_finished_not_refused(db_path):
+    """SQLite commits DDL at once: a process that sees our tables before the schema version
+    row (another process creating it, or one killed in between) must not call the file
+    foreign. Caught by the 8-writer test in test_robustness.py."""
+    from sqlalchemy import create_engine
+
+    from tuner.db.location import MissingDBError
+    from tuner.db.schema import Base, Meta
+
+    engine = create_engine(f"sqlite:///{db_path}")
+    Base.metadata.create_all(engine, tables=[t for t in Base.metadata.sorted_tables if t.name != Meta.__tablename__])
+    engine.dispose()
+    with pytest.raises(MissingDBError):
+        TuningDB(db_path, create=False)
+    db = TuningDB(db_path)
+    save(db, problem(), {"c": 1})
+    assert db.records()[0].config == {"c": 1} and db.integrity() == []

@@ -163,22 +163,16 @@ class TuningDB:
             raise DBError(f"cannot create tuning DB {path}: directory {path.parent} is not writable")
 
     def _init_schema(self, create: bool) -> None:
-        """Check the schema with reads; write it only into an empty DB, and only if create."""
-        with self._read() as session:
-            tables = set(inspect(session.connection()).get_table_names())
-            version = session.get(Meta, "schema_version") if Meta.__tablename__ in tables else None
-        if version is not None:
-            if version.value != str(SCHEMA_VERSION):
-                raise DBError(
-                    f"tuning DB {self.display_url} has schema version {version.value}; "
-                    f"this tuner reads version {SCHEMA_VERSION}"
-                )
+        """Check the schema with reads; write it only into an empty (or half-made) DB, and
+        only if create. SQLite commits DDL at once, so another process may see our tables
+        before the schema version row: such a DB is finished under the lock, not refused."""
+        if self._schema_ready():
             return
-        if tables:
-            raise DBError(f"{self.display_url} is not a tuning DB (it has other tables); give another --db")
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
         with self._locked("create"):  # another process may be creating it too
+            if self._schema_ready():
+                return
             if self.url.get_backend_name() == "sqlite":
                 try:  # WAL is a property of the file, and cannot be set inside a transaction
                     with self.engine.connect() as conn:
@@ -189,6 +183,27 @@ class TuningDB:
                 Base.metadata.create_all(session.connection())
                 if session.get(Meta, "schema_version") is None:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+
+    def _schema_ready(self) -> bool:
+        """True for a tuning DB of our schema version; False for an empty or half-made one
+        (only our tables, no version yet); DBError for anything else."""
+        with self._read() as session:
+            inspector = inspect(session.connection())
+            tables = set(inspector.get_table_names())
+            version = session.get(Meta, "schema_version") if Meta.__tablename__ in tables else None
+            if version is None:  # ours only if every table is one of ours, column for column
+                foreign = any(t not in Base.metadata.tables or {c["name"] for c in inspector.get_columns(t)}
+                              != set(Base.metadata.tables[t].columns.keys()) for t in tables)
+        if version is not None:
+            if version.value != str(SCHEMA_VERSION):
+                raise DBError(
+                    f"tuning DB {self.display_url} has schema version {version.value}; "
+                    f"this tuner reads version {SCHEMA_VERSION}"
+                )
+            return True
+        if foreign:
+            raise DBError(f"{self.display_url} is not a tuning DB (it has other tables); give another --db")
+        return False
 
     def close(self) -> None:
         self.engine.dispose()
