@@ -1,4 +1,4 @@
-"""Many writers and killed runs on one SQLite tuning DB: nothing lost, nothing duplicated,
+"""Many writers and killed runs on one tuning DB: nothing lost, nothing duplicated,
 integrity intact, and a killed sweep resumes where it stopped.
 
 With TUNER_ROBUSTNESS_REPORT=path, each test adds what it tried to that JSON file
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from robustness_report import report
 from tuner.bench import WallClockTimer
 from tuner.db import Problem, TuningDB, current_fingerprint_id
 from tuner.ops import DecodeShape, get_op
@@ -25,16 +26,6 @@ OP = get_op("torch_split_decode")
 # thread pools would deadlock a forked child (seen: a child stuck in a futex)
 FORK = multiprocessing.get_context("forkserver")
 FORK.set_forkserver_preload(["torch", "tuner.sweep", "tuner.ops"])
-
-
-def report(name: str, **facts) -> None:
-    path = os.environ.get("TUNER_ROBUSTNESS_REPORT")
-    if not path:
-        return
-    p = Path(path)
-    data = json.loads(p.read_text()) if p.exists() else {}
-    data[name] = facts
-    p.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def _timer():
@@ -53,8 +44,8 @@ def _problem(shape):
     return Problem(OP.name, shape.static_key().to_json(), shape.run_key())
 
 
-def test_eight_processes_sweeping_one_sqlite_file_lose_and_duplicate_nothing(tmp_path):
-    db_path = tmp_path / "shared.db"
+def test_eight_processes_sweeping_one_db_lose_and_duplicate_nothing(make_db):
+    db_path = make_db("shared")  # a SQLite file, and a PostgreSQL database where one is given
     shared = DecodeShape(batch=9, kv_len=300, **SMALL)  # every process sweeps this one too
     shapes = [[DecodeShape(batch=1 + p, kv_len=2 ** (8 + s), **SMALL) for s in range(2)] + [shared] for p in range(8)]
     barrier = FORK.Barrier(8)
@@ -73,7 +64,7 @@ def test_eight_processes_sweeping_one_sqlite_file_lose_and_duplicate_nothing(tmp
         configs = [json.dumps(m.config, sort_keys=True) for m in db.measurements(problem, fp)]
         assert sorted(configs) == sorted(json.dumps(c, sort_keys=True) for c in candidate_configs(OP, shape))
     assert db.integrity() == []
-    report("concurrent_writers", processes=8, shapes=17, records=len(records),
+    report(f"concurrent_writers_{make_db.backend}", processes=8, shapes=17, records=len(records),
            measurements=db.counts()[fp]["measurements"], lost=0, duplicated=0, integrity="ok")
 
 

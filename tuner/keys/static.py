@@ -53,6 +53,15 @@ def normalize_window(window_size: Any) -> tuple[int, int]:
     return (side, side)
 
 
+def _count(value: Any, arg: str, minimum: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{arg} must be an integer, got {type(value).__name__}")
+    value = operator.index(value)
+    if not minimum <= value <= 2**31:
+        raise ValueError(f"{arg} must be in [{minimum}, 2**31], got {value}")
+    return int(value)
+
+
 def _softcap_on(softcap: Any) -> bool:
     if softcap is None:
         return False
@@ -181,11 +190,11 @@ def static_key_from_parts(
         q_dtype=str(q_dtype).removeprefix("torch."),
         k_dtype=str(k_dtype).removeprefix("torch."),
         v_dtype=str(v_dtype).removeprefix("torch."),
-        num_q_heads=int(num_q_heads),
-        num_kv_heads=int(num_kv_heads),
-        head_dim_qk=int(head_dim_qk),
-        head_dim_v=int(head_dim_v),
-        page_size=int(page_size),
+        num_q_heads=_count(num_q_heads, "num_q_heads", 1),
+        num_kv_heads=_count(num_kv_heads, "num_kv_heads", 1),
+        head_dim_qk=_count(head_dim_qk, "head_dim_qk", 1),
+        head_dim_v=_count(head_dim_v, "head_dim_v", 1),
+        page_size=_count(page_size, "page_size", 0),
         causal=causal,
         window_left=left,
         window_right=right,
