@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import sys
 from enum import Enum
@@ -166,22 +167,34 @@ def sweep_command(
         else:
             timer = WallClockTimer(warmup=warmup, repeats=repeats, min_repeats=min(5, repeats),
                                    max_seconds=max_seconds)
+        from tuner.ranks import ranks_from_launcher
         from tuner.sweep import candidate_configs
 
+        ranks = ranks_from_launcher()  # under torchrun: share the work, agree on the winners
+        leader = ranks is None or ranks.rank == 0
         total = sum(len(candidate_configs(op, s)) for s in shapes)
-        console.print(f"sweeping [bold]{op.name}[/] on {device}: {len(shapes)} shapes, {total} measurements "
-                      f"-> {escape(database.display_url)}")
+        if leader:
+            shared = f" over {ranks.world} ranks" if ranks else ""
+            console.print(f"sweeping [bold]{op.name}[/] on {device}{shared}: {len(shapes)} shapes, {total} "
+                          f"measurements -> {escape(database.display_url)}")
         with Progress(
             TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, disable=not leader,
         ) as progress:
             task = progress.add_task(op.name, total=total)
             results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain, halving=halving,
-                            on_advance=lambda n, label: progress.update(task, advance=n, description=label))
+                            on_advance=lambda n, label: progress.update(task, advance=n, description=label),
+                            ranks=ranks)
             progress.update(task, description=op.name)
-        console.print(_sweep_table(op.name, results))
-        if any(r.status == "skipped" for r in results):
-            console.print("skipped shapes already have a winner in the DB (see `tuner show`; --force measures again)")
+        if leader:
+            console.print(_sweep_table(op.name, results))
+            if any(r.status == "skipped" for r in results):
+                console.print("skipped shapes already have a winner in the DB (see `tuner show`; --force measures again)")
+        if ranks is not None:
+            winners = json.dumps([r.winner for r in results], sort_keys=True)
+            digest = hashlib.sha256(winners.encode()).hexdigest()[:16]
+            console.print(f"rank {ranks.rank}/{ranks.world}: {sum(r.winner is not None for r in results)} winners, "
+                          f"measured {sum(r.measured for r in results)} here, winners digest {digest}")
 
 
 def _sweep_table(op_name: str, results: list) -> Table:

@@ -18,10 +18,11 @@ from typing import Any, Callable
 
 import torch
 
-from tuner.bench import WallClockTimer, decide, measure_configs, tolerance_for, with_default_first
+from tuner.bench import WallClockTimer, decide, measure_configs, same_config, tolerance_for, with_default_first
 from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_len_bucket, nearest_run_key
+from tuner.ranks import Ranks, current_ranks
 
 MODES = ("off", "lookup", "tune", "force")
 Config = dict[str, Any]
@@ -138,16 +139,23 @@ class AutotunedFunction:
             near = nearest_run_key(run, table, _runtime.max_distance)
             config = table[near] if near is not None else default
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
+        ranks = current_ranks() if mode in ("tune", "force") else None
+        if ranks is not None and not _capturing():
+            # all ranks make the same calls (tensor parallel): they tune together if any
+            # rank has to, so a rank with a DB hit never leaves another waiting
+            wants_tune = ranks.any(wants_tune)
         if wants_tune:
             if _capturing():
                 return config  # never tune inside CUDA-graph capture; resolve again later
-            config = self._tune(Problem(self.name, static_json, run), kv_len, default, args, kwargs) or config
+            config = self._tune(Problem(self.name, static_json, run), kv_len, default, args, kwargs, ranks) or config
             self.tuned.add(memo_key)
         self.memo[memo_key] = config
         return config
 
-    def _tune(self, problem: Problem, kv_len: int, default: Config, args: tuple, kwargs: dict) -> Config | None:
-        """Measure every config on this very call, store the winner, return it."""
+    def _tune(self, problem: Problem, kv_len: int, default: Config, args: tuple, kwargs: dict,
+              ranks: Ranks | None = None) -> Config | None:
+        """Measure every config on this very call, store the winner, return it. Under a
+        process group every rank measures and rank 0's winner is everyone's."""
         configs = with_default_first(default, self.configs(args, kwargs))
         run = lambda c: self.fn(*args, config=c, **kwargs)  # noqa: E731
         reference = run(default)
@@ -156,6 +164,17 @@ class AutotunedFunction:
                                cuda_sync=torch.cuda.is_available())
         outcomes = measure_configs(run, configs, reference=reference, tolerance=tolerance, timer=timer)
         winner, default_timing = decide(run, outcomes, default, timer=timer)
+        if ranks is not None:  # rank 0's choice, as an index into the configs every rank listed alike
+            index = next((i for i, c in enumerate(configs) if winner and same_config(c, winner.config)), -1)
+            index = ranks.broadcast(index if ranks.rank == 0 else -1)
+            if index < 0:
+                return None
+            mine = next((o for o in outcomes if same_config(o.config, configs[index])), None)
+            if ranks.rank != 0:  # rank 0 stores it; the others serve it
+                snapshot = _runtime.snapshot()
+                snapshot.setdefault((problem.op, problem.static_key), {})[problem.run_key] = configs[index]
+                return configs[index]
+            winner = mine
         if winner is None:
             return None
         try:

@@ -23,6 +23,7 @@ from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint
 from tuner.errors import TunerError
 from tuner.keys import canonical_json
 from tuner.ops import Config, DecodeInputs, DecodeShape, Op
+from tuner.ranks import Ranks
 
 DEFAULT_L2_BYTES = 60 * 2**20  # the H200's, when the device does not say
 
@@ -95,8 +96,14 @@ def sweep(
     seed: int = 0,
     halving: bool = False,
     on_advance: Callable[[int, str], None] | None = None,
+    ranks: Ranks | None = None,
 ) -> list[ShapeResult]:
     """Tune op over shapes into db. on_advance(n, label) reports n configs done.
+
+    ranks (a torch.distributed job, every rank calling sweep with the same arguments and a
+    DB they all reach): each shape's candidates are shared round robin; the ranks meet
+    when they are measured, rank 0 re-times and stores the winner, they meet again, and
+    every rank reads that one winner back.
 
     halving: time every config quickly first (timer.quick()), then only the contenders (the
     default and those within 10% of the fastest, at most 6) with the full timer; the
@@ -171,30 +178,62 @@ def sweep(
 
         boundary_sync()
         outcomes = []
-        for config in configs:  # halving: rung 0, every config quickly; else the only rung
-            outcomes.append(measure(config, quick_timer, 0) if halving else measure(config, timer, 1))
+        for i, config in enumerate(configs):  # halving: rung 0, every config quickly; else the only rung
+            if ranks is None or ranks.mine(i):
+                outcomes.append(measure(config, quick_timer, 0) if halving else measure(config, timer, 1))
             advance(1, label)
-        if halving:  # rung 1: the contenders, fully; the winner is chosen among them only
+        if ranks is not None:  # the other ranks' measurements, from the DB, once all are in
+            ranks.barrier()
+            outcomes = _all_outcomes(db, problem, fp_id, configs, outcomes)
+        leader = ranks is None or ranks.rank == 0
+        if halving and leader:  # rung 1: the contenders, fully; the winner is chosen among them only
             kept = contenders(outcomes, configs[0])
             outcomes = [measure(o.config, timer, 1) for o in kept] + [o for o in outcomes if o.status != OK]
         measured, resumed = len(measured_now), len(resumed_from_db - measured_now)
         default = configs[0]
-        try:
-            winner, default_timing = decide(runs, outcomes, default, timer=timer, min_gain=min_gain)
-        except (RuntimeError, MemoryError) as e:  # the side-by-side re-timing failed: keep the default
-            winner = next((o for o in outcomes if o.status == OK and same_config(o.config, default)), None)
-            default_timing = winner.timing if winner else None
         failures = sum(o.status != OK for o in outcomes)
+        winner = default_timing = None
+        if leader:
+            try:
+                winner, default_timing = decide(runs, outcomes, default, timer=timer, min_gain=min_gain)
+            except (RuntimeError, MemoryError):  # the side-by-side re-timing failed: keep the default
+                winner = next((o for o in outcomes if o.status == OK and same_config(o.config, default)), None)
+                default_timing = winner.timing if winner else None
         del inputs, copies, runs, reference  # free the device before the next shape's inputs
         boundary_sync()
+        if leader and winner is not None:
+            db.save_winner(problem, (fp_id, fp), winner.config, winner.timing, default, default_timing,
+                           method=dict(method, min_gain=min_gain, ranks=ranks.world if ranks else 1))
+        if ranks is not None:  # every rank takes the one winner rank 0 stored
+            ranks.barrier()
+            record = db.record(problem, fp_id)
+            winner = Outcome(record.config, OK, Timing(record.median_us, record.spread_us, record.samples)) \
+                if record else None
+            default_timing = Timing(record.default_median_us, 0.0, 0) \
+                if record and record.default_median_us is not None else None
         if winner is None:
             results.append(ShapeResult(shape, FAILED, None, None, None, measured, resumed, failures,
                                        note="no config ran right"))
             continue
-        db.save_winner(problem, (fp_id, fp), winner.config, winner.timing, default, default_timing,
-                       method=dict(method, min_gain=min_gain))
         results.append(ShapeResult(
             shape, TUNED, winner.config, winner.timing.median_us,
             default_timing and default_timing.median_us, measured, resumed, failures,
         ))
     return results
+
+
+def _all_outcomes(db: TuningDB, problem: Problem, fp_id: str, configs: list[Config],
+                  mine: list[Outcome]) -> list[Outcome]:
+    """Every config's outcome: this rank's own, the others' as they stored them."""
+    own = {canonical_json(o.config): o for o in mine}
+    rows = {canonical_json(m.config): m for m in db.measurements(problem, fp_id)}
+    out = []
+    for config in configs:
+        key = canonical_json(config)
+        if key in own:
+            out.append(own[key])
+        elif key in rows:
+            out.append(_stored_outcome(rows[key]))
+        else:
+            out.append(Outcome(config, "error", None, None, "not measured: its rank stored nothing"))
+    return out

@@ -1,0 +1,106 @@
+"""torch.distributed on the CPU (gloo, 2 ranks): `torchrun ... -m tuner sweep` shares the
+work and every rank ends with the same winners; runtime tuning under a process group
+agrees on one winner and does not deadlock when only some ranks have a DB hit."""
+
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tuner.db import TuningDB, current_fingerprint_id
+from tuner.ops import DecodeShape, get_op
+from tuner.sweep import candidate_configs
+
+SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+SHAPES = [dict(batch=1, kv_len=512, **SMALL), dict(batch=2, kv_len=1024, **SMALL),
+          dict(batch=3, kv_len=300, q_len=2, **SMALL)]
+
+
+def test_torchrun_sweep_shares_the_work_and_every_rank_has_the_same_winners(tmp_path):
+    shapes_file = tmp_path / "shapes.json"
+    shapes_file.write_text(json.dumps(SHAPES))
+    db_path = tmp_path / "dist.db"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TUNER_DB", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "tuner", "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(db_path),
+         "--repeats", "3"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = re.findall(r"rank (\d)/2: (\d+) winners, measured (\d+) here, winners digest (\w+)", result.stdout)
+    assert sorted(int(r) for r, *_ in lines) == [0, 1], result.stdout
+    assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 3 for _, n, _, _ in lines)
+    op = get_op("torch_split_decode")
+    shapes = [DecodeShape(**s) for s in SHAPES]
+    total = sum(len(candidate_configs(op, s)) for s in shapes)
+    measured = [int(m) for _, _, m, _ in lines]
+    assert sum(measured) == total and min(measured) > 0  # shared, each config once
+    db = TuningDB(db_path)
+    assert len(db.records()) == 3 and db.counts()[current_fingerprint_id()]["measurements"] == total
+    assert db.integrity() == []
+
+
+# -- runtime tuning under a process group ----------------------------------------------------------
+
+SERVER = multiprocessing.get_context("forkserver")
+
+
+def _rank_main(rank, init_file, db_path, out_path):
+    import torch.distributed as dist
+
+    import tuner
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    tuner.configure(db=db_path, mode="tune")
+
+    @tuner.autotune("dist_op", configs=[{"c": 0}, {"c": 1}, {"c": 2}], default={"c": 0},
+                    static_key=lambda x: "k", run_key=lambda x: (x.shape[0], 1, 64))
+    def op(x, *, config):
+        time.sleep({0: 0.004, 1: 0.003, 2: 0.0005}[config["c"]] * (1 + rank))  # c=2 is fastest everywhere
+        return x * 2.0
+
+    x = torch.ones(4)
+    first = op(x)
+    chosen = list(op.tuner.memo.values())
+    op(x)  # a memo hit: no collective, no re-tuning
+    with open(out_path, "w") as f:
+        json.dump({"chosen": chosen, "ok": bool(torch.equal(first, x * 2.0))}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_runtime_tuning_under_a_process_group_agrees_even_when_one_rank_has_a_db_hit(tmp_path):
+    from tuner.bench import Timing
+    from tuner.db import Problem, current_fingerprint
+    from tuner.keys import attention_run_key, canonical_json
+
+    # rank 0's DB already holds a winner for the call's key (c=1); rank 1's is empty
+    hit = TuningDB(tmp_path / "rank0.db")
+    hit.save_winner(Problem("dist_op", canonical_json("k"), attention_run_key(4, 1, 64)),
+                    (current_fingerprint_id(), current_fingerprint()), {"c": 1}, Timing(3.0, 0.1, 5), {"c": 0},
+                    Timing(4.0, 0.1, 5), method={})
+    hit.close()
+    procs = [SERVER.Process(target=_rank_main, args=(r, tmp_path / "pg_init", tmp_path / f"rank{r}.db",
+                                                      tmp_path / f"out{r}.json")) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank hung: the ranks did not make the same collective calls"
+    assert [p.exitcode for p in procs] == [0, 0]
+    outs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(2)]
+    assert outs[0]["chosen"] == outs[1]["chosen"] == [{"c": 2}] and all(o["ok"] for o in outs)
+    # rank 0 stored the agreed winner over its stale hit; rank 1 stored nothing of its own
+    assert [r.config for r in TuningDB(tmp_path / "rank0.db").records()] == [{"c": 2}]
+    assert not (tmp_path / "rank1.db").exists() or TuningDB(tmp_path / "rank1.db").records() == []
