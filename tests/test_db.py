@@ -177,6 +177,7 @@ def _mutations():
         "bool samples": rec(lambda r: r["timing"].update(samples=True)),
         "config list": rec(lambda r: r.update(config=[1])),
         "nested config": rec(lambda r: r.update(config={"a": {"b": 1}})),
+        "newline in a key": rec(lambda r: r.update(config={"a\nb": [1]})),  # found by hypothesis
         "unknown fingerprint": rec(lambda r: r.update(fingerprint="deadbeef")),
         "bad time": rec(lambda r: r.update(created_at="yesterday")),
         "edited fingerprint": lambda d: next(iter(d["fingerprints"].values())).update(device="forged"),

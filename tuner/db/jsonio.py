@@ -32,7 +32,8 @@ MAX_KEY_CHARS = 4096
 
 
 class DocumentError(TunerError):
-    """A tunings document that does not follow the schema."""
+    """A tunings document that does not follow the schema (one line, as every TunerError,
+    even when it quotes the document's own keys)."""
 
 
 def export_document(db: TuningDB, *, op: str | None = None) -> dict[str, Any]:

@@ -106,6 +106,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+_CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation
+
+
 def _short(exc: BaseException) -> str:
     """The first line of a driver error, without SQLAlchemy's background link."""
     orig = getattr(exc, "orig", None) or exc
@@ -180,6 +183,10 @@ class TuningDB:
                 except DBAPIError as e:
                     raise DBError(f"cannot create tuning DB {self.display_url}: {_short(e)}") from None
             with self._write(action="create") as session:  # the lock is reentrant
+                if self.url.get_backend_name() == "postgresql":
+                    # no file lock for a server DB: its own lock, held to commit, serialises
+                    # creators (DDL is transactional there; create_all skips existing tables)
+                    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
                 Base.metadata.create_all(session.connection())
                 if session.get(Meta, "schema_version") is None:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
