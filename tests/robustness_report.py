@@ -19,8 +19,8 @@ def report(name: str, **facts) -> None:
 class Counter:
     """Cases tried and refused by one suite."""
 
-    def __init__(self, name: str) -> None:
-        self.name, self.cases, self.refused = name, 0, 0
+    def __init__(self, name: str, **facts) -> None:
+        self.name, self.cases, self.refused, self.facts = name, 0, 0, facts
 
     def tried(self, n: int = 1) -> None:
         self.cases += n
@@ -30,4 +30,4 @@ class Counter:
 
     def report(self) -> None:
         report(self.name, cases=self.cases, refused_with_one_line_error=self.refused,
-               accepted=self.cases - self.refused, crashes=0, db_changed_by_a_refused_import=0)
+               accepted=self.cases - self.refused, crashes=0, **self.facts)
