@@ -327,3 +327,39 @@ def test_runtime_on_a_truncated_db_warns_once_and_runs_defaults(tmp_path, tiny_s
         assert [f(torch.zeros(1)) for _ in range(3)] == [0, 0, 0]
     assert len([w for w in caught if "tuner" in str(w.message)]) == 1
     assert path.read_bytes() == truncated
+
+
+def test_export_lightllm_layout(tmp_path, db_path, tiny_shapes):
+    from tuner.db import current_fingerprint
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "kernel_configs"
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    fp = current_fingerprint()
+    op_dir = out / f"triton_{fp['triton']}" / str(fp["device"]).replace(" ", "_") / "torch_split_decode"
+    [static_file] = op_dir.iterdir()  # both shapes share one static key
+    assert static_file.name.startswith("causal=True,") and static_file.name.endswith(".json")
+    assert "head_dim_qk=16" in static_file.name and "num_q_heads=4" in static_file.name
+    content = json.loads(static_file.read_text())
+    records = {r.problem.run_key.batch: r.config for r in TuningDB(db_path).records()}
+    assert content == {str(b): c for b, c in sorted(records.items())}  # {run key: config}, run key = batch
+    tokens = cli("export", "--format", "lightllm", "--run-key", "tokens", "--out", tmp_path / "t", "--db", db_path)
+    assert tokens.exit_code == 0
+    [f] = (tmp_path / "t").rglob("*.json")
+    assert set(json.loads(f.read_text())) == {str(r.problem.run_key.batch * r.problem.run_key.kv_len_bucket)
+                                              for r in TuningDB(db_path).records()}
+
+
+def test_export_lightllm_refuses_run_key_clashes_and_writes_nothing(tmp_path, db_path):
+    shapes = tmp_path / "clash.json"
+    common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+    shapes.write_text(json.dumps([dict(batch=1, kv_len=100, **common), dict(batch=1, kv_len=300, **common)]))
+    assert sweep(db_path, shapes).exit_code == 0
+    out = tmp_path / "out"
+    one_line_error(cli("export", "--format", "lightllm", "--out", out, "--db", db_path), "run key", "--run-key")
+    assert not out.exists()
+    assert cli("export", "--format", "lightllm", "--run-key", "kv_len", "--out", out, "--db", db_path).exit_code == 0
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    one_line_error(cli("export", "--format", "lightllm", "--out", f, "--db", db_path), "is a file")

@@ -270,29 +270,55 @@ def show_command(
 
 class ExportFormat(str, Enum):
     json = "json"
+    lightllm = "lightllm"
+
+
+class LightLLMRunKey(str, Enum):
+    batch = "batch"
+    kv_len = "kv_len"
+    max_q_len = "max_q_len"
+    tokens = "tokens"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as e:
+        raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 @app.command("export")
 def export_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="File to write.")],
-    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="Output format: json (tuner's versioned schema).")] = ExportFormat.json,
+    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json), or directory (lightllm).")],
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: LightLLM's all_kernel_configs layout, triton_<version>/<device>/<op>/<static key>.json holding {run key: config}.")] = ExportFormat.json,
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
+    run_key: Annotated[LightLLMRunKey, typer.Option("--run-key", help="lightllm: which of tuner's run-key fields is LightLLM's integer run key (tokens = batch x kv bucket).")] = LightLLMRunKey.batch,
 ) -> None:
-    """Write the stored winners (every environment, with its fingerprint) to a file."""
+    """Write the stored winners (with their environments) to a file or, for LightLLM, a directory."""
     with _user_errors():
+        database = _open_db(db, create=False)
+        if format is ExportFormat.lightllm:
+            from tuner.db.lightllm import lightllm_files
+
+            if out.exists() and not out.is_dir():
+                raise TunerError(f"--out {out} is a file; --format lightllm writes a directory")
+            files = lightllm_files(database, run_key=run_key.value, op=op)  # all checked before writing
+            for rel, content in files.items():
+                _write_atomically(out / rel, json.dumps(content, indent=2, sort_keys=False) + "\n")
+            n = sum(len(c) for c in files.values())
+            console.print(f"exported {n} winners in {len(files)} LightLLM files under {escape(str(out))} "
+                          f"(run key: {run_key.value}); copy its contents into lightllm/common/all_kernel_configs/")
+            return
         from tuner.db import export_document
 
-        database = _open_db(db, create=False)
         document = export_document(database, op=op)
         if out.is_dir():
             raise TunerError(f"--out {out} is a directory; give a file path")
-        try:
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
-            tmp.replace(out)
-        except OSError as e:
-            raise TunerError(f"cannot write {out}: {e.strerror or e}") from None
+        _write_atomically(out, json.dumps(document, indent=1, sort_keys=True) + "\n")
         console.print(f"exported {len(document['records'])} winners to {escape(str(out))}")
 
 
