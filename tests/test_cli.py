@@ -101,7 +101,7 @@ def test_sweep_a_named_grid(db_path):
         (("sweep", "nosuchop"), ("unknown op", "torch_split_decode")),
         (("sweep", "torch_split_decode", "--grid", "nosuchgrid"), ("no grid", "cpu-small")),
         (("sweep", "torch_split_decode", "--shapes", "/nonexistent.json"), ("cannot read",)),
-        (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--shapes", "x.json"), ("not both",)),
+        (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--shapes", "x.json"), ("give one of",)),
         (("show", "--db", "/nonexistent/dir/x.db"), ("no tuning DB",)),
         (("show", "--db", "/"), ("directory",)),
         (("doctor", "--db", "nosuchdialect://x"), ("cannot open",)),
@@ -289,7 +289,8 @@ def _truncated_db(tmp_path, tiny_shapes):
     for side in ("-wal", "-shm"):
         (tmp_path / f"truncated.db{side}").unlink(missing_ok=True)
     data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
+    page_size = int.from_bytes(data[16:18], "big")
+    path.write_bytes(data[: 2 * page_size])  # the schema page survives, the tables' pages do not
     return path, path.read_bytes()
 
 
@@ -363,3 +364,51 @@ def test_export_lightllm_refuses_run_key_clashes_and_writes_nothing(tmp_path, db
     f = tmp_path / "a_file"
     f.write_text("x")
     one_line_error(cli("export", "--format", "lightllm", "--out", f, "--db", db_path), "is a file")
+
+
+def test_runtime_misses_are_listed_and_swept(tmp_path, db_path):
+    import tuner
+    from tuner.ops import DecodeShape
+
+    common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+    shapes = tmp_path / "one.json"
+    shapes.write_text(json.dumps([dict(batch=1, kv_len=200, **common)]))
+    assert sweep(db_path, shapes).exit_code == 0
+    static_json = DecodeShape(batch=1, kv_len=200, **common).static_key().to_json()
+    tuner.configure(db=db_path, mode="lookup")
+
+    @tuner.autotune("torch_split_decode", configs=[{"chunk": 0}], default={"chunk": 0},
+                    key=lambda batch, kv: (static_json, batch, 1, kv), static_json=lambda s: s)
+    def decode(batch, kv, *, config):
+        return config
+
+    for _ in range(3):  # one key, resolved once: the hot path records nothing
+        decode(2, 400)
+    decode(1, 200)  # an exact winner: not a miss
+    assert tuner.flush_misses() == 1
+
+    shown = cli("show", "--misses", "--db", db_path)
+    assert shown.exit_code == 0 and "1 missed keys" in shown.output and "nearest" in shown.output
+    swept = cli("sweep", "torch_split_decode", "--from-misses", "--db", db_path, "--repeats", "2")
+    assert swept.exit_code == 0, swept.output
+    run_keys = {(r.problem.run_key.batch, r.problem.run_key.kv_len_bucket) for r in TuningDB(db_path).records()}
+    assert run_keys == {(1, 256), (2, 512)}
+    again = cli("show", "--misses", "--db", db_path)
+    assert "0 missed keys" in again.output
+    assert "no missed keys" in cli("sweep", "torch_split_decode", "--from-misses", "--db", db_path).output
+
+
+def test_misses_are_not_recorded_without_a_readable_db(tmp_path):
+    import tuner
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not sqlite" * 100)
+    tuner.configure(db=garbage, mode="lookup")
+
+    @tuner.autotune("op", configs=[{"c": 0}], default={"c": 0}, key=lambda x: ("s", 1, 1, x))
+    def f(x, *, config):
+        return config
+
+    with pytest.warns(UserWarning):
+        f(8)
+    assert tuner.flush_misses() == 0 and garbage.read_bytes() == b"not sqlite" * 100

@@ -287,3 +287,33 @@ def test_a_half_made_db_is_finished_not_refused(db_path):
     db = TuningDB(db_path)
     save(db, problem(), {"c": 1})
     assert db.records()[0].config == {"c": 1} and db.integrity() == []
+
+
+def test_misses_add_up_and_drop_out_once_tuned(make_db):
+    db = TuningDB(make_db())
+    a, b = problem(batch=1), problem(batch=2)
+    db.save_misses(FP, [(a, "nearest", 2), (b, "default", 1)])
+    db.save_misses(FP, [(a, "nearest", 3)])
+    db.save_misses(OTHER, [(a, "default", 1)])
+    assert db.misses(FP[0]) == [(a, "nearest", 5), (b, "default", 1)]
+    save(db, b, {"c": 1})  # b now has an exact winner
+    assert db.misses(FP[0]) == [(a, "nearest", 5)] and db.misses(OTHER[0]) == [(a, "default", 1)]
+    db.prune(FP[0])
+    assert db.misses(OTHER[0]) == [] and db.integrity() == []
+
+
+def test_a_version_1_db_without_the_misses_table_still_works(db_path):
+    """The misses table came after schema version 1 shipped: reading such a DB never adds
+    it (and finds no misses); opening it to write adds it."""
+    import sqlite3
+
+    save(TuningDB(db_path), problem(), {"c": 1})
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP TABLE misses")
+    reader = TuningDB(db_path, create=False)
+    assert reader.misses(FP[0]) == [] and reader.integrity() == [] and len(reader.records()) == 1
+    with sqlite3.connect(db_path) as conn:
+        assert "misses" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    writer = TuningDB(db_path)
+    writer.save_misses(FP, [(problem(batch=3), "default", 1)])
+    assert len(writer.misses(FP[0])) == 1

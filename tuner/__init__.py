@@ -1,6 +1,7 @@
 """tuner: kernel autotuning with a persistent tuning DB for LLM-serving attention kernels.
 
-Public API: autotune, configure, TuningDB, TunerError, __version__. The first three load on
+Public API: autotune, configure, flush_misses, TuningDB, TunerError, __version__. The
+functions and TuningDB load on
 first use, so `import tuner` (and `tuner --help`) does not pay for torch and SQLAlchemy.
 """
 
@@ -9,9 +10,10 @@ from typing import Any
 from tuner.errors import TunerError
 
 __version__ = "0.1.0"
-__all__ = ["TunerError", "TuningDB", "__version__", "autotune", "configure"]
+__all__ = ["TunerError", "TuningDB", "__version__", "autotune", "configure", "flush_misses"]
 
-_LAZY = {"autotune": "tuner.runtime", "configure": "tuner.runtime", "TuningDB": "tuner.db"}
+_LAZY = {"autotune": "tuner.runtime", "configure": "tuner.runtime", "flush_misses": "tuner.runtime",
+         "TuningDB": "tuner.db"}
 
 
 def __getattr__(name: str) -> Any:

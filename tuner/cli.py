@@ -133,6 +133,7 @@ def sweep_command(
     op_name: Annotated[str, typer.Argument(metavar="OP", help="Op to tune (see `tuner ops`).")],
     grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: cpu-small on CPU, decode on GPU).")] = None,
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
+    from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket.")] = False,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
     halving: Annotated[bool, typer.Option("--halving", help="Successive halving: time every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = False,
@@ -151,17 +152,31 @@ def sweep_command(
         from tuner.sweep import sweep
 
         op = get_op(op_name)
-        if grid is not None and shapes_file is not None:
-            raise TunerError("give --grid or --shapes, not both")
+        if sum(x is not None and x is not False for x in (grid, shapes_file, from_misses)) > 1:
+            raise TunerError("give one of --grid, --shapes, --from-misses")
         why = op.unavailable()
         if why is not None:
             raise TunerError(f"op {op.name} cannot run here: {why}")
         device = op.device()
-        if shapes_file is not None:
+        database = None
+        if from_misses:
+            from tuner.db import current_fingerprint_id
+            from tuner.ops.shapes import shape_from_keys
+
+            database = _open_db_to_sweep(db, force)
+            missed = [p for p, _, _ in database.misses(current_fingerprint_id(), op=op.name)]
+            shapes = [s for s in (shape_from_keys(p.static_key, p.run_key) for p in missed) if s is not None]
+            if len(shapes) < len(missed):
+                err.print(f"[yellow]warning:[/] {len(missed) - len(shapes)} missed keys are not attention shapes "
+                          "a sweep can build; left out", highlight=False)
+            if not shapes:
+                console.print(f"no missed keys to tune for {op.name} (`tuner show --misses`)")
+                return
+        elif shapes_file is not None:
             shapes = load_shapes(shapes_file)
         else:
             shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
-        database = _open_db_to_sweep(db, force)
+        database = database or _open_db_to_sweep(db, force)
         if device == "cuda":  # CUDA-graph replay with a cold L2, timed by CUDA events
             timer = CudaGraphTimer(warmup=max(1, warmup), repeats=repeats)
         else:
@@ -234,6 +249,7 @@ def show_command(
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
     all_environments: Annotated[bool, typer.Option("--all", help="Include winners measured in other environments (not used at lookup).")] = False,
+    misses: Annotated[bool, typer.Option("--misses", help="Instead: the keys the runtime served from the nearest winner or the default, still untuned (`sweep OP --from-misses` tunes them).")] = False,
 ) -> None:
     """Show the stored winners of this environment."""
     with _user_errors():
@@ -241,6 +257,9 @@ def show_command(
 
         database = _open_db(db, create=False)
         fp = current_fingerprint_id()
+        if misses:
+            _show_misses(database, fp, op)
+            return
         records = database.records(op=op, fingerprint_id=None if all_environments else fp)
         groups: dict[tuple[str, str], list] = {}
         for r in records:
@@ -266,6 +285,22 @@ def show_command(
         console.print(f"{len(records)} winners {scope} in {escape(database.display_url)}")
         if not records:
             console.print("run `tuner sweep OP` to tune an op (`tuner ops` lists them)")
+
+
+def _show_misses(database, fp: str, op: str | None) -> None:
+    rows = database.misses(fp, op=op)
+    table = Table(title="runtime misses: served without an exact winner")
+    for col in ("op", "static key", "batch", "q", "kv <=", "served", "times"):
+        table.add_column(col, justify="left" if col in ("op", "static key", "served") else "right",
+                         overflow="fold", no_wrap=col != "static key")
+    for problem, served, count in rows:
+        run = problem.run_key
+        table.add_row(problem.op, _static_label(problem.static_key), str(run.batch), str(run.max_q_len),
+                      f"{run.kv_len_bucket:,}", served, str(count))
+    if rows:
+        console.print(table)
+    console.print(f"{len(rows)} missed keys without a winner in {escape(database.display_url)}"
+                  + ("; `tuner sweep OP --from-misses` tunes them" if rows else ""))
 
 
 class ExportFormat(str, Enum):

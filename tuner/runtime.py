@@ -50,8 +50,26 @@ class _Runtime:
         self._snapshot: dict[tuple[str, str], dict[AttentionRunKey, Config]] | None = None
         self._db: TuningDB | None = None
         self.functions: weakref.WeakSet[AutotunedFunction] = weakref.WeakSet()
+        # keys served without an exact winner, not yet written: (op, static json, run key) -> [served, count]
+        self.misses: dict[tuple[str, str, AttentionRunKey], list] = {}
+        self._flush_at_exit = False
+        self.db_readable = False
+
+    def record_miss(self, name: str, static_json: str, run: AttentionRunKey, served: str) -> None:
+        """Off the hot path: once per memo key resolved from the nearest record or the default.
+        Kept only when there is a readable DB to write them to (never a damaged one)."""
+        if not self.db_readable:
+            return
+        entry = self.misses.setdefault((name, static_json, run), [served, 0])
+        entry[0], entry[1] = served, entry[1] + 1
+        if not self._flush_at_exit:
+            import atexit
+
+            atexit.register(flush_misses)
+            self._flush_at_exit = True
 
     def reset(self) -> None:
+        flush_misses()  # they belong to the DB being left
         self._snapshot = None
         if self._db is not None:
             self._db.close()
@@ -70,9 +88,11 @@ class _Runtime:
         """Every winner of this environment, read once. A DB that is missing is empty; one
         that cannot be read gives one warning, and the library defaults run."""
         if self._snapshot is None:
+            self.db_readable = False
             try:
                 with TuningDB(self.db_target, create=False) as db:
                     self._snapshot = db.snapshot(current_fingerprint_id())
+                self.db_readable = True
             except MissingDBError:
                 self._snapshot = {}
             except (TunerError, OSError) as e:
@@ -82,6 +102,22 @@ class _Runtime:
 
 
 _runtime = _Runtime()
+
+
+def flush_misses() -> int:
+    """Write the misses recorded so far to the DB (also done at exit and by configure());
+    returns how many keys were written. A DB that cannot be written gives one warning."""
+    pending, _runtime.misses = _runtime.misses, {}
+    if not pending:
+        return 0
+    rows = [(Problem(name, static_json, run), served, count) for (name, static_json, run), (served, count)
+            in pending.items()]
+    try:
+        _runtime.writable_db().save_misses((current_fingerprint_id(), current_fingerprint()), rows)
+    except (TunerError, OSError) as e:
+        warnings.warn(f"tuner: could not record {len(rows)} missed keys: {e}", stacklevel=2)
+        return 0
+    return len(rows)
 
 
 def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, max_distance: float | None = None) -> None:
@@ -138,6 +174,8 @@ class AutotunedFunction:
         if config is None:
             near = nearest_run_key(run, table, _runtime.max_distance)
             config = table[near] if near is not None else default
+            if mode == "lookup":  # tune and force modes tune it instead
+                _runtime.record_miss(self.name, static_json, run, "nearest" if near is not None else "default")
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
         ranks = current_ranks() if mode in ("tune", "force") else None
         if ranks is not None and not _capturing():
@@ -207,11 +245,14 @@ class ConfigLookup:
         if config is None:
             config = default
             if _runtime.mode != "off":
-                table = _runtime.snapshot().get((self.name, self.static_json(static)), {})
+                static_json = self.static_json(static)
+                table = _runtime.snapshot().get((self.name, static_json), {})
                 run = attention_run_key(batch, q_len, kv_len)
                 near = run if run in table else nearest_run_key(run, table, _runtime.max_distance)
                 if near is not None:
                     config = table[near]
+                if near != run:
+                    _runtime.record_miss(self.name, static_json, run, "nearest" if near is not None else "default")
             self.memo[memo_key] = config
         return config
 

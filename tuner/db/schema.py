@@ -87,3 +87,22 @@ class Measurement(_Keyed, Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     method: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Miss(_Keyed, Base):
+    """A run key the runtime served without an exact winner (nearest record or default):
+    what `tuner show --misses` lists and `tuner sweep --from-misses` tunes. Added after
+    schema version 1 shipped; DBs without this table gain it when opened for writing."""
+
+    __tablename__ = "misses"
+    __table_args__ = (
+        UniqueConstraint("op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    served: Mapped[str] = mapped_column(String(16))  # nearest | default
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+OPTIONAL_TABLES = {Miss.__tablename__}  # may be absent from a version-1 DB

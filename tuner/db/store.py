@@ -17,7 +17,9 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from tuner.db.location import DBError, MissingDBError, resolve_db_url
-from tuner.db.schema import SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, TuningRecord, utcnow
+from tuner.db.schema import (
+    OPTIONAL_TABLES, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss, TuningRecord, utcnow,
+)
 from tuner.keys import AttentionRunKey, canonical_json
 
 WRITE_LOCK_TIMEOUT_S = 120.0
@@ -170,6 +172,11 @@ class TuningDB:
         only if create. SQLite commits DDL at once, so another process may see our tables
         before the schema version row: such a DB is finished under the lock, not refused."""
         if self._schema_ready():
+            if create and self._missing_optional_tables:
+                with self._write(action="upgrade") as session:  # tables added since version 1
+                    Base.metadata.create_all(session.connection(), tables=[
+                        Base.metadata.tables[t] for t in sorted(self._missing_optional_tables)])
+                self._missing_optional_tables = set()
             return
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
@@ -190,6 +197,7 @@ class TuningDB:
                 Base.metadata.create_all(session.connection())
                 if session.get(Meta, "schema_version") is None:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            self._missing_optional_tables = set()
 
     def _schema_ready(self) -> bool:
         """True for a tuning DB of our schema version; False for an empty or half-made one
@@ -197,6 +205,7 @@ class TuningDB:
         with self._read() as session:
             inspector = inspect(session.connection())
             tables = set(inspector.get_table_names())
+            self._missing_optional_tables = OPTIONAL_TABLES - tables
             version = session.get(Meta, "schema_version") if Meta.__tablename__ in tables else None
             if version is None:  # ours only if every table is one of ours, column for column
                 foreign = any(t not in Base.metadata.tables or {c["name"] for c in inspector.get_columns(t)}
@@ -436,6 +445,42 @@ class TuningDB:
                     out.setdefault(fp, {"records": 0, "measurements": 0})[name] = n
         return out
 
+    def save_misses(self, fingerprint: tuple[str, dict[str, Any]], misses: list[tuple[Problem, str, int]]) -> None:
+        """Add (problem, served as "nearest" or "default", times) to the misses table, one transaction."""
+        if not misses:
+            return
+        with self._write(action="record misses in") as session:
+            self._ensure_fingerprint(session, *fingerprint)
+            dialect = session.bind.dialect.name
+            for problem, served, count in misses:
+                values = dict(problem.columns(), fingerprint_id=fingerprint[0], served=served, count=count,
+                              last_seen=utcnow())
+                key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"]
+                if dialect in ("sqlite", "postgresql"):
+                    insert = (sqlite if dialect == "sqlite" else postgresql).insert(Miss).values(**values)
+                    session.execute(insert.on_conflict_do_update(index_elements=key, set_={
+                        "count": Miss.count + insert.excluded.count, "served": insert.excluded.served,
+                        "last_seen": insert.excluded.last_seen}))
+                else:
+                    row = session.scalars(select(Miss).where(*(getattr(Miss, k) == values[k] for k in key))).one_or_none()
+                    if row is None:
+                        session.add(Miss(**values))
+                    else:
+                        row.count, row.served, row.last_seen = row.count + count, served, values["last_seen"]
+
+    def misses(self, fingerprint_id: str, *, op: str | None = None) -> list[tuple[Problem, str, int]]:
+        """(problem, served, count) the runtime recorded in this environment and that still
+        have no exact winner, most frequent first."""
+        if self._missing_optional_tables:
+            return []
+        query = select(Miss).where(Miss.fingerprint_id == fingerprint_id)
+        if op is not None:
+            query = query.where(Miss.op == op)
+        with self._read() as session:
+            rows = [(_problem(m), m.served, m.count) for m in session.scalars(query)]
+        solved = {r.problem for r in self.records(op=op, fingerprint_id=fingerprint_id)}
+        return sorted((m for m in rows if m[0] not in solved), key=lambda m: (-m[2], m[0].op, m[0].static_key))
+
     def prune(self, keep_fingerprint_id: str, *, dry_run: bool = False) -> dict[str, dict[str, int]]:
         """Remove every record, measurement and fingerprint of environments other than
         `keep_fingerprint_id` (stale after an upgrade: never used at lookup), in one
@@ -446,7 +491,7 @@ class TuningDB:
         if dry_run or not stale:
             return stale
         with self._write(action="prune") as session:
-            for model in (Measurement, TuningRecord):
+            for model in (Measurement, TuningRecord) + ((Miss,) if not self._missing_optional_tables else ()):
                 session.execute(delete(model).where(model.fingerprint_id != keep_fingerprint_id))
             session.execute(delete(Fingerprint).where(Fingerprint.id != keep_fingerprint_id))
         return stale
@@ -460,7 +505,7 @@ class TuningDB:
                     result = [r[0] for r in session.execute(text("PRAGMA integrity_check"))]
                     if result != ["ok"]:
                         problems.extend(f"integrity_check: {r}" for r in result)
-                missing = {t.name for t in Base.metadata.sorted_tables} - set(
+                missing = {t.name for t in Base.metadata.sorted_tables} - OPTIONAL_TABLES - set(
                     inspect(session.connection()).get_table_names()
                 )
                 if missing:

@@ -139,3 +139,29 @@ def grid(batches: list[int], kv_lens: list[int], max_tokens: int | None = None, 
         for kv in kv_lens
         if max_tokens is None or b * kv <= max_tokens
     ]
+
+
+SOFTCAP_WHEN_ON = 50.0  # a static key says only that softcap is on; the kernels do not care how much
+
+
+def shape_from_keys(static_key_json: str, run_key: AttentionRunKey) -> DecodeShape | None:
+    """The DecodeShape a sweep measures for a stored (static key, run key), at the top of the
+    kv bucket; None when the key is not one a sweep can build (mixed dtypes, head dims or
+    descales, no paging)."""
+    try:
+        key = AttentionStaticKey.from_json(static_key_json)
+    except (ValueError, TypeError, KeyError):
+        return None
+    if (len({key.q_dtype, key.k_dtype, key.v_dtype}) != 1 or key.q_dtype not in DTYPES
+            or key.head_dim_qk != key.head_dim_v or key.k_descale or key.v_descale or key.page_size < 1):
+        return None
+    try:
+        return DecodeShape(
+            batch=run_key.batch, kv_len=max(run_key.kv_len_bucket, run_key.max_q_len), q_len=run_key.max_q_len,
+            num_q_heads=key.num_q_heads, num_kv_heads=key.num_kv_heads, head_dim=key.head_dim_qk,
+            page_size=key.page_size, dtype=key.q_dtype, causal=key.causal,
+            window=(key.window_left, key.window_right), softcap=SOFTCAP_WHEN_ON if key.softcap else 0.0,
+            sinks=key.sinks,
+        )
+    except (TypeError, ValueError):
+        return None
