@@ -412,3 +412,21 @@ def test_misses_are_not_recorded_without_a_readable_db(tmp_path):
     with pytest.warns(UserWarning):
         f(8)
     assert tuner.flush_misses() == 0 and garbage.read_bytes() == b"not sqlite" * 100
+
+
+def test_report_plots_and_summarises_the_winners(tmp_path, db_path, tiny_shapes):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "report"
+    result = cli("report", "--out", out, "--db", db_path, "--bandwidth-gbps", "100")
+    assert result.exit_code == 0, result.output
+    pngs = sorted(out.glob("*.png"))
+    assert [p.name.split("__")[-1] for p in pngs] == ["roofline.png", "speedup.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in pngs)
+    md = (out / "report.md").read_text()
+    assert "## torch_split_decode" in md and "geometric-mean speedup" in md and "| roofline |" in md
+    records = TuningDB(db_path).records()
+    assert md.count("| 1 |") + md.count("| 2 |") >= len(records)  # a row per winner
+    assert all(f"![{p.name}]({p.name})" in md for p in pngs)
+    assert "winners by op and static key" in result.output
+    empty = cli("report", "--out", tmp_path / "empty", "--db", tmp_path / "none.db")
+    one_line_error(empty, "no tuning DB")

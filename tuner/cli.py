@@ -303,6 +303,33 @@ def _show_misses(database, fp: str, op: str | None) -> None:
                   + ("; `tuner sweep OP --from-misses` tunes them" if rows else ""))
 
 
+@app.command("report")
+def report_command(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")],
+    db: DbOption = None,
+    op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
+    bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
+) -> None:
+    """Plot this environment's winners (speedup over the default, roofline fraction) and write a Markdown summary."""
+    with _user_errors():
+        from tuner.db import current_fingerprint_id
+        from tuner.report import summary_rows, write_report
+
+        if out.exists() and not out.is_dir():
+            raise TunerError(f"--out {out} is a file; the report is a directory")
+        database = _open_db(db, create=False)
+        groups = write_report(database, out, current_fingerprint_id(), op=op, bandwidth_gbps=bandwidth_gbps)
+        table = Table(title="winners by op and static key")
+        for col in ("op", "static key", "winners", "geomean speedup", "max"):
+            table.add_column(col, justify="left" if col in ("op", "static key") else "right",
+                             overflow="fold", no_wrap=col != "static key")
+        for op_name, label, n, gm, best in summary_rows(groups):
+            table.add_row(op_name, escape(label), str(n), "-" if gm is None else f"{gm:.3f}x",
+                          "-" if best is None else f"{best:.2f}x")
+        console.print(table)
+        console.print(f"wrote {escape(str(out / 'report.md'))} and {sum(len(g.images) for g in groups)} plots")
+
+
 class ExportFormat(str, Enum):
     json = "json"
     lightllm = "lightllm"

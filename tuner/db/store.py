@@ -77,6 +77,7 @@ class MeasurementRow:
     max_error: float | None
     error: str | None
     method: dict[str, Any] = field(default_factory=dict)
+    kv_len: int | None = None  # the kv length actually measured
 
 
 def _problem(row: Any) -> Problem:
@@ -396,7 +397,7 @@ class TuningDB:
             ).all()
             return [
                 MeasurementRow(json.loads(r.config), r.status, r.median_us, r.spread_us,
-                               r.samples, r.max_error, r.error, json.loads(r.method))
+                               r.samples, r.max_error, r.error, json.loads(r.method), r.kv_len)
                 for r in rows
             ]
 

@@ -1,0 +1,175 @@
+"""`tuner report`: this environment's winners as PNG heat maps (speedup over the library
+default, and the fraction of the HBM roofline when a bandwidth is given) by batch and kv
+length for each op and static key, plus a Markdown summary. matplotlib is imported on use."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.db import Record, TuningDB
+from tuner.errors import TunerError
+from tuner.keys import AttentionStaticKey, canonical_json
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+@dataclass
+class Group:
+    """The winners of one op and static key."""
+
+    op: str
+    static_key: str
+    label: str
+    records: list[Record]
+    kv_bytes: dict[int, int] = field(default_factory=dict)  # record index -> KV bytes read, when known
+    images: list[str] = field(default_factory=list)
+
+    @property
+    def speedups(self) -> list[float]:
+        return [r.speedup for r in self.records if r.speedup]
+
+    @property
+    def geomean(self) -> float | None:
+        s = self.speedups
+        return math.exp(sum(map(math.log, s)) / len(s)) if s else None
+
+
+def _label(static_key: str) -> str:
+    try:
+        return AttentionStaticKey.from_json(static_key).label()
+    except (ValueError, TypeError):
+        return static_key
+
+
+def _kv_bytes(static_key: str, record: Record, kv_len: int) -> int | None:
+    """Bytes of K and V one call reads: batch x kv length x kv heads x head dims x dtype."""
+    try:
+        key = AttentionStaticKey.from_json(static_key)
+    except (ValueError, TypeError):
+        return None
+    k, v = DTYPE_BYTES.get(key.k_dtype), DTYPE_BYTES.get(key.v_dtype)
+    if k is None or v is None:
+        return None
+    return record.problem.run_key.batch * kv_len * key.num_kv_heads * (key.head_dim_qk * k + key.head_dim_v * v)
+
+
+def collect(db: TuningDB, fingerprint_id: str, op: str | None = None) -> list[Group]:
+    groups: dict[tuple[str, str], Group] = {}
+    for r in db.records(op=op, fingerprint_id=fingerprint_id):
+        g = groups.setdefault((r.problem.op, r.problem.static_key),
+                              Group(r.problem.op, r.problem.static_key, _label(r.problem.static_key), []))
+        g.records.append(r)
+    for g in groups.values():
+        for i, r in enumerate(g.records):
+            winner = canonical_json(r.config)
+            kv_len = next((m.kv_len for m in db.measurements(r.problem, fingerprint_id)
+                           if canonical_json(m.config) == winner), None)
+            if kv_len is not None:
+                nbytes = _kv_bytes(g.static_key, r, kv_len)
+                if nbytes is not None:
+                    g.kv_bytes[i] = nbytes
+    return list(groups.values())
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:120]
+
+
+def _heatmaps(group: Group, values: dict[int, float], title: str, fmt: str, path: Path, center: float | None,
+              limits: tuple[float, float] | None = None) -> None:
+    """One heat map per query length: batch down, kv bucket across; colours centred on
+    `center` (speedup 1.0) or spanning fixed `limits` (roofline 0..1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q_lens = sorted({r.problem.run_key.max_q_len for r in group.records})
+    fig, axes = plt.subplots(1, len(q_lens), figsize=(5.5 * len(q_lens), 4.2), squeeze=False)
+    finite = [v for v in values.values() if v is not None]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    if center is not None:
+        span = max(abs(hi - center), abs(center - lo), 1e-6)
+        lo, hi = center - span, center + span
+    if limits is not None:
+        lo, hi = limits
+    for ax, q in zip(axes[0], q_lens):
+        rows = [(i, r) for i, r in enumerate(group.records) if r.problem.run_key.max_q_len == q]
+        batches = sorted({r.problem.run_key.batch for _, r in rows})
+        kvs = sorted({r.problem.run_key.kv_len_bucket for _, r in rows})
+        grid = [[float("nan")] * len(kvs) for _ in batches]
+        for i, r in rows:
+            if values.get(i) is not None:
+                grid[batches.index(r.problem.run_key.batch)][kvs.index(r.problem.run_key.kv_len_bucket)] = values[i]
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=lo, vmax=hi, aspect="auto")
+        for y, row in enumerate(grid):
+            for x, v in enumerate(row):
+                if not math.isnan(v):
+                    ax.text(x, y, fmt.format(v), ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(kvs)), [f"{k:,}" for k in kvs], rotation=45, ha="right")
+        ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+        ax.set_xlabel("kv length (bucket top)")
+        ax.set_ylabel("batch")
+        ax.set_title(f"q len {q}")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(f"{group.op}: {title}\n{group.label}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(db: TuningDB, out: Path, fingerprint_id: str, *, op: str | None = None,
+                 bandwidth_gbps: float | None = None) -> list[Group]:
+    """PNG heat maps and report.md under `out`; returns the groups reported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise TunerError("tuner report draws with matplotlib: pip install 'tuner[report]'") from None
+    groups = collect(db, fingerprint_id, op)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TunerError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    lines = ["# tuner report", "", f"Environment `{fingerprint_id}`, DB `{db.display_url}`.", ""]
+    if not groups:
+        lines.append("No winners stored for this environment yet (`tuner sweep OP`).")
+    for g in groups:
+        stem = _slug(f"{g.op}__{g.label}")
+        speedup = {i: r.speedup for i, r in enumerate(g.records)}
+        _heatmaps(g, speedup, "speedup of the tuned config over the library default", "{:.2f}x",
+                  out / f"{stem}__speedup.png", center=1.0)
+        g.images.append(f"{stem}__speedup.png")
+        roofline: dict[int, float] = {}
+        if bandwidth_gbps:
+            roofline = {i: g.kv_bytes[i] / (bandwidth_gbps * 1e3) / r.median_us
+                        for i, r in enumerate(g.records) if i in g.kv_bytes and r.median_us}
+            _heatmaps(g, roofline, f"fraction of the HBM roofline ({bandwidth_gbps:,.0f} GB/s)", "{:.0%}",
+                      out / f"{stem}__roofline.png", center=None, limits=(0.0, 1.0))
+            g.images.append(f"{stem}__roofline.png")
+        gm = g.geomean
+        lines += [f"## {g.op}: {g.label}", "",
+                  f"{len(g.records)} winners; geometric-mean speedup over the default "
+                  f"{'-' if gm is None else f'{gm:.3f}x'}.", ""]
+        lines += [f"![{name}]({name})" for name in g.images] + [""]
+        header = "| batch | q | kv <= | config | us | default us | speedup |" + (" roofline |" if roofline else "")
+        lines += [header, "|" + "---|" * (header.count("|") - 1)]
+        for i, r in enumerate(g.records):
+            run = r.problem.run_key
+            cells = [str(run.batch), str(run.max_q_len), f"{run.kv_len_bucket:,}",
+                     "`" + canonical_json(r.config) + "`", f"{r.median_us:,.1f}",
+                     "-" if r.default_median_us is None else f"{r.default_median_us:,.1f}",
+                     "-" if r.speedup is None else f"{r.speedup:.2f}x"]
+            if roofline:
+                cells.append("-" if i not in roofline else f"{roofline[i]:.0%}")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return groups
+
+
+def summary_rows(groups: list[Group]) -> list[tuple[str, str, int, Any, Any]]:
+    return [(g.op, g.label, len(g.records), g.geomean, max(g.speedups, default=None)) for g in groups]
