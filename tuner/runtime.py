@@ -134,6 +134,17 @@ def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, m
         _runtime.max_distance = max_distance
 
 
+def _stored_config(name: str, static_json: str, run: AttentionRunKey) -> tuple[Config | None, str]:
+    """The snapshot's config for this key and how it was found: "exact", "nearest" (the
+    nearest run key, tuner.keys.run), or "default" (nothing near: None)."""
+    table = _runtime.snapshot().get((name, static_json), {})
+    config = table.get(run)
+    if config is not None:
+        return config, "exact"
+    near = nearest_run_key(run, table, _runtime.max_distance)
+    return (table[near], "nearest") if near is not None else (None, "default")
+
+
 def _static_json(value: Any) -> str:
     to_json = getattr(value, "to_json", None)
     return to_json() if callable(to_json) else canonical_json(value)
@@ -168,14 +179,11 @@ class AutotunedFunction:
         static, batch, q_len, _ = memo_key
         static_json = self.static_json(static)
         run = attention_run_key(batch, q_len, kv_len)
-        table = _runtime.snapshot().get((self.name, static_json), {})
-        config = table.get(run)
-        exact = config is not None
-        if config is None:
-            near = nearest_run_key(run, table, _runtime.max_distance)
-            config = table[near] if near is not None else default
-            if mode == "lookup":  # tune and force modes tune it instead
-                _runtime.record_miss(self.name, static_json, run, "nearest" if near is not None else "default")
+        stored, served = _stored_config(self.name, static_json, run)
+        config = default if stored is None else stored
+        exact = served == "exact"
+        if not exact and mode == "lookup":  # tune and force modes tune it instead
+            _runtime.record_miss(self.name, static_json, run, served)
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
         ranks = current_ranks() if mode in ("tune", "force") else None
         if ranks is not None and not _capturing():
@@ -246,13 +254,12 @@ class ConfigLookup:
             config = default
             if _runtime.mode != "off":
                 static_json = self.static_json(static)
-                table = _runtime.snapshot().get((self.name, static_json), {})
                 run = attention_run_key(batch, q_len, kv_len)
-                near = run if run in table else nearest_run_key(run, table, _runtime.max_distance)
-                if near is not None:
-                    config = table[near]
-                if near != run:
-                    _runtime.record_miss(self.name, static_json, run, "nearest" if near is not None else "default")
+                stored, served = _stored_config(self.name, static_json, run)
+                if stored is not None:
+                    config = stored
+                if served != "exact":
+                    _runtime.record_miss(self.name, static_json, run, served)
             self.memo[memo_key] = config
         return config
 

@@ -269,14 +269,16 @@ class TuningDB:
             raise DBError(f"cannot read tuning DB {self.display_url}: {_short(e)}") from None
 
     def _upsert(self, session: Session, model: type, values: dict[str, Any], key: list[str],
-                replace: bool = True) -> None:
-        """Insert, or on a key conflict replace the other columns (or keep the row: replace=False)."""
+                replace: bool = True, add: tuple[str, ...] = ()) -> None:
+        """Insert, or on a key conflict replace the other columns (or keep the row: replace=False);
+        columns in `add` are added to the stored value instead of replacing it."""
         dialect = session.bind.dialect.name
         update = {k: v for k, v in values.items() if k not in key}
         if dialect in ("sqlite", "postgresql"):
             insert = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(**values)
             if replace:
-                session.execute(insert.on_conflict_do_update(index_elements=key, set_=update))
+                set_ = {k: getattr(model, k) + getattr(insert.excluded, k) if k in add else v for k, v in update.items()}
+                session.execute(insert.on_conflict_do_update(index_elements=key, set_=set_))
             else:
                 session.execute(insert.on_conflict_do_nothing(index_elements=key))
             return
@@ -288,7 +290,7 @@ class TuningDB:
             session.flush()
         elif replace:
             for k, v in update.items():
-                setattr(existing, k, v)
+                setattr(existing, k, getattr(existing, k) + v if k in add else v)
 
     # -- writes ------------------------------------------------------------------------
 
@@ -450,24 +452,13 @@ class TuningDB:
         """Add (problem, served as "nearest" or "default", times) to the misses table, one transaction."""
         if not misses:
             return
+        key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"]
         with self._write(action="record misses in") as session:
             self._ensure_fingerprint(session, *fingerprint)
-            dialect = session.bind.dialect.name
             for problem, served, count in misses:
                 values = dict(problem.columns(), fingerprint_id=fingerprint[0], served=served, count=count,
                               last_seen=utcnow())
-                key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"]
-                if dialect in ("sqlite", "postgresql"):
-                    insert = (sqlite if dialect == "sqlite" else postgresql).insert(Miss).values(**values)
-                    session.execute(insert.on_conflict_do_update(index_elements=key, set_={
-                        "count": Miss.count + insert.excluded.count, "served": insert.excluded.served,
-                        "last_seen": insert.excluded.last_seen}))
-                else:
-                    row = session.scalars(select(Miss).where(*(getattr(Miss, k) == values[k] for k in key))).one_or_none()
-                    if row is None:
-                        session.add(Miss(**values))
-                    else:
-                        row.count, row.served, row.last_seen = row.count + count, served, values["last_seen"]
+                self._upsert(session, Miss, values, key, add=("count",))
 
     def misses(self, fingerprint_id: str, *, op: str | None = None) -> list[tuple[Problem, str, int]]:
         """(problem, served, count) the runtime recorded in this environment and that still

@@ -27,7 +27,7 @@ import torch
 
 from tuner.keys import canonical_json, static_key_from_parts
 from tuner.ops.base import Config, DecodeInputs, Op
-from tuner.ops.fa3 import _decode_grid, _mtp_grid
+from tuner.ops.fa3 import TUNED, _decode_grid, _mtp_grid  # TUNED: an argument left to tuner
 from tuner.ops.flashinfer_plan import coverage_from_plan, host_seq_lens, paged_metadata, valid_bounds
 from tuner.keys import kv_len_bucket
 from tuner.ops.shapes import DecodeShape, grid
@@ -103,14 +103,6 @@ def _static_json(static: tuple) -> str:
 
 
 _LOOKUP = ConfigLookup(OP_NAME, _static_json)
-
-
-class _Tuned:
-    def __repr__(self) -> str:
-        return "TUNED"
-
-
-TUNED: Any = _Tuned()  # an argument left to tuner
 
 
 @dataclass
