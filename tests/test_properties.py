@@ -35,6 +35,14 @@ softcaps = st.one_of(st.none(), st.just(0), st.just(0.0), st.floats(allow_nan=Tr
 KEYS = Counter("key_builders")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts():
+    """After this file's tests: write the counts they collected (not a test: it asserts nothing)."""
+    yield
+    KEYS.report()
+    IMPORTS.report()
+
+
 @SETTINGS
 @given(window=windows, softcap=softcaps, sinks=anything, causal=anything, heads=ints, page=ints)
 def test_static_keys_are_valid_or_one_clear_value_error(window, softcap, sinks, causal, heads, page):
@@ -202,7 +210,3 @@ def test_sql_text_is_constant_so_values_go_through_bound_parameters():
                     pytest.fail(f"{path}:{node.lineno}: SQL built from a formatted string")
 
 
-def test_report_counts():
-    """Runs last in this file: writes the counts the tests above collected."""
-    KEYS.report()
-    IMPORTS.report()
