@@ -1,0 +1,114 @@
+"""Run the sweeps behind the shipped tunings: benchmarks/shapes/models_*.json, one process
+per GPU, each GPU taking every n-th head configuration, all writing one DB.
+
+    python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540
+
+GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's
+(`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
+models.py; they resume, so a run cut off by --seconds is finished by running it again.
+Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code) to LOGS/sweeps.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "shapes"))
+import models  # noqa: E402
+
+
+def gpus() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def head_config(shape: dict) -> tuple:
+    return shape["num_q_heads"], shape["num_kv_heads"], shape["head_dim"]
+
+
+def split(shapes: list[dict], parts: int) -> list[list[dict]]:
+    """Every parts-th head configuration to each part, in file order (biggest first)."""
+    order: list[tuple] = []
+    for s in shapes:
+        if head_config(s) not in order:
+            order.append(head_config(s))
+    return [[s for s in shapes if order.index(head_config(s)) % parts == i] for i in range(parts)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--logs", required=True, type=Path)
+    ap.add_argument("--seconds", type=float, default=540.0, help="stop every sweep after this long (resumable)")
+    args = ap.parse_args()
+    devices = gpus()
+    if not devices:
+        sys.exit("no GPU: the shipped sweeps run on CUDA GPUs")
+    args.logs.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="shipped-"))
+    deadline = time.monotonic() + args.seconds
+    scripts = []
+    for part, gpu in enumerate(devices):
+        steps = []
+        for name, _, op in models.SWEEPS:
+            shapes = split(json.loads((HERE / "shapes" / name).read_text()), len(devices))[part]
+            if not shapes:
+                continue
+            path = work / f"{part}.{name}"
+            path.write_text(json.dumps(shapes))
+            steps.append((op, path))
+        scripts.append((part, gpu, steps))
+
+    results: list[dict] = []
+
+    def run_part(part: int, gpu: str, steps: list) -> None:
+        """This GPU's sweeps, one after another, each stopped at the deadline."""
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, PYTHONUNBUFFERED="1", COLUMNS="120")
+        with open(args.logs / f"part{part}.log", "w") as log:
+            for op, path in steps:
+                left = deadline - time.monotonic()
+                if left <= 1:
+                    break
+                cmd = [sys.executable, "-m", "tuner", "sweep", op, "--shapes", str(path), "--halving", "--db", args.db]
+                t0 = time.monotonic()
+                proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=left)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                    rc = "stopped"
+                results.append({"op": op, "part": part, "gpu": gpu, "shapes": len(json.loads(path.read_text())),
+                                "seconds": round(time.monotonic() - t0, 1), "rc": rc})
+
+    threads = [threading.Thread(target=run_part, args=s) for s in scripts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with open(args.logs / "sweeps.jsonl", "a") as f:
+        for r in results:
+            f.write(json.dumps(r) + "\n")
+            print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
