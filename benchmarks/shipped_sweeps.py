@@ -68,9 +68,9 @@ def main() -> None:
             shapes = split(json.loads((HERE / "shapes" / name).read_text()), len(devices))[part]
             if not shapes:
                 continue
-            path = work / f"{part}.{name}"
+            path = work / f"{part}.{op}.{name}"
             path.write_text(json.dumps(shapes))
-            steps.append((op, path))
+            steps.append((op, path, name))
         scripts.append((part, gpu, steps))
 
     results: list[dict] = []
@@ -79,7 +79,7 @@ def main() -> None:
         """This GPU's sweeps, one after another, each stopped at the deadline."""
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, PYTHONUNBUFFERED="1", COLUMNS="120")
         with open(args.logs / f"part{part}.log", "w") as log:
-            for op, path in steps:
+            for op, path, name in steps:
                 left = deadline - time.monotonic()
                 if left <= 1:
                     break
@@ -96,7 +96,7 @@ def main() -> None:
                         os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
                     rc = "stopped"
-                results.append({"op": op, "part": part, "gpu": gpu, "shapes": len(json.loads(path.read_text())),
+                results.append({"op": op, "shapes_file": name, "part": part, "gpu": gpu, "shapes": len(json.loads(path.read_text())),
                                 "seconds": round(time.monotonic() - t0, 1), "rc": rc})
 
     threads = [threading.Thread(target=run_part, args=s) for s in scripts]
