@@ -1,0 +1,136 @@
+"""Re-check every winner of a sweep before it ships: per record, run the default and the
+sweep's winner again (each checked against the torch reference), re-time them side by side
+(the sweep's own winner rule, tuner.bench.decide), and store what that decides, with this
+machine's fingerprint, in a new DB. The shipped tunings are exported from that DB.
+
+    python benchmarks/verify_shipped.py --tunings sweep.tunings.json --db $OUT/verified.db \\
+        --out $OUT/verified.json --seconds 500
+
+One worker per GPU (CUDA_VISIBLE_DEVICES, else every GPU torch sees), each taking every
+n-th record. Resumable: records already in --db for this environment are not re-timed.
+--out gets, per record, the sweep's and the re-timing's default and winner in us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _records(path: Path) -> list[dict]:
+    doc = json.loads(path.read_text())
+    return sorted(doc["records"], key=lambda r: (r["op"], json.dumps(r["static_key"], sort_keys=True),
+                                                 sorted(r["run_key"].items())))
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from tuner.bench import CudaGraphTimer, WallClockTimer, boundary_sync, decide, measure_configs, same_config
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+    from tuner.keys import AttentionRunKey, canonical_json
+    from tuner.ops import get_op, make_decode_inputs
+    from tuner.ops.shapes import shape_from_keys
+    from tuner.sweep import kv_copies
+
+    deadline = time.monotonic() + args.seconds
+    records = _records(args.tunings)[args.part::args.parts]
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only to try this script out
+    timer = CudaGraphTimer(warmup=3, repeats=30) if device == "cuda" else WallClockTimer(warmup=1, repeats=5)
+    fp_id, fp = current_fingerprint_id(), current_fingerprint()
+    rows = []
+    with TuningDB(args.db) as db:
+        for r in records:
+            if time.monotonic() > deadline:
+                break
+            static_json = canonical_json(r["static_key"])
+            run = AttentionRunKey(**r["run_key"])
+            problem = Problem(r["op"], static_json, run)
+            if db.record(problem, fp_id) is not None:
+                continue
+            op = get_op(r["op"])
+            shape = shape_from_keys(static_json, run)
+            default = op.default(shape)
+            configs = [default] if same_config(default, r["config"]) else [default, r["config"]]
+            inputs = make_decode_inputs(shape, device=device)
+            reference = inputs.reference()
+            copies = [inputs] + [inputs.with_kv_copy() for _ in range(kv_copies(inputs, device) - 1)]
+            runs = [lambda c, i=i: op.run(i, c) for i in copies]
+            tolerance = op.tolerance[shape.dtype]
+            outcomes = measure_configs(runs, configs, reference=reference, tolerance=tolerance, timer=timer)
+            winner, default_timing = decide(runs, outcomes, default, timer=timer, min_gain=0.01)
+            del inputs, copies, runs, reference
+            boundary_sync()
+            row = {
+                "op": r["op"], "shape": shape.label(), "run_key": r["run_key"],
+                "sweep_winner": r["config"], "sweep_us": r["timing"]["median_us"],
+                "sweep_default_us": r["default"]["median_us"],
+                "default_matches_sweep": same_config(default, r["default"]["config"]),
+                "outcomes": [{"config": o.config, "status": o.status, "error": o.error} for o in outcomes],
+            }
+            if winner is not None:
+                db.save_winner(problem, (fp_id, fp), winner.config, winner.timing, default, default_timing,
+                               method=dict(timer.method, device=device, min_gain=0.01,
+                                           verified_from=r["method"]))
+                row.update(winner=winner.config, winner_us=winner.timing.median_us,
+                           default_us=default_timing and default_timing.median_us,
+                           kept_sweep_winner=same_config(winner.config, r["config"]))
+            rows.append(row)
+    args.out.with_name(f"{args.out.name}.part{args.part}").write_text(json.dumps(rows))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tunings", required=True, type=Path, help="the sweep's `tuner export` JSON")
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--seconds", type=float, default=500.0)
+    ap.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--parts", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.part is not None:
+        return worker(args)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    else:
+        import torch
+
+        gpus = [str(i) for i in range(torch.cuda.device_count())]
+    gpus = gpus or [""]  # no GPU: one worker on the CPU
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--tunings", str(args.tunings), "--db", args.db,
+                          "--out", str(args.out), "--seconds", str(args.seconds),
+                          "--part", str(i), "--parts", str(len(gpus))],
+                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
+        for i, gpu in enumerate(gpus)
+    ]
+    codes = [p.wait() for p in procs]
+    rows = []
+    for i in range(len(gpus)):
+        part = args.out.with_name(f"{args.out.name}.part{i}")
+        if part.exists():
+            rows += json.loads(part.read_text())
+            part.unlink()
+    total = len(_records(args.tunings))
+    doc = {
+        "benchmark": "verify_shipped",
+        "command": "python " + " ".join(sys.argv),
+        "gpus": len(gpus),
+        "seconds": round(time.monotonic() - started, 1),
+        "worker_exit_codes": codes,
+        "records_in": total,
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(f"re-timed {len(rows)} of {total} records in {doc['seconds']} s on {len(gpus)} GPUs; exit codes {codes}")
+
+
+if __name__ == "__main__":
+    main()
