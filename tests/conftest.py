@@ -66,6 +66,7 @@ def _isolated_runtime(tmp_path, monkeypatch):
     import tuner
 
     monkeypatch.setenv("TUNER_DB", str(tmp_path / "runtime.db"))
+    monkeypatch.setenv("TUNER_SHIPPED", "off")  # tests that want shipped tunings name their own
     tuner.configure(db=None, mode="lookup")
     yield
     tuner.configure(db=None, mode="lookup")

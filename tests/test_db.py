@@ -133,12 +133,14 @@ def test_unusable_paths_raise_one_line_db_errors(tmp_path):
 def test_export_import_round_trip(make_db):
     src = TuningDB(make_db("a"))
     save(src, problem(batch=1), {"c": 1})
-    save(src, problem(batch=2, kv=2**40), {"c": 2, "mode": "fast", "on": True}, fp=OTHER)
+    save(src, problem(batch=3, static='["float32",8,2]'), {"c": 3})  # a tuple key of a user's own function
+    # null is a config value too (FA3's pack_gqa=None): an export holding one must import
+    save(src, problem(batch=2, kv=2**40), {"c": 2, "mode": "fast", "on": True, "pack_gqa": None}, fp=OTHER)
     doc = json.loads(json.dumps(export_document(src)))
     assert doc["schema"] == "tuner.tunings" and doc["version"] == 1
     assert set(doc["fingerprints"]) == {FP[0], OTHER[0]}
     dst = TuningDB(make_db("b"))
-    assert import_document(dst, doc) == 2
+    assert import_document(dst, doc) == 3
     strip = lambda rs: [(r.problem, r.fingerprint_id, r.config, r.median_us, r.default_config, r.method) for r in rs]  # noqa: E731
     assert strip(dst.records()) == strip(src.records())
     assert dst.fingerprints()[OTHER[0]]["device"] == "Some Other GPU"

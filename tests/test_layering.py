@@ -40,3 +40,14 @@ def test_bench_and_ops_know_no_db(package):
 def test_keys_import_nothing_but_the_standard_library_and_themselves():
     allowed = {"__future__", "json", "math", "operator", "dataclasses", "typing"}
     assert {m for m in imported_modules("keys") if not m.startswith("tuner.keys")} <= allowed
+
+
+def test_pyproject_packages_every_subpackage_and_the_shipped_tunings():
+    """pyproject.toml lists the packages by hand (tuning_cache/ travels as tuner.shipped):
+    a new subpackage left off the list would be missing from wheels."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {"tuner"} | {f"tuner.{p.parent.name}" for p in ROOT.glob("*/__init__.py")}
+    assert set(project["packages"]) == on_disk | {"tuner.shipped"}
+    assert project["package-dir"] == {"tuner.shipped": "tuning_cache"}
+    assert project["package-data"]["tuner.shipped"] == ["*.tunings.json"]

@@ -283,8 +283,22 @@ def show_command(
             console.print(table)
         scope = "stored" if all_environments else "stored for this environment"
         console.print(f"{len(records)} winners {scope} in {escape(database.display_url)}")
+        shipped = _shipped_count()
+        if shipped:
+            console.print(f"{shipped} shipped winners apply here beneath them (`tuner doctor` lists the files)")
         if not records:
             console.print("run `tuner sweep OP` to tune an op (`tuner ops` lists them)")
+
+
+def _shipped_count() -> int:
+    """Shipped winners that apply in this environment (0 when none or unreadable: doctor says why)."""
+    from tuner.db import current_fingerprint
+    from tuner.db.shipped import load_shipped
+
+    try:
+        return load_shipped(current_fingerprint()).applied
+    except TunerError:
+        return 0
 
 
 def _show_misses(database, fp: str, op: str | None) -> None:
@@ -435,12 +449,42 @@ def doctor_command(db: DbOption = None) -> None:
             envs.add_row(env_id, escape(str(fps.get(env_id, {}).get("device", "?"))), str(c["records"]),
                          str(c["measurements"]), "yes" if env_id == fp_id else "no")
         console.print(envs)
-        problems = database.integrity()
+        problems = database.integrity() + _doctor_shipped(fp)
         if problems:
             for p in problems:
                 err.print(f"[red]problem:[/] {escape(p)}", highlight=False)
             raise typer.Exit(1)
         console.print("[green]integrity: ok[/]")
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _doctor_shipped(fp: dict) -> list[str]:
+    """Print the shipped tunings and whether they apply here; return the problems found."""
+    from tuner.db.shipped import load_shipped, shipped_paths
+
+    try:
+        if not shipped_paths():
+            console.print("shipped tunings: none (tuning_cache/*.tunings.json in a checkout, or $TUNER_SHIPPED)")
+            return []
+        layer = load_shipped(fp)
+    except TunerError as e:
+        return [str(e)]
+    table = Table(title="shipped tunings (read-only, beneath the DB; the DB wins a key both hold)")
+    table.add_column("file", overflow="fold")
+    for col in ("records", "used here"):
+        table.add_column(col, justify="right")
+    table.add_column("why not", overflow="fold")
+    for f in layer.files:
+        why = "; ".join(f.mismatches.values())
+        table.add_row(escape(_display_path(f.path)), str(f.records), str(f.applied), escape(why) or "-")
+    console.print(table)
+    return []
 
 
 @app.command("prune")

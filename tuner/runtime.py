@@ -45,6 +45,7 @@ class _Runtime:
 
     def __init__(self) -> None:
         self.db_target: str | os.PathLike | None = None
+        self.shipped_source: str | os.PathLike | None = None  # None: $TUNER_SHIPPED, else tuning_cache/
         self.mode = _mode_from_env()
         self.max_distance = 2.0
         self._snapshot: dict[tuple[str, str], dict[AttentionRunKey, Config]] | None = None
@@ -85,20 +86,35 @@ class _Runtime:
         return self._db
 
     def snapshot(self) -> dict[tuple[str, str], dict[AttentionRunKey, Config]]:
-        """Every winner of this environment, read once. A DB that is missing is empty; one
-        that cannot be read gives one warning, and the library defaults run."""
+        """Every winner of this environment, read once: the user's DB over the shipped
+        tunings that apply here (tuner.db.shipped), the user's winning a run key both hold.
+        A DB that is missing is empty; one that cannot be read, like a shipped file that
+        cannot, gives one warning and adds nothing (the library defaults run)."""
         if self._snapshot is None:
             self.db_readable = False
+            table = self._shipped_table()
             try:
                 with TuningDB(self.db_target, create=False) as db:
-                    self._snapshot = db.snapshot(current_fingerprint_id())
+                    user = db.snapshot(current_fingerprint_id())
                 self.db_readable = True
             except MissingDBError:
-                self._snapshot = {}
+                user = {}
             except (TunerError, OSError) as e:
                 warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=4)
-                self._snapshot = {}
+                user = {}
+            for key, runs in user.items():
+                table.setdefault(key, {}).update(runs)
+            self._snapshot = table
         return self._snapshot
+
+    def _shipped_table(self) -> dict[tuple[str, str], dict[AttentionRunKey, Config]]:
+        from tuner.db.shipped import load_shipped
+
+        try:
+            return load_shipped(current_fingerprint(), self.shipped_source).table
+        except (TunerError, OSError) as e:
+            warnings.warn(f"tuner: {e}; shipped tunings not used", stacklevel=5)
+            return {}
 
 
 _runtime = _Runtime()
@@ -120,8 +136,11 @@ def flush_misses() -> int:
     return len(rows)
 
 
-def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, max_distance: float | None = None) -> None:
-    """Point the runtime at a DB and/or set the mode (default: $TUNER_DB, $TUNER_MODE).
+def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, max_distance: float | None = None,
+              shipped: str | os.PathLike | None = None) -> None:
+    """Point the runtime at a DB and/or set the mode (default: $TUNER_DB, $TUNER_MODE), and
+    choose the shipped tunings beneath it: a file, a directory, or "off" (default:
+    $TUNER_SHIPPED, else tuning_cache/ in a checkout).
 
     Clears the snapshot and every memo, so the next call of each function resolves anew.
     """
@@ -129,6 +148,7 @@ def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, m
         raise TunerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     _runtime.reset()
     _runtime.db_target = db
+    _runtime.shipped_source = shipped
     _runtime.mode = mode if mode is not None else _mode_from_env()
     if max_distance is not None:
         _runtime.max_distance = max_distance

@@ -108,8 +108,9 @@ def _config(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise DocumentError(f"{where}: expected an object of names to values")
     for name, v in value.items():
-        if not isinstance(v, (str, int, float, bool)) or v is None:
-            raise DocumentError(f"{where}.{name}: config values must be strings, numbers or booleans")
+        # null is a real value: "let the library choose" (FA3's pack_gqa, FlashInfer's split size)
+        if v is not None and not isinstance(v, (str, int, float, bool)):
+            raise DocumentError(f"{where}.{name}: config values must be strings, numbers, booleans or null")
         if isinstance(v, float) and not math.isfinite(v):
             raise DocumentError(f"{where}.{name}: config values must be finite")
     return value
@@ -176,8 +177,9 @@ def parse_document(data: Any) -> list[tuple[Problem, tuple[str, dict[str, Any]],
             # stored as UTC (SQLite keeps no offset); a time without one is taken as UTC
             created_at = created_at.astimezone(timezone.utc) if created_at.tzinfo else created_at.replace(
                 tzinfo=timezone.utc)
-        if not isinstance(rec["static_key"], dict) or not rec["static_key"]:
-            raise DocumentError(f"{where}.static_key: expected a non-empty object")
+        # an object (attention keys), or a list (the tuple key of a function of the user's own)
+        if not isinstance(rec["static_key"], (dict, list)) or not rec["static_key"]:
+            raise DocumentError(f"{where}.static_key: expected a non-empty object or list")
         problem = Problem(
             _str(rec["op"], f"{where}.op"),
             _canonical(rec["static_key"], f"{where}.static_key"),

@@ -1,0 +1,180 @@
+"""Shipped tunings: a read-only layer of reviewed JSON beneath the user's DB."""
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import tuner
+from tuner.cli import app
+from tuner.db import Problem, TuningDB, current_fingerprint, export_document, fingerprint_id
+from tuner.keys import AttentionRunKey, AttentionStaticKey, attention_run_key, canonical_json
+from tuner.ops import get_op
+from tuner.ops.decode_attention import BACKENDS
+from tuner.ops.shapes import shape_from_keys
+
+STATIC = ("float32", 8, 2)
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_FILES = sorted((REPO / "tuning_cache").glob("*.tunings.json"))
+
+
+def make_fn(calls):
+    @tuner.autotune(
+        "toy",
+        configs=[{"block": 16}, {"block": 32}, {"block": 64}],
+        static_key=lambda x, batch, kv: STATIC,
+        run_key=lambda x, batch, kv: (batch, 1, kv),
+        default={"block": 32},
+    )
+    def fn(x, batch, kv, *, config):
+        calls.append(config["block"])
+        return x
+
+    return fn
+
+
+def call(fn, calls, batch, kv):
+    calls.clear()
+    fn(torch.ones(1), batch, kv)
+    return calls[-1]
+
+
+def environment(**changes):
+    data = dict(current_fingerprint(), **changes)
+    return fingerprint_id(data), data
+
+
+def write_tunings(path, winners, fp=None):
+    """A tunings document (tuner's export schema) holding {(batch, kv): block} for "toy"."""
+    scratch = path.with_suffix(".scratch.db")
+    db = TuningDB(scratch)
+    for (batch, kv), block in winners.items():
+        db.save_record(Problem("toy", canonical_json(STATIC), attention_run_key(batch, 1, kv)), fp or environment(),
+                       {"block": block}, median_us=1.0, spread_us=0.1, samples=5, default_config={"block": 32},
+                       default_median_us=2.0, default_spread_us=0.1, method={"timer": "test"})
+    path.write_text(json.dumps(export_document(db)))
+    db.close()
+    return path
+
+
+def test_shipped_winners_serve_lookups_when_the_user_db_has_none(tmp_path):
+    shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64})
+    tuner.configure(db=tmp_path / "absent.db", shipped=shipped)
+    calls = []
+    fn = make_fn(calls)
+    assert call(fn, calls, 16, 2048) == 64  # exact
+    assert call(fn, calls, 8, 4096) == 64  # nearest, as for the user's own winners
+    assert call(fn, calls, 1, 2**20) == 32  # too far: the default
+    assert not (tmp_path / "absent.db").exists()  # read-only: nothing was created
+
+
+def test_the_user_db_wins_a_key_both_hold_and_the_layer_fills_the_rest(tmp_path):
+    shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64, (256, 131072): 16})
+    user = TuningDB(tmp_path / "user.db")
+    user.save_record(Problem("toy", canonical_json(STATIC), attention_run_key(16, 1, 2048)), environment(),
+                     {"block": 16}, median_us=1.0, spread_us=0.1, samples=5, default_config={"block": 32},
+                     default_median_us=2.0, default_spread_us=0.1, method={"timer": "test"})
+    user.close()
+    tuner.configure(db=tmp_path / "user.db", shipped=shipped)
+    calls = []
+    fn = make_fn(calls)
+    assert call(fn, calls, 16, 2048) == 16  # the user's
+    assert call(fn, calls, 256, 131072) == 16  # shipped (exact there)
+    assert call(fn, calls, 256, 100000) == 16
+
+
+@pytest.mark.parametrize("field, applies", [
+    ("driver", True), ("tuner", True),  # neither changes which kernel code runs
+    ("triton", False), ("sgl_kernel", False), ("flashinfer", False), ("torch", False), ("cuda", False),
+    ("device", False), ("sm_count", False),
+])
+def test_fingerprint_checks_still_apply(tmp_path, field, applies):
+    shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64}, fp=environment(**{field: "other"}))
+    tuner.configure(db=tmp_path / "absent.db", shipped=shipped)
+    calls = []
+    assert call(make_fn(calls), calls, 16, 2048) == (64 if applies else 32)
+
+
+def test_shipped_off_and_a_directory(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    write_tunings(folder / "a.tunings.json", {(16, 2048): 64})
+    (folder / "notes.json").write_text("not tunings, and not read")
+    tuner.configure(db=tmp_path / "absent.db", shipped=folder)
+    calls = []
+    assert call(make_fn(calls), calls, 16, 2048) == 64
+    tuner.configure(db=tmp_path / "absent.db", shipped="off")
+    assert call(make_fn(calls), calls, 16, 2048) == 32
+    monkeypatch.setenv("TUNER_SHIPPED", str(folder))  # the environment, when configure names none
+    tuner.configure(db=tmp_path / "absent.db")
+    assert call(make_fn(calls), calls, 16, 2048) == 64
+
+
+def test_a_broken_shipped_file_warns_once_and_the_defaults_run(tmp_path):
+    shipped = tmp_path / "gpu.tunings.json"
+    shipped.write_text('{"schema": "tuner.tunings", "version": 1, "fingerprints": {}, "records": [{}]}')
+    tuner.configure(db=tmp_path / "absent.db", shipped=shipped)
+    calls = []
+    fn = make_fn(calls)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert call(fn, calls, 16, 2048) == 32
+        assert call(fn, calls, 8, 2048) == 32
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "gpu.tunings.json" in messages[0] and "\n" not in messages[0]
+
+
+def test_doctor_lists_the_layer_and_why_it_does_not_apply(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    write_tunings(folder / "here.tunings.json", {(16, 2048): 64, (4, 512): 16})
+    write_tunings(folder / "there.tunings.json", {(16, 2048): 64}, fp=environment(triton="0.0.1"))
+    monkeypatch.setenv("TUNER_SHIPPED", str(folder))
+    monkeypatch.setenv("COLUMNS", "200")
+    db = tmp_path / "user.db"
+    TuningDB(db).close()
+    result = CliRunner().invoke(app, ["doctor", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    here = next(line for line in lines if "here.tunings.json" in line)
+    assert "│       2 │         2 │" in here
+    there = next(line for line in lines if "there.tunings.json" in line)
+    assert "│       1 │         0 │" in there and "triton 0.0.1 there" in there
+    shown = CliRunner().invoke(app, ["show", "--db", str(db)])
+    assert "2 shipped winners apply here" in shown.output
+    (folder / "there.tunings.json").write_text("{")
+    broken = CliRunner().invoke(app, ["doctor", "--db", str(db)])
+    assert broken.exit_code == 1 and "there.tunings.json" in broken.output
+
+
+# -- the tunings this repository ships ---------------------------------------------------
+
+
+def _config_keys(op_name: str, config: dict, shape) -> set:
+    """The config keys the op's own default has for this shape (decode_attention: the
+    named backend's, plus "backend")."""
+    if op_name == "decode_attention":
+        return {"backend"} | set(BACKENDS[config["backend"]].default(shape))
+    return set(get_op(op_name).default(shape))
+
+
+@pytest.mark.skipif(not SHIPPED_FILES, reason="no shipped tunings in tuning_cache/")
+@pytest.mark.parametrize("path", SHIPPED_FILES, ids=lambda p: p.name)
+def test_shipped_files_are_valid_and_every_config_fits_its_op(path):
+    """Every record parses, names an op tuner has, keys a shape a sweep can build, and holds
+    exactly the config keys that op runs with (a renamed knob would fail here, not at run time)."""
+    from tuner.db.jsonio import load_document, parse_document
+
+    rows = parse_document(load_document(path))
+    assert rows
+    for problem, _, fields in rows:
+        shape = shape_from_keys(problem.static_key, problem.run_key)
+        assert shape is not None, problem
+        assert AttentionStaticKey.from_json(problem.static_key) == shape.static_key()
+        assert isinstance(problem.run_key, AttentionRunKey)
+        config = fields["config"]
+        assert set(config) == _config_keys(problem.op, config, shape), (problem.op, config)
+        assert fields["default_config"] == get_op(problem.op).default(shape) or problem.op == "decode_attention"
