@@ -145,6 +145,8 @@ def test_doctor_lists_the_layer_and_why_it_does_not_apply(tmp_path, monkeypatch)
     assert "│       1 │         0 │" in there and "triton 0.0.1 there" in there
     shown = CliRunner().invoke(app, ["show", "--db", str(db)])
     assert "2 shipped winners apply here" in shown.output
+    no_db = CliRunner().invoke(app, ["doctor", "--db", str(tmp_path / "none.db")])  # shipped ones apply without one
+    assert no_db.exit_code == 0 and "here.tunings.json" in no_db.output and "no tuning DB" in no_db.output
     (folder / "there.tunings.json").write_text("{")
     broken = CliRunner().invoke(app, ["doctor", "--db", str(db)])
     assert broken.exit_code == 1 and "there.tunings.json" in broken.output

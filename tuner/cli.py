@@ -435,7 +435,16 @@ def doctor_command(db: DbOption = None) -> None:
             ops.add_row(op.name, "yes" if why is None else f"no: {why}")
         console.print(ops)
 
-        database = _open_db(db, create=False)
+        shipped_problems = _doctor_shipped(fp)  # before the DB: they apply without one
+        from tuner.db import MissingDBError
+
+        try:
+            database = _open_db(db, create=False)
+        except MissingDBError as e:  # nothing wrong: nothing tuned here yet
+            console.print(f"tuning DB: {escape(str(e))}")
+            for p in shipped_problems:
+                err.print(f"[red]problem:[/] {escape(p)}", highlight=False)
+            raise typer.Exit(1 if shipped_problems else 0)
         console.print(f"tuning DB: {escape(database.display_url)}")
         counts = database.counts()
         fps = database.fingerprints()
@@ -449,7 +458,7 @@ def doctor_command(db: DbOption = None) -> None:
             envs.add_row(env_id, escape(str(fps.get(env_id, {}).get("device", "?"))), str(c["records"]),
                          str(c["measurements"]), "yes" if env_id == fp_id else "no")
         console.print(envs)
-        problems = database.integrity() + _doctor_shipped(fp)
+        problems = database.integrity() + shipped_problems
         if problems:
             for p in problems:
                 err.print(f"[red]problem:[/] {escape(p)}", highlight=False)
