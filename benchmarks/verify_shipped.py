@@ -75,7 +75,7 @@ def worker(args: argparse.Namespace) -> None:
             }
             if winner is not None:
                 db.save_winner(problem, (fp_id, fp), winner.config, winner.timing, default, default_timing,
-                               method=dict(timer.method, device=device, min_gain=0.01,
+                               method=dict(timer.method, device=device, min_gain=0.01, kv_len=shape.kv_len,
                                            verified_from=r["method"]))
                 row.update(winner=winner.config, winner_us=winner.timing.median_us,
                            default_us=default_timing and default_timing.median_us,

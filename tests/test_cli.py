@@ -430,3 +430,27 @@ def test_report_plots_and_summarises_the_winners(tmp_path, db_path, tiny_shapes)
     assert "winners by op and static key" in result.output
     empty = cli("report", "--out", tmp_path / "empty", "--db", tmp_path / "none.db")
     one_line_error(empty, "no tuning DB")
+
+
+def test_report_of_another_environment(tmp_path, db_path):
+    """A GPU's winners, reported from a machine without that GPU (--environment)."""
+    from tuner.db import Problem, current_fingerprint, fingerprint_id
+    from tuner.keys import attention_run_key
+    from tuner.ops.shapes import DecodeShape
+
+    gpu = dict(current_fingerprint(), device="NVIDIA H200", device_kind="cuda")
+    gpu_id = fingerprint_id(gpu)
+    shape = DecodeShape(batch=4, kv_len=2048)
+    db = TuningDB(db_path)
+    db.save_record(Problem("fa3", shape.static_key().to_json(), attention_run_key(4, 1, 2048)), (gpu_id, gpu),
+                   {"num_splits": 2, "pack_gqa": True}, median_us=10.0, spread_us=0.1, samples=20,
+                   default_config={"num_splits": 0, "pack_gqa": None}, default_median_us=12.0,
+                   default_spread_us=0.1, method={"timer": "cuda-graph"})
+    db.close()
+    here = cli("report", "--out", tmp_path / "here", "--db", db_path)
+    assert here.exit_code == 0 and "0 plots" in here.output  # this machine has no winners of its own
+    there = cli("report", "--out", tmp_path / "there", "--db", db_path, "--environment", gpu_id)
+    assert there.exit_code == 0, there.output
+    assert "1.200x" in there.output and list((tmp_path / "there").glob("*speedup.png"))
+    one_line_error(cli("report", "--out", tmp_path / "x", "--db", db_path, "--environment", "nope"),
+                   "is not in the DB")

@@ -323,8 +323,9 @@ def report_command(
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
     bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
+    environment: Annotated[Optional[str], typer.Option("--environment", "-e", help="Report the winners of this environment id (`tuner doctor` lists them), e.g. a GPU's from a laptop; default: this one.")] = None,
 ) -> None:
-    """Plot this environment's winners (speedup over the default, roofline fraction) and write a Markdown summary."""
+    """Plot an environment's winners (speedup over the default, roofline fraction) and write a Markdown summary."""
     with _user_errors():
         from tuner.db import current_fingerprint_id
         from tuner.report import summary_rows, write_report
@@ -332,7 +333,11 @@ def report_command(
         if out.exists() and not out.is_dir():
             raise TunerError(f"--out {out} is a file; the report is a directory")
         database = _open_db(db, create=False)
-        groups = write_report(database, out, current_fingerprint_id(), op=op, bandwidth_gbps=bandwidth_gbps)
+        if environment is not None and environment not in database.fingerprints():
+            known = ", ".join(sorted(database.fingerprints())) or "none"
+            raise TunerError(f"--environment {environment!r} is not in the DB (it holds: {known})")
+        groups = write_report(database, out, environment or current_fingerprint_id(), op=op,
+                              bandwidth_gbps=bandwidth_gbps)
         table = Table(title="winners by op and static key")
         for col in ("op", "static key", "winners", "geomean speedup", "max"):
             table.add_column(col, justify="left" if col in ("op", "static key") else "right",

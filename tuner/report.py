@@ -68,6 +68,8 @@ def collect(db: TuningDB, fingerprint_id: str, op: str | None = None) -> list[Gr
             winner = canonical_json(r.config)
             kv_len = next((m.kv_len for m in db.measurements(r.problem, fingerprint_id)
                            if canonical_json(m.config) == winner), None)
+            if kv_len is None and isinstance(r.method.get("kv_len"), int):  # a runtime-tuned record
+                kv_len = r.method["kv_len"]
             if kv_len is not None:
                 nbytes = _kv_bytes(g.static_key, r, kv_len)
                 if nbytes is not None:
@@ -144,7 +146,7 @@ def write_report(db: TuningDB, out: Path, fingerprint_id: str, *, op: str | None
                   out / f"{stem}__speedup.png", center=1.0)
         g.images.append(f"{stem}__speedup.png")
         roofline: dict[int, float] = {}
-        if bandwidth_gbps:
+        if bandwidth_gbps and g.kv_bytes:  # no plot where no winner's kv length is known
             roofline = {i: g.kv_bytes[i] / (bandwidth_gbps * 1e3) / r.median_us
                         for i, r in enumerate(g.records) if i in g.kv_bytes and r.median_us}
             _heatmaps(g, roofline, f"fraction of the HBM roofline ({bandwidth_gbps:,.0f} GB/s)", "{:.0%}",
