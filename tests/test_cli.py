@@ -334,31 +334,42 @@ def test_export_lightllm_layout(tmp_path, db_path, tiny_shapes):
     from tuner.db import current_fingerprint
 
     assert sweep(db_path, tiny_shapes).exit_code == 0
+    records = TuningDB(db_path).records()
     out = tmp_path / "kernel_configs"
-    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path, "--run-key", "kv_len")
     assert result.exit_code == 0, result.output
     fp = current_fingerprint()
     op_dir = out / f"triton_{fp['triton']}" / str(fp["device"]).replace(" ", "_") / "torch_split_decode"
-    [static_file] = op_dir.iterdir()  # both shapes share one static key
-    assert static_file.name.startswith("causal=True,") and static_file.name.endswith(".json")
-    assert "head_dim_qk=16" in static_file.name and "num_q_heads=4" in static_file.name
-    content = json.loads(static_file.read_text())
-    records = {r.problem.run_key.batch: r.config for r in TuningDB(db_path).records()}
-    assert content == {str(b): c for b, c in sorted(records.items())}  # {run key: config}, run key = batch
+    files = {f.name: json.loads(f.read_text()) for f in op_dir.iterdir()}
+    # a file per static key and the run-key fields LightLLM's run key is not (here batch, q len)
+    assert len(files) == len({(r.problem.static_key, r.problem.run_key.batch) for r in records})
+    for r in records:
+        run = r.problem.run_key
+        [name] = [n for n in files if f"batch={run.batch}," in n]
+        assert name.startswith("batch=") and name.endswith(".json")
+        assert "causal=True," in name and "head_dim_qk=16" in name and f"max_q_len={run.max_q_len}," in name
+        assert files[name][str(run.kv_len_bucket)] == r.config  # {run key: config}, run key = kv bucket
+    by_batch = cli("export", "--format", "lightllm", "--out", tmp_path / "b", "--db", db_path)  # --run-key batch
+    assert by_batch.exit_code == 0
+    assert {f"kv_len={r.problem.run_key.kv_len_bucket}," in " ".join(p.name for p in (tmp_path / "b").rglob("*.json"))
+            for r in records} == {True}
     tokens = cli("export", "--format", "lightllm", "--run-key", "tokens", "--out", tmp_path / "t", "--db", db_path)
     assert tokens.exit_code == 0
-    [f] = (tmp_path / "t").rglob("*.json")
-    assert set(json.loads(f.read_text())) == {str(r.problem.run_key.batch * r.problem.run_key.kv_len_bucket)
-                                              for r in TuningDB(db_path).records()}
+    content = {}
+    for f in (tmp_path / "t").rglob("*.json"):  # a file per static key and q len
+        content.update(json.loads(f.read_text()))
+    assert set(content) == {str(r.problem.run_key.batch * r.problem.run_key.kv_len_bucket) for r in records}
 
 
 def test_export_lightllm_refuses_run_key_clashes_and_writes_nothing(tmp_path, db_path):
     shapes = tmp_path / "clash.json"
     common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
-    shapes.write_text(json.dumps([dict(batch=1, kv_len=100, **common), dict(batch=1, kv_len=300, **common)]))
+    # batch 1 x kv bucket 512 and batch 4 x kv bucket 128: the same number of tokens
+    shapes.write_text(json.dumps([dict(batch=1, kv_len=300, **common), dict(batch=4, kv_len=100, **common)]))
     assert sweep(db_path, shapes).exit_code == 0
     out = tmp_path / "out"
-    one_line_error(cli("export", "--format", "lightllm", "--out", out, "--db", db_path), "run key", "--run-key")
+    one_line_error(cli("export", "--format", "lightllm", "--run-key", "tokens", "--out", out, "--db", db_path),
+                   "run key", "tokens=512")
     assert not out.exists()
     assert cli("export", "--format", "lightllm", "--run-key", "kv_len", "--out", out, "--db", db_path).exit_code == 0
     f = tmp_path / "a_file"

@@ -377,7 +377,7 @@ def export_command(
     format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: LightLLM's all_kernel_configs layout, triton_<version>/<device>/<op>/<static key>.json holding {run key: config}.")] = ExportFormat.json,
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
-    run_key: Annotated[LightLLMRunKey, typer.Option("--run-key", help="lightllm: which of tuner's run-key fields is LightLLM's integer run key (tokens = batch x kv bucket).")] = LightLLMRunKey.batch,
+    run_key: Annotated[LightLLMRunKey, typer.Option("--run-key", help="lightllm: which of tuner's run-key fields is LightLLM's integer run key (tokens = batch x kv bucket); the others go into the file's static key.")] = LightLLMRunKey.batch,
 ) -> None:
     """Write the stored winners (with their environments) to a file or, for LightLLM, a directory."""
     with _user_errors():
