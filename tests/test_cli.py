@@ -245,6 +245,28 @@ def test_doctor_lists_records_of_other_environments(tmp_path, db_path):
     assert result.exit_code == 0
     row = next(line for line in result.output.splitlines() if fingerprint_id(other) in line)
     assert "Some Other GPU" in row and row.rstrip("│ ").endswith("no")
+    shown = cli("show", "--db", db_path)
+    assert "0 winners stored for this environment" in shown.output
+    every = cli("show", "--db", db_path, "--all")  # the environment in each table's title, not a column
+    assert f"environment {fingerprint_id(other)}" in every.output and "1 winners stored in" in every.output
+
+
+def test_show_folds_configs_at_80_columns(tmp_path, db_path, monkeypatch):
+    """A long config is folded onto more lines, never cut off with an ellipsis."""
+    from tuner.db import Problem, current_fingerprint, current_fingerprint_id
+    from tuner.keys import attention_run_key
+
+    monkeypatch.setenv("COLUMNS", "80")
+    config = {"backend": "triton_decode", "block_n": 128, "num_kv_splits": 128, "num_stages": 3, "num_warps": 4}
+    db = TuningDB(db_path)
+    db.save_record(Problem("decode_attention", '{"h":1}', attention_run_key(1, 1, 131072)),
+                   (current_fingerprint_id(), current_fingerprint()), config, median_us=31.8, spread_us=0.1,
+                   samples=20, default_config={"backend": "fa3"}, default_median_us=36.8, default_spread_us=0.1,
+                   method={})
+    out = cli("show", "--db", db_path, "--all").output
+    assert "…" not in out and max(map(len, out.splitlines())) <= 80
+    for name, value in config.items():
+        assert f"{name}={value}" in out
 
 
 def test_prune_removes_other_environments_only_and_dry_run_removes_nothing(tmp_path, db_path, tiny_shapes):

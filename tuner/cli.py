@@ -261,15 +261,18 @@ def show_command(
             _show_misses(database, fp, op)
             return
         records = database.records(op=op, fingerprint_id=None if all_environments else fp)
-        groups: dict[tuple[str, str], list] = {}
-        for r in records:
-            groups.setdefault((r.problem.op, r.problem.static_key), []).append(r)
-        for (op_name, static), rows in groups.items():
-            table = Table(title=f"{op_name} ({_static_label(static)})")
-            for col in ("batch", "q", "kv <=", "config", "us", "default us", "speedup"):
-                table.add_column(col, justify="left" if col == "config" else "right")
+        groups: dict[tuple[str, str, str], list] = {}
+        for r in records:  # a table per op, static key and (with --all) environment
+            groups.setdefault((r.problem.op, r.problem.static_key, r.fingerprint_id), []).append(r)
+        for (op_name, static, env), rows in groups.items():
+            title = f"{op_name} ({_static_label(static)})"
             if all_environments:
-                table.add_column("environment")
+                title += f", environment {env}" + (" (this one)" if env == fp else "")
+            table = Table(title=title)
+            for col in ("batch", "q", "kv <=", "config", "us", "default us", "speedup"):
+                # the config folds rather than being cut off in a narrow terminal
+                table.add_column(col, justify="left" if col == "config" else "right",
+                                 min_width=22 if col == "config" else None, overflow="fold")
             for r in rows:
                 run = r.problem.run_key
                 row = [
@@ -277,8 +280,6 @@ def show_command(
                     _fmt_us(r.median_us), _fmt_us(r.default_median_us),
                     "-" if r.speedup is None else f"{r.speedup:.2f}x",
                 ]
-                if all_environments:
-                    row.append("this" if r.fingerprint_id == fp else r.fingerprint_id)
                 table.add_row(*row)
             console.print(table)
         scope = "stored" if all_environments else "stored for this environment"
