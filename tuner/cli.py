@@ -421,7 +421,7 @@ def import_command(
 
 @app.command("doctor")
 def doctor_command(db: DbOption = None) -> None:
-    """Check the environment and the tuning DB: fingerprint, DB location, counts, integrity."""
+    """Check the environment: fingerprint, shipped tunings, tuning DB, counts, integrity."""
     with _user_errors():
         from tuner.db import current_fingerprint, current_fingerprint_id
         from tuner.ops import list_ops
@@ -491,13 +491,14 @@ def _doctor_shipped(fp: dict) -> list[str]:
     except TunerError as e:
         return [str(e)]
     table = Table(title="shipped tunings (read-only, beneath the DB; the DB wins a key both hold)")
-    table.add_column("file", overflow="fold")
+    names = [_display_path(f.path) for f in layer.files]
+    table.add_column("file", overflow="fold", min_width=min(40, max(map(len, names), default=4)))
     for col in ("records", "used here"):
         table.add_column(col, justify="right")
     table.add_column("why not", overflow="fold")
-    for f in layer.files:
+    for f, name in zip(layer.files, names):
         why = "; ".join(f.mismatches.values())
-        table.add_row(escape(_display_path(f.path)), str(f.records), str(f.applied), escape(why) or "-")
+        table.add_row(escape(name), str(f.records), str(f.applied), escape(why) or "-")
     console.print(table)
     return []
 
@@ -507,8 +508,10 @@ def prune_command(
     db: DbOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Only list what would be removed.")] = False,
 ) -> None:
-    """Remove what other environments stored (records and measurements from another
-    device, driver or library version: never used at lookup here). One transaction."""
+    """Remove what other environments stored (never used at lookup here), in one transaction.
+
+    Other environments: another device, driver or library version; records and measurements alike.
+    """
     with _user_errors():
         from tuner.db import current_fingerprint_id
 
