@@ -263,10 +263,16 @@ def test_show_folds_configs_at_80_columns(tmp_path, db_path, monkeypatch):
                    (current_fingerprint_id(), current_fingerprint()), config, median_us=31.8, spread_us=0.1,
                    samples=20, default_config={"backend": "fa3"}, default_median_us=36.8, default_spread_us=0.1,
                    method={})
+    db.save_record(Problem("torch_split_decode", '{"h":2}', attention_run_key(16, 1, 8192)),
+                   (current_fingerprint_id(), current_fingerprint()), {"chunk": 0}, median_us=169734.4,
+                   spread_us=0.1, samples=5, default_config={"chunk": 0}, default_median_us=169734.4,
+                   default_spread_us=0.1, method={})
     out = cli("show", "--db", db_path, "--all").output
     assert "…" not in out and max(map(len, out.splitlines())) <= 80
     for name, value in config.items():
         assert f"{name}={value}" in out
+    # a short config leaves the room to the numbers: that table is whole too (its right border)
+    assert "│ 1.00x │" in out.replace("   1.00x", " 1.00x")
 
 
 def test_prune_removes_other_environments_only_and_dry_run_removes_nothing(tmp_path, db_path, tiny_shapes):

@@ -269,10 +269,11 @@ def show_command(
             if all_environments:
                 title += f", environment {env}" + (" (this one)" if env == fp else "")
             table = Table(title=title)
+            # the config keeps room for its longest line (up to 22) and folds past it, never cut off
+            widest = max((len(line) for r in rows for line in _fmt_config(r.config).splitlines()), default=6)
             for col in ("batch", "q", "kv <=", "config", "us", "default us", "speedup"):
-                # the config folds rather than being cut off in a narrow terminal
                 table.add_column(col, justify="left" if col == "config" else "right",
-                                 min_width=22 if col == "config" else None, overflow="fold")
+                                 min_width=min(22, widest) if col == "config" else None, overflow="fold")
             for r in rows:
                 run = r.problem.run_key
                 row = [
