@@ -161,6 +161,15 @@ def test_nearest_ties_go_to_the_upper_bound_and_far_keys_are_not_used():
     assert nearest_run_key(rk(8, 1, 1024), []) is None
 
 
+def test_nearest_run_keys_lists_every_tie_the_tie_rule_s_choice_first():
+    from tuner.keys import nearest_run_keys
+
+    cands = [rk(4, 1, 2048), rk(16, 1, 2048), rk(8, 1, 8192), rk(64, 1, 2048)]
+    assert nearest_run_keys(rk(8, 1, 2048), cands) == [rk(16, 1, 2048), rk(4, 1, 2048)]  # 1 octave each
+    assert nearest_run_keys(rk(8, 1, 2048), cands)[0] == nearest_run_key(rk(8, 1, 2048), cands)
+    assert nearest_run_keys(rk(8, 1, 2**30), cands) == []
+
+
 def test_canonical_json_rejects_what_has_no_one_form():
     assert canonical_json({"b": (1, 2), "a": 2.0}) == '{"a":2,"b":[1,2]}'
     assert canonical_json(torch.bfloat16) == '"bfloat16"'

@@ -20,8 +20,9 @@ import torch
 
 from tuner.bench import WallClockTimer, decide, measure_configs, same_config, tolerance_for, with_default_first
 from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.db.store import winner_gain
 from tuner.errors import TunerError
-from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_len_bucket, nearest_run_key
+from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_len_bucket, nearest_run_keys
 from tuner.ranks import Ranks, current_ranks
 
 MODES = ("off", "lookup", "tune", "force")
@@ -49,6 +50,8 @@ class _Runtime:
         self.mode = _mode_from_env()
         self.max_distance = 2.0
         self._snapshot: dict[tuple[str, str], dict[AttentionRunKey, Config]] | None = None
+        # each snapshot winner's gain over the default at its own key (tuner.db.store.winner_gain)
+        self.gains: dict[tuple[str, str], dict[AttentionRunKey, float]] = {}
         self._db: TuningDB | None = None
         self.functions: weakref.WeakSet[AutotunedFunction] = weakref.WeakSet()
         # keys served without an exact winner, not yet written: (op, static json, run key) -> [served, count]
@@ -92,10 +95,11 @@ class _Runtime:
         cannot, gives one warning and adds nothing (the library defaults run)."""
         if self._snapshot is None:
             self.db_readable = False
-            table = self._shipped_table()
+            table, self.gains = self._shipped_table()
+            user_gains: dict = {}
             try:
                 with TuningDB(self.db_target, create=False) as db:
-                    user = db.snapshot(current_fingerprint_id())
+                    user = db.snapshot(current_fingerprint_id(), gains=user_gains)
                 self.db_readable = True
             except MissingDBError:
                 user = {}
@@ -104,17 +108,25 @@ class _Runtime:
                 user = {}
             for key, runs in user.items():
                 table.setdefault(key, {}).update(runs)
+                self.gains.setdefault(key, {}).update(user_gains.get(key, {}))
             self._snapshot = table
         return self._snapshot
 
-    def _shipped_table(self) -> dict[tuple[str, str], dict[AttentionRunKey, Config]]:
+    def _shipped_table(self) -> tuple[dict, dict]:
+        """(winners, gains) of the shipped tunings that apply here."""
         from tuner.db.shipped import load_shipped
 
         try:
-            return load_shipped(current_fingerprint(), self.shipped_source).table
+            layer = load_shipped(current_fingerprint(), self.shipped_source)
+            return layer.table, layer.gains
         except (TunerError, OSError) as e:
             warnings.warn(f"tuner: {e}; shipped tunings not used", stacklevel=5)
-            return {}
+            return {}, {}
+
+    def store(self, key: tuple[str, str], run: AttentionRunKey, config: Config, gain: float) -> None:
+        """A winner tuned in this process, served from now on like a stored one."""
+        self.snapshot().setdefault(key, {})[run] = config
+        self.gains.setdefault(key, {})[run] = gain
 
 
 _runtime = _Runtime()
@@ -154,15 +166,26 @@ def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, m
         _runtime.max_distance = max_distance
 
 
+# A neighbour's winner is borrowed only if every neighbour at the smallest distance beat its
+# own default by this much: a config tuned for one batch size can lose to the default an
+# octave away (measured: benchmarks/results/h200/mixed_lengths_*.json, tuner.keys.run).
+BORROW_MIN_GAIN = 1.10
+
+
 def _stored_config(name: str, static_json: str, run: AttentionRunKey) -> tuple[Config | None, str]:
     """The snapshot's config for this key and how it was found: "exact", "nearest" (the
-    nearest run key, tuner.keys.run), or "default" (nothing near: None)."""
-    table = _runtime.snapshot().get((name, static_json), {})
+    nearest run key, tuner.keys.run, when the borrowing rule above allows), or "default"
+    (None: nothing near, or the neighbours' gains too small to carry over)."""
+    key = (name, static_json)
+    table = _runtime.snapshot().get(key, {})
     config = table.get(run)
     if config is not None:
         return config, "exact"
-    near = nearest_run_key(run, table, _runtime.max_distance)
-    return (table[near], "nearest") if near is not None else (None, "default")
+    near = nearest_run_keys(run, table, _runtime.max_distance)
+    gains = _runtime.gains.get(key, {})
+    if near and all(gains.get(k, 1.0) >= BORROW_MIN_GAIN for k in near):
+        return table[near[0]], "nearest"
+    return None, "default"
 
 
 def _static_json(value: Any) -> str:
@@ -236,9 +259,8 @@ class AutotunedFunction:
             if index < 0:
                 return None
             mine = next((o for o in outcomes if same_config(o.config, configs[index])), None)
-            if ranks.rank != 0:  # rank 0 stores it; the others serve it
-                snapshot = _runtime.snapshot()
-                snapshot.setdefault((problem.op, problem.static_key), {})[problem.run_key] = configs[index]
+            if ranks.rank != 0:  # rank 0 stores it; the others serve it (its gain unknown here: never lent)
+                _runtime.store((problem.op, problem.static_key), problem.run_key, configs[index], 1.0)
                 return configs[index]
             winner = mine
         if winner is None:
@@ -250,8 +272,8 @@ class AutotunedFunction:
             )
         except (TunerError, OSError) as e:  # the winner still serves this process
             warnings.warn(f"tuner: could not store the tuned config of {self.name}: {e}", stacklevel=5)
-        snapshot = _runtime.snapshot()
-        snapshot.setdefault((problem.op, problem.static_key), {})[problem.run_key] = winner.config
+        _runtime.store((problem.op, problem.static_key), problem.run_key, winner.config,
+                       winner_gain(winner.timing.median_us, default_timing and default_timing.median_us))
         return winner.config
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from tuner.db.jsonio import load_document, parse_document
 from tuner.db.location import default_db_path
+from tuner.db.store import winner_gain
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 
@@ -45,6 +46,7 @@ class ShippedLayer:
     how many records it held and how many apply."""
 
     table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = field(default_factory=dict)
+    gains: dict[tuple[str, str], dict[AttentionRunKey, float]] = field(default_factory=dict)  # winner_gain
     files: list[ShippedFile] = field(default_factory=list)
 
     @property
@@ -108,6 +110,8 @@ def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = Non
             table = layer.table.setdefault((problem.op, problem.static_key), {})
             if problem.run_key not in table:  # the first file (sorted by name) wins a clash
                 table[problem.run_key] = fields["config"]
+                layer.gains.setdefault((problem.op, problem.static_key), {})[problem.run_key] = winner_gain(
+                    fields["median_us"], fields["default_median_us"])
                 info.applied += 1
         info.mismatches = {k: v for k, v in info.mismatches.items() if v}
         layer.files.append(info)

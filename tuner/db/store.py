@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -110,6 +111,16 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 _CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation
+
+
+def winner_gain(median_us: float | None, default_median_us: float | None) -> float:
+    """How much faster a winner ran than the default at its own key: default / winner time;
+    infinite when the default did not run right (nothing to lose), 1.0 when unknown."""
+    if default_median_us is None:
+        return math.inf
+    if not median_us or median_us <= 0:
+        return 1.0
+    return default_median_us / median_us
 
 
 def _short(exc: BaseException) -> str:
@@ -426,16 +437,21 @@ class TuningDB:
         with self._read() as session:
             return {f.id: json.loads(f.data) for f in session.scalars(select(Fingerprint))}
 
-    def snapshot(self, fingerprint_id: str) -> dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]]:
-        """Every winner of one environment: (op, static key JSON) -> {run key: config}."""
+    def snapshot(self, fingerprint_id: str, gains: dict | None = None,
+                 ) -> dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]]:
+        """Every winner of one environment: (op, static key JSON) -> {run key: config}.
+        `gains`, when given, is filled alike with each winner's gain (winner_gain)."""
         table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = {}
         query = select(
-            TuningRecord.op, TuningRecord.static_key, TuningRecord.batch,
-            TuningRecord.max_q_len, TuningRecord.kv_len_bucket, TuningRecord.config,
+            TuningRecord.op, TuningRecord.static_key, TuningRecord.batch, TuningRecord.max_q_len,
+            TuningRecord.kv_len_bucket, TuningRecord.config, TuningRecord.median_us, TuningRecord.default_median_us,
         ).where(TuningRecord.fingerprint_id == fingerprint_id)
         with self._read() as session:
-            for op, static, batch, q, kv, config in session.execute(query):
-                table.setdefault((op, static), {})[AttentionRunKey(batch, q, kv)] = json.loads(config)
+            for op, static, batch, q, kv, config, median, default_median in session.execute(query):
+                run = AttentionRunKey(batch, q, kv)
+                table.setdefault((op, static), {})[run] = json.loads(config)
+                if gains is not None:
+                    gains.setdefault((op, static), {})[run] = winner_gain(median, default_median)
         return table
 
     def counts(self) -> dict[str, dict[str, int]]:

@@ -7,6 +7,7 @@ from tuner.keys.run import (
     attention_run_key,
     kv_len_bucket,
     nearest_run_key,
+    nearest_run_keys,
     run_key_distance,
 )
 from tuner.keys.static import AttentionStaticKey, attention_static_key, normalize_window, static_key_from_parts
@@ -20,6 +21,7 @@ __all__ = [
     "canonical_json",
     "kv_len_bucket",
     "nearest_run_key",
+    "nearest_run_keys",
     "normalize_window",
     "run_key_distance",
     "static_key_from_parts",

@@ -10,6 +10,12 @@ nearest max q len (the number of query tokens changes the kernel's work the most
 the smallest ``|log2 batch ratio| + |log2 kv bucket ratio|``; ties go to the larger
 batch, then the larger kv bucket (the upper bound), so the choice is deterministic.
 A neighbour farther than ``max_distance`` octaves in batch + kv is not used at all.
+
+Borrowing (tuner.runtime): a neighbour's config is used only when every neighbour at that
+smallest distance beat its own default by at least 10% (BORROW_MIN_GAIN there); else the
+call runs the default. Measured on an H200 (benchmarks/results/h200/mixed_lengths_*.json):
+split-KV configs tuned for one batch size often lose to the default one octave away, most
+of all where the neighbour's own gain was small.
 """
 
 from __future__ import annotations
@@ -73,20 +79,29 @@ def run_key_distance(a: AttentionRunKey, b: AttentionRunKey) -> tuple[float, flo
     )
 
 
-def nearest_run_key(
+def nearest_run_keys(
     target: AttentionRunKey, candidates: Any, max_distance: float = 2.0, max_q_distance: float = 1.0
-) -> AttentionRunKey | None:
-    """The candidate nearest to target by the policy in this module's docstring, or None.
+) -> list[AttentionRunKey]:
+    """Every candidate at the smallest distance from target (nearest q len, then fewest
+    octaves of batch + kv), the tie rule's choice first; [] when none is near enough.
 
     Candidates more than max_q_distance octaves away in max q len, or more than
     max_distance octaves away in batch + kv, are never used.
     """
-    best, best_rank = None, None
+    near: list[tuple[tuple[float, float], AttentionRunKey]] = []
     for cand in candidates:
         q_dist, dist = run_key_distance(target, cand)
-        if q_dist > max_q_distance or dist > max_distance:
-            continue
-        rank = (q_dist, dist, -cand.batch, -cand.kv_len_bucket)
-        if best_rank is None or rank < best_rank:
-            best, best_rank = cand, rank
-    return best
+        if q_dist <= max_q_distance and dist <= max_distance:
+            near.append(((q_dist, dist), cand))
+    if not near:
+        return []
+    best = min(d for d, _ in near)
+    return sorted((c for d, c in near if d == best), key=lambda c: (-c.batch, -c.kv_len_bucket))
+
+
+def nearest_run_key(
+    target: AttentionRunKey, candidates: Any, max_distance: float = 2.0, max_q_distance: float = 1.0
+) -> AttentionRunKey | None:
+    """The candidate nearest to target by the policy in this module's docstring, or None."""
+    near = nearest_run_keys(target, candidates, max_distance, max_q_distance)
+    return near[0] if near else None
