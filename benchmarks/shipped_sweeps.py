@@ -49,6 +49,13 @@ def split(shapes: list[dict], parts: int) -> list[list[dict]]:
     return [[s for s in shapes if order.index(head_config(s)) % parts == i] for i in range(parts)]
 
 
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # it ended on its own meanwhile
+        pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
@@ -89,11 +96,11 @@ def main() -> None:
                 try:
                     rc = proc.wait(timeout=left)
                 except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    _signal(proc, signal.SIGTERM)
                     try:
                         proc.wait(timeout=20)
                     except subprocess.TimeoutExpired:
-                        os.killpg(proc.pid, signal.SIGKILL)
+                        _signal(proc, signal.SIGKILL)
                         proc.wait()
                     rc = "stopped"
                 results.append({"op": op, "shapes_file": name, "part": part, "gpu": gpu, "shapes": len(json.loads(path.read_text())),

@@ -81,7 +81,8 @@ def worker(args: argparse.Namespace) -> None:
                            default_us=default_timing and default_timing.median_us,
                            kept_sweep_winner=same_config(winner.config, r["config"]))
             rows.append(row)
-    args.out.with_name(f"{args.out.name}.part{args.part}").write_text(json.dumps(rows))
+            # after every record: a worker that dies keeps what it re-timed
+            args.out.with_name(f"{args.out.name}.part{args.part}").write_text(json.dumps(rows))
 
 
 def main() -> None:
@@ -112,7 +113,9 @@ def main() -> None:
         for i, gpu in enumerate(gpus)
     ]
     codes = [p.wait() for p in procs]
-    rows = []
+    # a resumed run re-times only what is missing: keep the earlier runs' rows
+    rows = json.loads(args.out.read_text()).get("rows", []) if args.out.exists() else []
+    earlier = len(rows)
     for i in range(len(gpus)):
         part = args.out.with_name(f"{args.out.name}.part{i}")
         if part.exists():
@@ -125,11 +128,12 @@ def main() -> None:
         "gpus": len(gpus),
         "seconds": round(time.monotonic() - started, 1),
         "worker_exit_codes": codes,
-        "records_in": total,
+        "records_in": total,  # rows: every run's so far (resumed runs add theirs)
         "rows": rows,
     }
     args.out.write_text(json.dumps(doc, indent=1))
-    print(f"re-timed {len(rows)} of {total} records in {doc['seconds']} s on {len(gpus)} GPUs; exit codes {codes}")
+    print(f"re-timed {len(rows) - earlier} records now ({len(rows)} of {total} in all) in {doc['seconds']} s "
+          f"on {len(gpus)} GPUs; exit codes {codes}")
 
 
 if __name__ == "__main__":

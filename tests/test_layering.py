@@ -47,7 +47,7 @@ def test_pyproject_packages_every_subpackage_and_the_shipped_tunings():
     a new subpackage left off the list would be missing from wheels."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
-    on_disk = {"tuner"} | {f"tuner.{p.parent.name}" for p in ROOT.glob("*/__init__.py")}
+    on_disk = {".".join(p.parent.relative_to(ROOT.parent).parts) for p in ROOT.rglob("__init__.py")}
     assert set(project["packages"]) == on_disk | {"tuner.shipped"}
     assert project["package-dir"] == {"tuner.shipped": "tuning_cache"}
     assert project["package-data"]["tuner.shipped"] == ["*.tunings.json"]

@@ -90,9 +90,12 @@ def test_the_user_db_wins_a_key_both_hold_and_the_layer_fills_the_rest(tmp_path)
     ("driver", True), ("tuner", True),  # neither changes which kernel code runs
     ("triton", False), ("sgl_kernel", False), ("flashinfer", False), ("torch", False), ("cuda", False),
     ("device", False), ("sm_count", False),
+    ("torch+tag", True),  # torch "X+cu130" (PyTorch's index) is torch "X": the cuda field says which CUDA
 ])
 def test_fingerprint_checks_still_apply(tmp_path, field, applies):
-    shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64}, fp=environment(**{field: "other"}))
+    change = {"torch": current_fingerprint()["torch"].split("+")[0] + "+cu130"} if field == "torch+tag" \
+        else {field: "other"}
+    shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64}, fp=environment(**change))
     tuner.configure(db=tmp_path / "absent.db", shipped=shipped)
     calls = []
     assert call(make_fn(calls), calls, 16, 2048) == (64 if applies else 32)
@@ -125,6 +128,71 @@ def test_a_broken_shipped_file_warns_once_and_the_defaults_run(tmp_path):
         assert call(fn, calls, 8, 2048) == 32
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "gpu.tunings.json" in messages[0] and "\n" not in messages[0]
+
+
+def test_one_broken_file_leaves_the_others_in_use(tmp_path):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    write_tunings(folder / "a.tunings.json", {(16, 2048): 64})
+    (folder / "b.tunings.json").write_text("{not json")
+    tuner.configure(db=tmp_path / "absent.db", shipped=folder)
+    calls = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert call(make_fn(calls), calls, 16, 2048) == 64
+    [message] = [str(w.message) for w in caught]
+    assert "b.tunings.json" in message and message.count("b.tunings.json") == 1 and "not used" in message
+
+
+def test_where_shipped_tunings_are_found(tmp_path, monkeypatch):
+    from tuner.db import shipped
+
+    checkout = tmp_path / "tuning_cache"
+    checkout.mkdir()
+    write_tunings(checkout / "gpu.tunings.json", {(16, 2048): 64})
+    monkeypatch.delenv("TUNER_SHIPPED")
+    monkeypatch.setattr(shipped, "default_db_path", lambda: checkout / "tuner.db")  # a source checkout
+    assert shipped.shipped_paths() == [checkout / "gpu.tunings.json"]
+    assert shipped.shipped_paths("") == [checkout / "gpu.tunings.json"]  # "" is the default, as for --db
+    installed = tmp_path / "home" / ".cache" / "tuner" / "tuner.db"  # installed: the wheel's tuner/shipped/
+    monkeypatch.setattr(shipped, "default_db_path", lambda: installed)
+    package = Path(shipped.__file__).resolve().parents[1] / "shipped"
+    assert shipped.shipped_paths() == sorted(package.glob("*.tunings.json"))
+    with pytest.raises(tuner.TunerError, match="^shipped tunings: no such file or directory"):
+        shipped.shipped_paths(tmp_path / "nowhere")
+    monkeypatch.setenv("TUNER_SHIPPED", str(tmp_path / "nowhere"))
+    with pytest.raises(tuner.TunerError, match="^TUNER_SHIPPED: no such file or directory"):
+        shipped.shipped_paths()
+    tuner.configure(db=tmp_path / "absent.db")  # the runtime: one warning, the defaults run
+    calls = []
+    with pytest.warns(UserWarning, match="TUNER_SHIPPED: no such file"):
+        assert call(make_fn(calls), calls, 16, 2048) == 32
+
+
+def test_files_of_other_environments_are_counted_not_validated(tmp_path):
+    """Start-up reads no record of a file that cannot apply here (every CPU machine, say)."""
+    from tuner.db.shipped import load_shipped
+
+    path = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64}, fp=environment(device="Another GPU"))
+    doc = json.loads(path.read_text())
+    doc["records"].append({"op": 5})  # would fail validation
+    path.write_text(json.dumps(doc))
+    layer = load_shipped(current_fingerprint(), path)
+    assert not layer.errors and layer.files[0].records == 2 and layer.files[0].applied == 0
+    assert "made on Another GPU" in next(iter(layer.files[0].mismatches.values()))
+    doc["fingerprints"] = {k: dict(v, device=current_fingerprint()["device"]) for k, v in doc["fingerprints"].items()}
+    path.write_text(json.dumps(doc))  # now it could apply: validated, and refused
+    assert load_shipped(current_fingerprint(), path).errors
+
+
+def test_tune_mode_counts_a_shipped_winner_as_a_hit(tmp_path):
+    """Like a DB winner: tune mode tunes only keys with no winner in either (force tunes all)."""
+    shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64})
+    tuner.configure(db=tmp_path / "user.db", shipped=shipped, mode="tune")
+    calls = []
+    assert call(make_fn(calls), calls, 16, 2048) == 64
+    assert calls == [64]  # one call, no candidates measured
+    assert not (tmp_path / "user.db").exists()
 
 
 def test_doctor_lists_the_layer_and_why_it_does_not_apply(tmp_path, monkeypatch):

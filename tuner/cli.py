@@ -268,19 +268,19 @@ def show_command(
             title = f"{op_name} ({_static_label(static)})"
             if all_environments:
                 title += f", environment {env}" + (" (this one)" if env == fp else "")
+            header = ("batch", "q", "kv <=", "config", "us", "default us", "speedup")
+            cells = [[
+                str(r.problem.run_key.batch), str(r.problem.run_key.max_q_len), f"{r.problem.run_key.kv_len_bucket:,}",
+                _fmt_config(r.config), _fmt_us(r.median_us), _fmt_us(r.default_median_us),
+                "-" if r.speedup is None else f"{r.speedup:.2f}x",
+            ] for r in rows]
             table = Table(title=title)
-            # the config keeps room for its longest line (up to 22) and folds past it, never cut off
-            widest = max((len(line) for r in rows for line in _fmt_config(r.config).splitlines()), default=6)
-            for col in ("batch", "q", "kv <=", "config", "us", "default us", "speedup"):
-                table.add_column(col, justify="left" if col == "config" else "right",
-                                 min_width=min(22, widest) if col == "config" else None, overflow="fold")
-            for r in rows:
-                run = r.problem.run_key
-                row = [
-                    str(run.batch), str(run.max_q_len), f"{run.kv_len_bucket:,}", _fmt_config(r.config),
-                    _fmt_us(r.median_us), _fmt_us(r.default_median_us),
-                    "-" if r.speedup is None else f"{r.speedup:.2f}x",
-                ]
+            for i, col in enumerate(header):
+                # numbers never wrap; the config takes the width they leave (up to its longest
+                # line, at most 22) and folds past it, so nothing is cut off in a narrow terminal
+                table.add_column(col, justify="left" if col == "config" else "right", overflow="fold",
+                                 min_width=_config_width(header, cells) if i == 3 else None)
+            for row in cells:
                 table.add_row(*row)
             console.print(table)
         scope = "stored" if all_environments else "stored for this environment"
@@ -290,6 +290,14 @@ def show_command(
             console.print(f"{shipped} shipped winners apply here beneath them (`tuner doctor` lists the files)")
         if not records:
             console.print("run `tuner sweep OP` to tune an op (`tuner ops` lists them)")
+
+
+def _config_width(header: tuple[str, ...], cells: list[list[str]], config_col: int = 3) -> int:
+    """Room for the config column: its longest line, at most 22, at most what the other
+    columns (each 1 border + 2 padding) leave of the terminal, at least 8."""
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
+    others = sum(w + 3 for i, w in enumerate(widths) if i != config_col) + 3 + 1
+    return max(8, min(22, widths[config_col], console.width - others))
 
 
 def _shipped_count() -> int:
@@ -491,6 +499,8 @@ def _doctor_shipped(fp: dict) -> list[str]:
         layer = load_shipped(fp)
     except TunerError as e:
         return [str(e)]
+    if not layer.files:
+        return layer.errors
     table = Table(title="shipped tunings (read-only, beneath the DB; the DB wins a key both hold)")
     names = [_display_path(f.path) for f in layer.files]
     table.add_column("file", overflow="fold", min_width=min(40, max(map(len, names), default=4)))
@@ -501,7 +511,7 @@ def _doctor_shipped(fp: dict) -> list[str]:
         why = "; ".join(f.mismatches.values())
         table.add_row(escape(name), str(f.records), str(f.applied), escape(why) or "-")
     console.print(table)
-    return []
+    return layer.errors
 
 
 @app.command("prune")

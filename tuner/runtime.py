@@ -118,10 +118,12 @@ class _Runtime:
 
         try:
             layer = load_shipped(current_fingerprint(), self.shipped_source)
-            return layer.table, layer.gains
         except (TunerError, OSError) as e:
             warnings.warn(f"tuner: {e}; shipped tunings not used", stacklevel=5)
             return {}, {}
+        for error in layer.errors:
+            warnings.warn(f"tuner: {error}; that file is not used", stacklevel=5)
+        return layer.table, layer.gains
 
     def store(self, key: tuple[str, str], run: AttentionRunKey, config: Config, gain: float) -> None:
         """A winner tuned in this process, served from now on like a stored one."""

@@ -69,7 +69,7 @@ def lightllm_files(db: TuningDB, *, run_key: str = "batch", op: str | None = Non
             raise DBError(
                 f"{path}: two winners share LightLLM run key {run_key}={key} "
                 f"({clash.problem.run_key.to_json()} and {record.problem.run_key.to_json()}); "
-                f"export one --op, or `tuner prune` other environments"
+                f"choose another --run-key (batch, kv_len or max_q_len never clash)"
             )
         owners[(path, key)] = record
         files.setdefault(path, {})[key] = record.config

@@ -6,8 +6,9 @@ Where: $TUNER_SHIPPED (a file, a directory of *.tunings.json, or "off"), else th
 installed wheel (pyproject.toml packages tuning_cache/ as tuner.shipped). Nothing here writes.
 
 Which records apply: those measured on the same GPU (name, SM count, capability) with the
-same CUDA, torch, Triton, sgl-kernel and FlashInfer versions as this process; the GPU
-driver and tuner's own version may differ (neither changes which kernel code runs).
+same CUDA, torch, Triton, sgl-kernel and FlashInfer versions as this process (local build
+tags such as torch's "+cu130" aside); the GPU driver and tuner's own version may differ
+(neither changes which kernel code runs).
 Any other difference, a library upgrade above all, leaves the record unused.
 """
 
@@ -48,15 +49,28 @@ class ShippedLayer:
     table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = field(default_factory=dict)
     gains: dict[tuple[str, str], dict[AttentionRunKey, float]] = field(default_factory=dict)  # winner_gain
     files: list[ShippedFile] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # files that could not be used, one line each
 
     @property
     def applied(self) -> int:
         return sum(f.applied for f in self.files)
 
 
+# versions compared without a local build tag: torch "2.11.0+cu130" from PyTorch's index is
+# the "2.11.0" of PyPI's wheel for the same CUDA, which the fingerprint's cuda field names
+_VERSIONS = ("torch", "triton", "sgl_kernel", "flashinfer")
+
+
+def _comparable(field_name: str, value: Any) -> Any:
+    if field_name in _VERSIONS and isinstance(value, str):
+        return value.split("+", 1)[0]
+    return value
+
+
 def differing_fields(shipped: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The fingerprint fields that keep a shipped record from applying in `current`."""
-    return sorted(k for k in set(shipped) | set(current) if k not in MAY_DIFFER and shipped.get(k) != current.get(k))
+    return sorted(k for k in set(shipped) | set(current)
+                  if k not in MAY_DIFFER and _comparable(k, shipped.get(k)) != _comparable(k, current.get(k)))
 
 
 _DEVICE_FIELDS = ("device", "device_kind", "sm_count", "capability")
@@ -74,9 +88,10 @@ def why_not(shipped: dict[str, Any], current: dict[str, Any]) -> str:
 
 def shipped_paths(source: str | os.PathLike | None = None) -> list[Path]:
     """The shipped tunings files: from source (file or directory), else $TUNER_SHIPPED, else
-    tuning_cache/ beside the default DB of a checkout. "off" gives none."""
-    if source is None:
-        source = os.environ.get(SHIPPED_ENV) or None
+    tuning_cache/ beside the default DB of a checkout. "off" gives none; "" is the default."""
+    origin = "shipped tunings"
+    if source is None or not str(source).strip():
+        source, origin = os.environ.get(SHIPPED_ENV) or None, SHIPPED_ENV
     if source is not None and str(source).strip().lower() in OFF:
         return []
     if source is None:
@@ -89,18 +104,39 @@ def shipped_paths(source: str | os.PathLike | None = None) -> list[Path]:
         return sorted(path.glob(SHIPPED_GLOB))
     if path.is_file():
         return [path]
-    raise TunerError(f"{SHIPPED_ENV}: no such file or directory: {path}")
+    raise TunerError(f"{origin}: no such file or directory: {path}")
+
+
+def _nothing_applies(doc: Any, current: dict[str, Any]) -> dict[str, str] | None:
+    """{fingerprint id: why not} when no environment of the document applies in `current`
+    (its records need no validating to be left unused), else None."""
+    fps = doc.get("fingerprints") if isinstance(doc, dict) else None
+    if not isinstance(fps, dict) or not fps or not all(isinstance(v, dict) for v in fps.values()):
+        return None
+    why = {str(k): why_not(v, current) for k, v in fps.items()}
+    return why if all(why.values()) else None
 
 
 def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = None) -> ShippedLayer:
-    """Read and validate every shipped file; keep the records that apply in `current`.
-    A file that fails validation raises TunerError (one line, naming the file)."""
+    """Read every shipped file and keep the records that apply in `current`, validated.
+    A file that cannot be read or fails validation adds nothing and one line to
+    layer.errors (naming the file); the other files still count. A file none of whose
+    environments applies here is counted, not validated (start-up stays cheap)."""
     layer = ShippedLayer()
     for path in shipped_paths(source):
         try:
-            rows = parse_document(load_document(path))
+            doc = load_document(path)
+            skipped = _nothing_applies(doc, current)
+            if skipped is not None:
+                records = doc.get("records")
+                layer.files.append(ShippedFile(path, records=len(records) if isinstance(records, list) else 0,
+                                               mismatches=skipped))
+                continue
+            rows = parse_document(doc)
         except TunerError as e:
-            raise TunerError(f"shipped tunings {path}: {e}") from None
+            text = str(e)
+            layer.errors.append(text if str(path) in text else f"shipped tunings {path}: {text}")
+            continue
         info = ShippedFile(path, records=len(rows))
         for problem, (fp_id, fp_data), fields in rows:
             if fp_id not in info.mismatches:
