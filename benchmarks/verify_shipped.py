@@ -96,14 +96,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.part is not None:
         return worker(args)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        gpus = [g.strip() for g in visible.split(",") if g.strip()]
-    else:
-        import torch
+    from shipped_sweeps import gpus as visible_gpus  # the same GPU list as the sweeps (a sibling script)
 
-        gpus = [str(i) for i in range(torch.cuda.device_count())]
-    gpus = gpus or [""]  # no GPU: one worker on the CPU
+    gpus = visible_gpus() or [""]  # no GPU: one worker on the CPU
     started = time.monotonic()
     procs = [
         subprocess.Popen([sys.executable, __file__, "--tunings", str(args.tunings), "--db", args.db,
