@@ -71,18 +71,18 @@ def test_kv_bucket_is_its_own_column_up_to_2_to_40(make_db):
     save(db, problem(batch=1, kv=2**40), {"c": 1})
     save(db, problem(batch=2, kv=2**40), {"c": 2})
     save(db, problem(batch=1, kv=2**39), {"c": 3})
-    table = db.snapshot(FP[0])[("op", '{"h":8}')]
+    table = db.snapshot(FP[1]).table[("op", '{"h":8}')]
     assert table[attention_run_key(1, 1, 2**40)] == {"c": 1}
     assert table[attention_run_key(2, 1, 2**40)] == {"c": 2}
     assert table[attention_run_key(1, 1, 2**39)] == {"c": 3}
 
 
-def test_snapshot_holds_only_this_environment(make_db):
+def test_snapshot_holds_only_what_applies_in_this_environment(make_db):
     db = TuningDB(make_db())
     save(db, problem(batch=1), {"c": 1})
     save(db, problem(batch=2), {"c": 2}, fp=OTHER)
-    snap = db.snapshot(FP[0])
-    assert list(snap[("op", '{"h":8}')]) == [attention_run_key(1, 1, 1000)]
+    snap = db.snapshot(FP[1])
+    assert list(snap.table[("op", '{"h":8}')]) == [attention_run_key(1, 1, 1000)] and snap.skipped == []
     assert db.counts() == {FP[0]: {"records": 1, "measurements": 0}, OTHER[0]: {"records": 1, "measurements": 0}}
 
 
@@ -140,7 +140,7 @@ def test_export_import_round_trip(make_db):
     assert doc["schema"] == "tuner.tunings" and doc["version"] == 1
     assert set(doc["fingerprints"]) == {FP[0], OTHER[0]}
     dst = TuningDB(make_db("b"))
-    assert import_document(dst, doc) == 3
+    assert import_document(dst, doc).written == 3
     strip = lambda rs: [(r.problem, r.fingerprint_id, r.config, r.median_us, r.default_config, r.method) for r in rs]  # noqa: E731
     assert strip(dst.records()) == strip(src.records())
     assert dst.fingerprints()[OTHER[0]]["device"] == "Some Other GPU"
@@ -266,29 +266,45 @@ def test_prune_keeps_only_this_environment(make_db):
     db.save_measurement(problem(batch=2), OTHER, {"c": 2}, kv_len=1000, status="ok", method={}, median_us=1.0,
                         spread_us=0.0, samples=1)
     expected = {OTHER[0]: {"records": 1, "measurements": 1}}
-    assert db.prune(FP[0], dry_run=True) == expected and OTHER[0] in db.counts()
-    assert db.prune(FP[0]) == expected
+    assert db.prune(FP[1], dry_run=True) == expected and OTHER[0] in db.counts()
+    assert db.prune(FP[1]) == expected
     assert db.counts() == {FP[0]: {"records": 1, "measurements": 0}} and set(db.fingerprints()) == {FP[0]}
-    assert db.integrity() == [] and db.prune(FP[0]) == {}
+    assert db.integrity() == [] and db.prune(FP[1]) == {}
 
 
-def test_a_half_made_db_is_finished_not_refused(db_path):
-    """SQLite commits DDL at once: a process that sees our tables before the schema version
-    row (another process creating it, or one killed in between) must not call the file
-    foreign. Caught by the 8-writer test in test_robustness.py."""
-    from sqlalchemy import create_engine
+def test_a_db_without_its_schema_version_is_damage_not_an_empty_db(db_path):
+    """Tables but no tuner_meta (or no version row): not "no DB yet" (the runtime would serve
+    defaults beside stored winners, a sweep would adopt the file), but damage: refused with one
+    line, written to by nothing. A creator shows its tables before the version row (SQLite
+    commits DDL at once) but holds the write lock until the row is in: opening looks again
+    under the lock, so a DB being created is never called damaged (the 8-writer test in
+    test_robustness.py)."""
+    import sqlite3
 
     from tuner.db.location import MissingDBError
-    from tuner.db.schema import Base, Meta
 
-    engine = create_engine(f"sqlite:///{db_path}")
-    Base.metadata.create_all(engine, tables=[t for t in Base.metadata.sorted_tables if t.name != Meta.__tablename__])
-    engine.dispose()
-    with pytest.raises(MissingDBError):
+    save(TuningDB(db_path), problem(), {"c": 1})
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DELETE FROM tuner_meta")
+    for create in (False, True):
+        with pytest.raises(DBError, match="damaged: it has tuner's tables but no schema version") as e:
+            TuningDB(db_path, create=create)
+        assert not isinstance(e.value, MissingDBError)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP TABLE tuner_meta")
+        assert conn.execute("SELECT count(*) FROM records").fetchone() == (1,)  # nothing touched
+    with pytest.raises(DBError, match="damaged"):
+        TuningDB(db_path)
+
+
+def test_a_db_missing_a_core_table_is_damage(db_path):
+    import sqlite3
+
+    save(TuningDB(db_path), problem(), {"c": 1})
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP TABLE measurements")
+    with pytest.raises(DBError, match="damaged: table measurements is missing"):
         TuningDB(db_path, create=False)
-    db = TuningDB(db_path)
-    save(db, problem(), {"c": 1})
-    assert db.records()[0].config == {"c": 1} and db.integrity() == []
 
 
 def test_misses_add_up_and_drop_out_once_tuned(make_db):
@@ -300,7 +316,7 @@ def test_misses_add_up_and_drop_out_once_tuned(make_db):
     assert db.misses(FP[0]) == [(a, "nearest", 5), (b, "default", 1)]
     save(db, b, {"c": 1})  # b now has an exact winner
     assert db.misses(FP[0]) == [(a, "nearest", 5)] and db.misses(OTHER[0]) == [(a, "default", 1)]
-    db.prune(FP[0])
+    db.prune(FP[1])
     assert db.misses(OTHER[0]) == [] and db.integrity() == []
 
 
@@ -319,3 +335,127 @@ def test_a_version_1_db_without_the_misses_table_still_works(db_path):
     writer = TuningDB(db_path)
     writer.save_misses(FP, [(problem(batch=3), "default", 1)])
     assert len(writer.misses(FP[0])) == 1
+
+
+# -- issue 10: a DB and imports that cannot poison the runtime ---------------------------------
+
+
+def _doc_with(tmp_path, mutate):
+    doc = _doc(tmp_path / "src.db")
+    mutate(doc)
+    return doc
+
+
+@pytest.mark.parametrize("name, mutate, fragment", [
+    ("lone surrogate", lambda d: d["records"][1]["config"].update(c="\ud800"), "records[1].config"),
+    ("zero median", lambda d: d["records"][1]["timing"].update(median_us=0), "records[1].timing.median_us"),
+    ("zero default median", lambda d: d["records"][0]["default"].update(median_us=0.0), "records[0].default"),
+    ("year 1", lambda d: d["records"][1].update(created_at="0001-01-01T00:00:00+00:00"), "records[1].created_at"),
+    ("year 9999", lambda d: d["records"][1].update(created_at="9999-12-31T23:59:59"), "records[1].created_at"),
+    ("in the future", lambda d: d["records"][1].update(created_at="2999-01-01T00:00:00"), "records[1].created_at"),
+])
+def test_import_refuses_what_no_db_should_hold_naming_the_record(tmp_path, make_db, name, mutate, fragment):
+    doc = _doc_with(tmp_path, mutate)
+    dst = TuningDB(make_db("dst"))
+    with pytest.raises(DocumentError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        import_document(dst, doc)
+    assert dst.records() == []
+
+
+def test_a_key_given_twice_in_one_json_object_is_refused(tmp_path, make_db):
+    from tuner.db.jsonio import load_document
+
+    doc = _doc(tmp_path / "src.db")
+    text = json.dumps(doc).replace('"config": {"c": 2}', '"config": {"c": 2, "c": 3}', 1)
+    assert '"c": 3' in text
+    f = tmp_path / "dup.json"
+    f.write_text(text)
+    with pytest.raises(DocumentError, match=r"records\[1\]\.config: key 'c' appears more than once"):
+        import_document(TuningDB(make_db("dst")), load_document(f))
+
+
+def test_an_import_never_replaces_a_newer_winner_unless_told_and_keeps_what_it_replaced(tmp_path, make_db):
+    """Upserts replaced unconditionally: importing an old 1.05x record overwrote a 2.0x winner."""
+    from sqlalchemy import func, select
+
+    from tuner.db.schema import ReplacedRecord
+
+    target = make_db("dst")
+    db = TuningDB(target)
+    p = problem(batch=1)
+    save(db, p, {"c": 2}, median=5.0, default_median=10.0)  # 2.0x, measured now
+    doc = _doc(tmp_path / "src.db")
+    doc["records"][0].update(config={"c": 9}, created_at="2026-01-01T00:00:00+00:00")  # older, 1.2x
+    result = import_document(db, doc)
+    assert (result.kept, result.written) == (1, 1) and db.record(p, FP[0]).config == {"c": 2}
+    result = import_document(db, doc, replace=True)
+    assert result.replaced == 1 and db.record(p, FP[0]).config == {"c": 9}
+    with db._read() as session:
+        history = session.execute(select(ReplacedRecord.config, ReplacedRecord.median_us)).all()
+    assert [(json.loads(c), m) for c, m in history if json.loads(c) == {"c": 2}] == [({"c": 2}, 5.0)]
+    assert import_document(db, doc, replace=True).same == 2  # the same again: nothing to do, nothing kept twice
+    with db._read() as session:
+        assert session.scalar(select(func.count()).select_from(ReplacedRecord)) == len(history)
+
+
+def test_one_key_twice_in_a_file_keeps_the_newest_on_import_and_in_the_shipped_layer(tmp_path, make_db):
+    from tuner.db.shipped import load_shipped
+
+    doc = _doc(tmp_path / "src.db")
+    first = json.loads(json.dumps(doc["records"][0]))
+    newer = dict(first, config={"c": 42}, created_at="2026-06-01T00:00:00+00:00")
+    older = dict(first, config={"c": 7}, created_at="2026-01-01T00:00:00+00:00")
+    doc["records"] = [newer, older]  # the newer first: "the last wins" would keep the older
+    dst = TuningDB(make_db("dst"))
+    import_document(dst, doc)
+    assert [r.config for r in dst.records()] == [{"c": 42}]
+    f = tmp_path / "x.tunings.json"
+    f.write_text(json.dumps(doc))
+    layer = load_shipped(FP[1], f)
+    assert list(layer.table[("op", '{"h":8}')].values()) == [{"c": 42}]
+
+
+def test_prune_keeps_records_that_still_apply_and_removes_malformed_rows(make_db):
+    db = TuningDB(make_db())
+    older_tuner = dict(FP[1], tuner="0.0.1", driver="1.0")
+    save(db, problem(batch=1), {"c": 1}, fp=(fingerprint_id(older_tuner), older_tuner))
+    save(db, problem(batch=2), {"c": 2}, fp=OTHER)
+    removed = db.prune(FP[1])
+    assert set(removed) == {OTHER[0]} and [r.config for r in db.records()] == [{"c": 1}]
+
+
+def test_doctor_and_prune_find_malformed_rows(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "m.db"
+    db = TuningDB(path)
+    save(db, problem(batch=1), {"c": 1})
+    save(db, problem(batch=2), {"c": 2})
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE records SET config = 'oops' WHERE batch = 2")
+    problems = db.integrity()
+    assert len(problems) == 1 and "1 malformed rows" in problems[0] and "records id 2.config" in problems[0]
+    with pytest.raises(DBError, match="malformed records .*tuner prune"):
+        db.records()
+    assert db.prune(FP[1])["malformed"]["records"] == 1
+    assert db.integrity() == [] and [r.config for r in db.records()] == [{"c": 1}]
+
+
+def test_versions_come_from_the_modules_version_file_without_package_metadata(tmp_path, monkeypatch):
+    """Staged installs (unpacked, no dist-info) left sgl_kernel=None in every sweep DB."""
+    from tuner.db.fingerprint import library_version
+
+    pkg = tmp_path / "fake_kernel_lib"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('importing a kernel library is never needed')\n")
+    (pkg / "version.py").write_text('__version__ = "0.4.10"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert library_version(("no-such-distribution",), "fake_kernel_lib") == "0.4.10"
+    assert library_version(("no-such-distribution",), "no_such_module_at_all") is None
+    assert library_version(("torch",), "torch") == torch_version()
+
+
+def torch_version():
+    from importlib import metadata
+
+    return metadata.version("torch")

@@ -111,8 +111,8 @@ def test_shipped_off_and_a_directory(tmp_path, monkeypatch):
     assert call(make_fn(calls), calls, 16, 2048) == 64
     tuner.configure(db=tmp_path / "absent.db", shipped="off")
     assert call(make_fn(calls), calls, 16, 2048) == 32
-    monkeypatch.setenv("TUNER_SHIPPED", str(folder))  # the environment, when configure names none
-    tuner.configure(db=tmp_path / "absent.db")
+    monkeypatch.setenv("TUNER_SHIPPED", str(folder))  # the environment, when configure says None
+    tuner.configure(db=tmp_path / "absent.db", shipped=None)
     assert call(make_fn(calls), calls, 16, 2048) == 64
 
 

@@ -57,16 +57,19 @@ def _kv_bytes(static_key: str, record: Record, kv_len: int) -> int | None:
     return record.problem.run_key.batch * kv_len * key.num_kv_heads * (key.head_dim_qk * k + key.head_dim_v * v)
 
 
-def collect(db: TuningDB, fingerprint_id: str, op: str | None = None) -> list[Group]:
+def collect(db: TuningDB, fingerprint_id: str | None, op: str | None = None,
+            environment: dict[str, Any] | None = None) -> list[Group]:
+    """The winners of one stored environment id, or (fingerprint_id None) those that apply
+    in `environment`, grouped by op and static key."""
     groups: dict[tuple[str, str], Group] = {}
-    for r in db.records(op=op, fingerprint_id=fingerprint_id):
+    for r in db.records(op=op, fingerprint_id=fingerprint_id, environment=environment):
         g = groups.setdefault((r.problem.op, r.problem.static_key),
                               Group(r.problem.op, r.problem.static_key, _label(r.problem.static_key), []))
         g.records.append(r)
     for g in groups.values():
         for i, r in enumerate(g.records):
             winner = canonical_json(r.config)
-            kv_len = next((m.kv_len for m in db.measurements(r.problem, fingerprint_id)
+            kv_len = next((m.kv_len for m in db.measurements(r.problem, r.fingerprint_id)
                            if canonical_json(m.config) == winner), None)
             if kv_len is None and isinstance(r.method.get("kv_len"), int):  # a runtime-tuned record
                 kv_len = r.method["kv_len"]
@@ -124,19 +127,21 @@ def _heatmaps(group: Group, values: dict[int, float], title: str, fmt: str, path
     plt.close(fig)
 
 
-def write_report(db: TuningDB, out: Path, fingerprint_id: str, *, op: str | None = None,
-                 bandwidth_gbps: float | None = None) -> list[Group]:
-    """PNG heat maps and report.md under `out`; returns the groups reported."""
+def write_report(db: TuningDB, out: Path, fingerprint_id: str | None, *, op: str | None = None,
+                 bandwidth_gbps: float | None = None, environment: dict[str, Any] | None = None) -> list[Group]:
+    """PNG heat maps and report.md under `out` for one environment id's winners, or (id
+    None) those that apply in `environment`; returns the groups reported."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise TunerError("tuner report draws with matplotlib: pip install 'tuner[report]'") from None
-    groups = collect(db, fingerprint_id, op)
+    groups = collect(db, fingerprint_id, op, environment)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TunerError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    lines = ["# tuner report", "", f"Environment `{fingerprint_id}`, DB `{db.display_url}`.", ""]
+    which = f"Environment `{fingerprint_id}`" if fingerprint_id else "Winners that apply in this environment"
+    lines = ["# tuner report", "", f"{which}, DB `{db.display_url}`.", ""]
     if not groups:
         lines.append("No winners stored for this environment yet (`tuner sweep OP`).")
     for g in groups:

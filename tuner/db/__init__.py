@@ -1,19 +1,24 @@
 """The tuning DB: schema, store, environment fingerprint, JSON import/export. No kernel library."""
 
-from tuner.db.fingerprint import current_fingerprint, current_fingerprint_id, fingerprint_id
+from tuner.db.fingerprint import applies, current_fingerprint, current_fingerprint_id, fingerprint_id, why_not
 from tuner.db.jsonio import EXPORT_SCHEMA, EXPORT_VERSION, export_document, import_document, parse_document
-from tuner.db.location import DBError, MissingDBError, default_db_path, resolve_db_url, set_aside
-from tuner.db.store import MeasurementRow, Problem, Record, TuningDB
+from tuner.db.location import DamagedDBError, DBError, MissingDBError, default_db_path, resolve_db_url, set_aside
+from tuner.db.store import MalformedRowsError, MeasurementRow, Problem, Record, SaveResult, Snapshot, TuningDB
 
 __all__ = [
     "DBError",
+    "DamagedDBError",
     "EXPORT_SCHEMA",
     "EXPORT_VERSION",
+    "MalformedRowsError",
     "MeasurementRow",
     "MissingDBError",
     "Problem",
     "Record",
+    "SaveResult",
+    "Snapshot",
     "TuningDB",
+    "applies",
     "current_fingerprint",
     "current_fingerprint_id",
     "default_db_path",
@@ -23,4 +28,5 @@ __all__ = [
     "parse_document",
     "resolve_db_url",
     "set_aside",
+    "why_not",
 ]

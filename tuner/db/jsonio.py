@@ -9,26 +9,26 @@ Document (version 1):
                   "timing": {"median_us": num, "spread_us": num, "samples": int},
                   "default": {"config": {...}, "median_us": num|null, "spread_us": num|null}}]}
 A fingerprint's id must be the hash of its data, so an edited environment cannot pass as
-the original.
+the original. Every value passes tuner.db.rows' rules (as the DB's own rows do), keys given
+twice in one object and text with no UTF-8 form are refused, and one record per key is
+kept: the newest (newest_per_key).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tuner.db import rows as check
 from tuner.db.fingerprint import fingerprint_id
-from tuner.db.store import Problem, Record, TuningDB
+from tuner.db.store import Problem, Record, SaveResult, TuningDB
 from tuner.errors import TunerError
 from tuner.jsonfile import read_json
-from tuner.keys import KV_BUCKET_MAX, AttentionRunKey, canonical_json
 
 EXPORT_SCHEMA = "tuner.tunings"
 EXPORT_VERSION = 1
-MAX_KEY_CHARS = 4096
 
 
 class DocumentError(TunerError):
@@ -72,6 +72,33 @@ def _record_json(r: Record) -> dict[str, Any]:
 # -- validation ------------------------------------------------------------------------
 
 
+class _Object(dict):
+    """A JSON object as read by load_document, with the keys it held more than once."""
+
+    duplicates: tuple[str, ...] = ()
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = _Object(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        obj.duplicates = tuple(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+    return obj
+
+
+def _no_duplicates(value: Any, where: str) -> None:
+    """A key given twice in one object: JSON readers keep one of them, silently; refuse."""
+    if isinstance(value, dict):
+        dup = getattr(value, "duplicates", ())
+        if dup:
+            raise DocumentError(f"{where}: key {dup[0]!r:.60} appears more than once")
+        for k, v in value.items():
+            _no_duplicates(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _no_duplicates(v, f"{where}[{i}]")
+
+
 def _fields(obj: Any, where: str, required: set[str], optional: set[str] = frozenset()) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise DocumentError(f"{where}: expected an object, got {type(obj).__name__}")
@@ -84,131 +111,95 @@ def _fields(obj: Any, where: str, required: set[str], optional: set[str] = froze
     return obj
 
 
-def _int(value: Any, where: str, minimum: int, maximum: int = KV_BUCKET_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise DocumentError(f"{where}: expected an integer in [{minimum}, {maximum}], got {value!r}")
-    return value
+Row = tuple[Problem, tuple[str, dict[str, Any]], dict[str, Any]]
 
 
-def _number(value: Any, where: str, nullable: bool = False) -> float | None:
-    if value is None and nullable:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise DocumentError(f"{where}: expected a finite number >= 0, got {value!r}")
-    return float(value)
+def _record(raw: Any, where: str, fps: dict[str, Any]) -> Row:
+    rec = _fields(raw, where, {"op", "static_key", "run_key", "config", "timing", "default", "method", "fingerprint"},
+                  {"created_at"})
+    run = _fields(rec["run_key"], f"{where}.run_key", {"batch", "max_q_len", "kv_len_bucket"})
+    run_key = check.run_key(run["batch"], run["max_q_len"], run["kv_len_bucket"], f"{where}.run_key")
+    timing = _fields(rec["timing"], f"{where}.timing", {"median_us", "spread_us", "samples"})
+    default = _fields(rec["default"], f"{where}.default", {"config", "median_us", "spread_us"})
+    method = rec["method"]
+    if not isinstance(method, dict):
+        raise DocumentError(f"{where}.method: expected an object")
+    check.canonical(method, f"{where}.method")
+    fp = rec["fingerprint"]
+    if not isinstance(fp, str) or fp not in fps:
+        raise DocumentError(f"{where}.fingerprint: {fp!r:.40} is not in fingerprints")
+    created_at = None
+    if rec.get("created_at") is not None:
+        created_at = check.created_at(rec["created_at"], f"{where}.created_at")
+    problem = Problem(check.text(rec["op"], f"{where}.op"), check.static_key(rec["static_key"], f"{where}.static_key"),
+                      run_key)
+    fields = dict(
+        config=check.config(rec["config"], f"{where}.config"),
+        median_us=check.number(timing["median_us"], f"{where}.timing.median_us", positive=True),
+        spread_us=check.number(timing["spread_us"], f"{where}.timing.spread_us"),
+        samples=check.integer(timing["samples"], f"{where}.timing.samples", 0, 2**31 - 1),
+        default_config=check.config(default["config"], f"{where}.default.config"),
+        default_median_us=check.number(default["median_us"], f"{where}.default.median_us", positive=True,
+                                       nullable=True),
+        default_spread_us=check.number(default["spread_us"], f"{where}.default.spread_us", nullable=True),
+        method=method,
+        created_at=created_at,
+    )
+    return problem, (fp, fps[fp]), fields
 
 
-def _str(value: Any, where: str, max_len: int = 128) -> str:
-    if not isinstance(value, str) or not value or len(value) > max_len:
-        raise DocumentError(f"{where}: expected a non-empty string of at most {max_len} characters")
-    return value
-
-
-def _config(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise DocumentError(f"{where}: expected an object of names to values")
-    for name, v in value.items():
-        # null is a real value: "let the library choose" (FA3's pack_gqa, FlashInfer's split size)
-        if v is not None and not isinstance(v, (str, int, float, bool)):
-            raise DocumentError(f"{where}.{name}: config values must be strings, numbers, booleans or null")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise DocumentError(f"{where}.{name}: config values must be finite")
-    return value
-
-
-def _canonical(value: Any, where: str, max_chars: int = MAX_KEY_CHARS) -> str:
-    try:
-        text = canonical_json(value)
-    except (ValueError, RecursionError) as e:
-        raise DocumentError(f"{where}: {e}") from None
-    if len(text) > max_chars:
-        raise DocumentError(f"{where}: longer than {max_chars} characters")
-    return text
-
-
-def parse_document(data: Any) -> list[tuple[Problem, tuple[str, dict[str, Any]], dict[str, Any]]]:
-    """Validate a whole document; return rows for TuningDB.save_records, or raise DocumentError."""
+def parse_document(data: Any) -> list[Row]:
+    """Validate a whole document; return rows for TuningDB.save_records (one per key: see
+    newest_per_key), or raise DocumentError naming the first bad place."""
+    _no_duplicates(data, "document")
     doc = _fields(data, "document", {"schema", "version", "fingerprints", "records"},
                   {"tuner_version", "exported_at"})
     if doc["schema"] != EXPORT_SCHEMA:
-        raise DocumentError(f"document: schema must be {EXPORT_SCHEMA!r}, got {doc['schema']!r}")
+        raise DocumentError(f"document: schema must be {EXPORT_SCHEMA!r}, got {doc['schema']!r:.60}")
     if doc["version"] != EXPORT_VERSION or isinstance(doc["version"], bool):
-        raise DocumentError(f"document: version {doc['version']!r} is not supported (this tuner reads {EXPORT_VERSION})")
+        raise DocumentError(f"document: version {doc['version']!r:.20} is not supported (this tuner reads {EXPORT_VERSION})")
     fps = doc["fingerprints"]
     if not isinstance(fps, dict):
         raise DocumentError("fingerprints: expected an object of id to environment")
-    for fp_id, fp_data in fps.items():
-        if not isinstance(fp_data, dict):
-            raise DocumentError(f"fingerprints.{fp_id}: expected an object")
-        _canonical(fp_data, f"fingerprints.{fp_id}")
-        if fingerprint_id(fp_data) != fp_id:
-            raise DocumentError(f"fingerprints.{fp_id}: id does not match its data")
     if not isinstance(doc["records"], list):
         raise DocumentError("records: expected a list")
-    rows = []
-    for i, raw in enumerate(doc["records"]):
-        where = f"records[{i}]"
-        rec = _fields(raw, where, {"op", "static_key", "run_key", "config", "timing", "default", "method", "fingerprint"},
-                      {"created_at"})
-        run = _fields(rec["run_key"], f"{where}.run_key", {"batch", "max_q_len", "kv_len_bucket"})
-        bucket = _int(run["kv_len_bucket"], f"{where}.run_key.kv_len_bucket", 1)
-        if bucket & (bucket - 1):
-            raise DocumentError(f"{where}.run_key.kv_len_bucket: {bucket} is not a power of two")
-        run_key = AttentionRunKey(
-            _int(run["batch"], f"{where}.run_key.batch", 1),
-            _int(run["max_q_len"], f"{where}.run_key.max_q_len", 1),
-            bucket,
-        )
-        timing = _fields(rec["timing"], f"{where}.timing", {"median_us", "spread_us", "samples"})
-        default = _fields(rec["default"], f"{where}.default", {"config", "median_us", "spread_us"})
-        method = rec["method"]
-        if not isinstance(method, dict):
-            raise DocumentError(f"{where}.method: expected an object")
-        _canonical(method, f"{where}.method")
-        fp = rec["fingerprint"]
-        if not isinstance(fp, str) or fp not in fps:
-            raise DocumentError(f"{where}.fingerprint: {fp!r} is not in fingerprints")
-        created_at = None
-        if rec.get("created_at") is not None:
-            try:
-                created_at = datetime.fromisoformat(_str(rec["created_at"], f"{where}.created_at", 64))
-            except ValueError:
-                raise DocumentError(f"{where}.created_at: not an ISO 8601 time") from None
-            # stored as UTC (SQLite keeps no offset); a time without one is taken as UTC
-            created_at = created_at.astimezone(timezone.utc) if created_at.tzinfo else created_at.replace(
-                tzinfo=timezone.utc)
-        # an object (attention keys), or a list (the tuple key of a function of the user's own)
-        if not isinstance(rec["static_key"], (dict, list)) or not rec["static_key"]:
-            raise DocumentError(f"{where}.static_key: expected a non-empty object or list")
-        problem = Problem(
-            _str(rec["op"], f"{where}.op"),
-            _canonical(rec["static_key"], f"{where}.static_key"),
-            run_key,
-        )
-        fields = dict(
-            config=_config(rec["config"], f"{where}.config"),
-            median_us=_number(timing["median_us"], f"{where}.timing.median_us"),
-            spread_us=_number(timing["spread_us"], f"{where}.timing.spread_us"),
-            samples=_int(timing["samples"], f"{where}.timing.samples", 0, 2**31 - 1),
-            default_config=_config(default["config"], f"{where}.default.config"),
-            default_median_us=_number(default["median_us"], f"{where}.default.median_us", nullable=True),
-            default_spread_us=_number(default["spread_us"], f"{where}.default.spread_us", nullable=True),
-            method=method,
-            created_at=created_at,
-        )
-        _canonical(fields["config"], f"{where}.config")
-        _canonical(fields["default_config"], f"{where}.default.config")
-        rows.append((problem, (fp, fps[fp]), fields))
-    return rows
+    try:
+        for fp_id, fp_data in fps.items():
+            if not isinstance(fp_data, dict):
+                raise DocumentError(f"fingerprints.{fp_id}: expected an object")
+            check.canonical(fp_data, f"fingerprints.{fp_id}")
+            check.text(fp_id, "fingerprints: an id", 32)
+            if fingerprint_id(fp_data) != fp_id:
+                raise DocumentError(f"fingerprints.{fp_id}: id does not match its data")
+        rows = [_record(raw, f"records[{i}]", fps) for i, raw in enumerate(doc["records"])]
+    except check.RowError as e:
+        raise DocumentError(str(e)) from None
+    return newest_per_key(rows)
+
+
+def newest_per_key(rows: list[Row]) -> list[Row]:
+    """One row per (problem, environment): the newest measurement (created_at; a row without
+    one counts as oldest), between equally new ones the last. The same rule as the DB's
+    (tuner.db.store) and the shipped layer's."""
+    oldest = datetime.min.replace(tzinfo=timezone.utc)
+    chosen: dict[tuple[Problem, str], int] = {}
+    for i, (problem, (fp, _), fields) in enumerate(rows):
+        key = (problem, fp)
+        j = chosen.get(key)
+        if j is None or (fields["created_at"] or oldest) >= (rows[j][2]["created_at"] or oldest):
+            chosen[key] = i
+    keep = set(chosen.values())
+    return [row for i, row in enumerate(rows) if i in keep]
 
 
 def load_document(path: str | Path) -> Any:
-    """Read and parse a JSON file, with one-line errors."""
-    return read_json(path, DocumentError, "tunings file")
+    """Read and parse a JSON file, with one-line errors (keys given twice are kept track
+    of, for parse_document to refuse)."""
+    return read_json(path, DocumentError, "tunings file", object_pairs_hook=_object_pairs)
 
 
-def import_document(db: TuningDB, data: Any) -> int:
-    """Validate, then write every record in one transaction; returns the number imported."""
+def import_document(db: TuningDB, data: Any, *, replace: bool = False) -> SaveResult:
+    """Validate, then write every record in one transaction (a stored record newer than the
+    imported one is kept unless replace); what happened to them."""
     rows = parse_document(data)
-    db.save_records(rows)
-    return len(rows)
+    return db.save_records(rows, replace=replace)

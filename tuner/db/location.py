@@ -21,6 +21,11 @@ class MissingDBError(DBError):
     """No tuning DB exists there yet (opened for reading only)."""
 
 
+class DamagedDBError(DBError):
+    """The tuning DB is there but damaged (no schema version, a missing table, a file SQLite
+    calls malformed): nothing reads or writes it; doctor reports it, exit code 1."""
+
+
 def default_db_path() -> Path:
     """tuning_cache/tuner.db in a source checkout, else the user's cache directory."""
     root = Path(__file__).resolve().parents[2]

@@ -105,4 +105,28 @@ class Miss(_Keyed, Base):
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-OPTIONAL_TABLES = {Miss.__tablename__}  # may be absent from a version-1 DB
+class ReplacedRecord(_Keyed, Base):
+    """A winner that a newer measurement replaced (a sweep with --force, tune mode, an
+    import): kept so no measurement is lost. Added after schema version 1 shipped, like
+    misses."""
+
+    __tablename__ = "replaced_records"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    config: Mapped[str] = mapped_column(Text)
+    median_us: Mapped[float] = mapped_column(Float)
+    spread_us: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    default_config: Mapped[str] = mapped_column(Text)
+    default_median_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    default_spread_us: Mapped[float | None] = mapped_column(Float, nullable=True)
+    method: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    replaced_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# may be absent from a version-1 DB; a DB opened for writing gains them
+OPTIONAL_TABLES = {Miss.__tablename__, ReplacedRecord.__tablename__}
+# the fields a record carries besides its key
+RECORD_FIELDS = ("config", "median_us", "spread_us", "samples", "default_config", "default_median_us",
+                 "default_spread_us", "method", "created_at")

@@ -5,20 +5,22 @@ Where: $TUNER_SHIPPED (a file, a directory of *.tunings.json, or "off"), else th
 *.tunings.json files of tuning_cache/ in a source checkout, or of tuner/shipped/ in an
 installed wheel (pyproject.toml packages tuning_cache/ as tuner.shipped). Nothing here writes.
 
-Which records apply: those measured on the same GPU (name, SM count, capability) with the
-same CUDA, torch, Triton, sgl-kernel and FlashInfer versions as this process (local build
-tags such as torch's "+cu130" aside); the GPU driver and tuner's own version may differ
-(neither changes which kernel code runs).
-Any other difference, a library upgrade above all, leaves the record unused.
+Which records apply: the rule of tuner.db.fingerprint.applies, as for the user's DB (same
+GPU, same CUDA, torch, Triton, sgl-kernel and FlashInfer versions; driver and tuner's own
+version may differ). Any other difference, a library upgrade above all, leaves the record
+unused. Records of one key in several files (or twice in one): the newest measurement
+wins (created_at; one without a date counts as oldest), a tie going to the first read.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.db.fingerprint import why_not
 from tuner.db.jsonio import load_document, parse_document
 from tuner.db.location import default_db_path
 from tuner.db.store import winner_gain
@@ -26,10 +28,9 @@ from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 
 SHIPPED_ENV = "TUNER_SHIPPED"
+_OLDEST = datetime.min.replace(tzinfo=timezone.utc)
 SHIPPED_GLOB = "*.tunings.json"
 OFF = ("off", "0", "none", "false", "no")
-# fingerprint fields that may differ between the shipped record's environment and this one
-MAY_DIFFER = frozenset({"driver", "tuner"})
 
 
 @dataclass
@@ -54,36 +55,6 @@ class ShippedLayer:
     @property
     def applied(self) -> int:
         return sum(f.applied for f in self.files)
-
-
-# versions compared without a local build tag: torch "2.11.0+cu130" from PyTorch's index is
-# the "2.11.0" of PyPI's wheel for the same CUDA, which the fingerprint's cuda field names
-_VERSIONS = ("torch", "triton", "sgl_kernel", "flashinfer")
-
-
-def _comparable(field_name: str, value: Any) -> Any:
-    if field_name in _VERSIONS and isinstance(value, str):
-        return value.split("+", 1)[0]
-    return value
-
-
-def differing_fields(shipped: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The fingerprint fields that keep a shipped record from applying in `current`."""
-    return sorted(k for k in set(shipped) | set(current)
-                  if k not in MAY_DIFFER and _comparable(k, shipped.get(k)) != _comparable(k, current.get(k)))
-
-
-_DEVICE_FIELDS = ("device", "device_kind", "sm_count", "capability")
-
-
-def why_not(shipped: dict[str, Any], current: dict[str, Any]) -> str:
-    """Why records of the `shipped` environment do not apply in `current` ("" if they do)."""
-    fields = differing_fields(shipped, current)
-    if not fields:
-        return ""
-    if any(f in fields for f in _DEVICE_FIELDS):
-        return f"made on {shipped.get('device')}, this is {current.get('device')}"
-    return "; ".join(f"{f} {shipped.get(f)} there, {current.get(f)} here" for f in fields)
 
 
 def shipped_paths(source: str | os.PathLike | None = None) -> list[Path]:
@@ -123,6 +94,7 @@ def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = Non
     layer.errors (naming the file); the other files still count. A file none of whose
     environments applies here is counted, not validated (start-up stays cheap)."""
     layer = ShippedLayer()
+    dated: dict[tuple, tuple[datetime, ShippedFile]] = {}  # (key, run key) -> (created_at, its file)
     for path in shipped_paths(source):
         try:
             doc = load_document(path)
@@ -143,12 +115,17 @@ def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = Non
                 info.mismatches[fp_id] = why_not(fp_data, current)
             if info.mismatches[fp_id]:
                 continue
-            table = layer.table.setdefault((problem.op, problem.static_key), {})
-            if problem.run_key not in table:  # the first file (sorted by name) wins a clash
-                table[problem.run_key] = fields["config"]
-                layer.gains.setdefault((problem.op, problem.static_key), {})[problem.run_key] = winner_gain(
-                    fields["median_us"], fields["default_median_us"])
-                info.applied += 1
+            key, run = (problem.op, problem.static_key), problem.run_key
+            created = fields["created_at"] or _OLDEST
+            held = dated.get((key, run))
+            if held is not None and held[0] > created:
+                continue  # the newest measurement wins; a tie goes to the one read last
+            if held is not None:
+                held[1].applied -= 1
+            dated[(key, run)] = (created, info)
+            layer.table.setdefault(key, {})[run] = fields["config"]
+            layer.gains.setdefault(key, {})[run] = winner_gain(fields["median_us"], fields["default_median_us"])
+            info.applied += 1
         info.mismatches = {k: v for k, v in info.mismatches.items() if v}
         layer.files.append(info)
     return layer

@@ -1,8 +1,16 @@
-"""TuningDB: records, measurements and fingerprints, read and written through SQLAlchemy."""
+"""TuningDB: records, measurements and fingerprints, read and written through SQLAlchemy.
+
+Reads take raw column values and check each row against tuner.db.rows: a malformed row
+(tampered, or written by something else) is an error naming it for the CLI, is skipped and
+counted by the runtime's snapshot, and is listed by integrity() and removed by prune().
+
+Replacing a winner: a record replaces the stored one of the same key and environment only
+when it is at least as new (created_at), unless the writer asks to replace regardless
+(`tuner import --replace`); what it replaces is kept in the replaced_records table.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from contextlib import contextmanager
@@ -12,18 +20,26 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from filelock import FileLock, Timeout
-from sqlalchemy import Engine, create_engine, delete, event, func, inspect, select, text
+from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, type_coerce, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
+from sqlalchemy.types import NullType
 
-from tuner.db.location import DBError, MissingDBError, resolve_db_url
+from tuner.db import rows as check
+from tuner.db.fingerprint import applies
+from tuner.db.location import DamagedDBError, DBError, MissingDBError, resolve_db_url
 from tuner.db.schema import (
-    OPTIONAL_TABLES, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss, TuningRecord, utcnow,
+    OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss, ReplacedRecord,
+    TuningRecord, utcnow,
 )
 from tuner.keys import AttentionRunKey, canonical_json
 
 WRITE_LOCK_TIMEOUT_S = 120.0
+PROBLEM_COLUMNS = ("op", "static_key", "batch", "max_q_len", "kv_len_bucket")
+RECORD_KEY = [*PROBLEM_COLUMNS, "fingerprint_id"]
+STATUSES = ("ok", "wrong", "error", "oom")
+SERVED = ("nearest", "default")
 
 
 @dataclass(frozen=True)
@@ -81,25 +97,108 @@ class MeasurementRow:
     kv_len: int | None = None  # the kv length actually measured
 
 
-def _problem(row: Any) -> Problem:
-    return Problem(row.op, row.static_key, AttentionRunKey(row.batch, row.max_q_len, row.kv_len_bucket))
+@dataclass
+class Snapshot:
+    """Every winner that applies in one environment, for the runtime: (op, static key JSON)
+    -> {run key: config}, each winner's gain alike (winner_gain), and the malformed rows
+    left out."""
+
+    table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = field(default_factory=dict)
+    gains: dict[tuple[str, str], dict[AttentionRunKey, float]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # one line per malformed row left out
 
 
-def _record(row: TuningRecord) -> Record:
+@dataclass(frozen=True)
+class SaveResult:
+    """What save_records did with each record: written where none was, replaced an older
+    one, kept the stored one (it was newer), or found it identical."""
+
+    written: int = 0
+    replaced: int = 0
+    kept: int = 0
+    same: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.written + self.replaced + self.kept + self.same
+
+
+class MalformedRowsError(DBError):
+    """Rows that break tuner.db.rows' rules; one line naming the first."""
+
+
+def winner_gain(median_us: float | None, default_median_us: float | None) -> float:
+    """How much faster a winner ran than the default at its own key: default / winner time;
+    infinite when the default did not run right (nothing to lose), 1.0 when unknown."""
+    if default_median_us is None:
+        return math.inf
+    if not median_us or median_us <= 0:
+        return 1.0
+    return default_median_us / median_us
+
+
+def _raw(model: type, *criteria: Any):
+    """SELECT every column of model without SQLAlchemy's result processing (a bad date
+    in one row must not fail the whole query), rows checked by the caller."""
+    columns = [type_coerce(c, NullType()).label(c.name) for c in model.__table__.columns]
+    return select(*columns).where(*criteria)
+
+
+def _problem(row: Any, where: str) -> Problem:
+    check.json_value(row.static_key, f"{where}.static_key")
+    return Problem(check.text(row.op, f"{where}.op"), row.static_key,
+                   check.run_key(row.batch, row.max_q_len, row.kv_len_bucket, f"{where}.run_key"))
+
+
+def _record(row: Any, fingerprint_ids: set[str] | dict[str, Any]) -> Record:
+    """A records row, checked (RowError names the row and field)."""
+    where = f"records id {row.id}"
+    if row.fingerprint_id not in fingerprint_ids:
+        raise check.RowError(f"{where}: fingerprint {row.fingerprint_id!r} is not in the DB")
     return Record(
-        problem=_problem(row),
+        problem=_problem(row, where),
         fingerprint_id=row.fingerprint_id,
-        config=json.loads(row.config),
-        median_us=row.median_us,
-        spread_us=row.spread_us,
-        samples=row.samples,
-        default_config=json.loads(row.default_config),
-        default_median_us=row.default_median_us,
-        default_spread_us=row.default_spread_us,
-        method=json.loads(row.method),
-        # SQLite keeps no time zone; every time stored is UTC
-        created_at=row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=timezone.utc),
+        config=check.config(check.json_value(row.config, f"{where}.config"), f"{where}.config"),
+        median_us=check.number(row.median_us, f"{where}.median_us", positive=True),
+        spread_us=check.number(row.spread_us, f"{where}.spread_us"),
+        samples=check.integer(row.samples, f"{where}.samples", 0, 2**31 - 1),
+        default_config=check.config(check.json_value(row.default_config, f"{where}.default_config"),
+                                    f"{where}.default_config"),
+        default_median_us=check.number(row.default_median_us, f"{where}.default_median_us", positive=True,
+                                       nullable=True),
+        default_spread_us=check.number(row.default_spread_us, f"{where}.default_spread_us", nullable=True),
+        method=check.json_object(row.method, f"{where}.method"),
+        created_at=check.created_at(row.created_at, f"{where}.created_at"),
     )
+
+
+def _measurement(row: Any) -> MeasurementRow:
+    where = f"measurements id {row.id}"
+    status = row.status
+    if status not in STATUSES:
+        raise check.RowError(f"{where}.status: expected one of {', '.join(STATUSES)}, got {status!r:.40}")
+    return MeasurementRow(
+        config=check.config(check.json_value(row.config, f"{where}.config"), f"{where}.config"),
+        status=status,
+        median_us=check.number(row.median_us, f"{where}.median_us", nullable=True),
+        spread_us=check.number(row.spread_us, f"{where}.spread_us", nullable=True),
+        samples=check.integer(row.samples, f"{where}.samples", 0, 2**31 - 1),
+        max_error=_max_error(row.max_error, f"{where}.max_error"),
+        error=row.error if row.error is None or isinstance(row.error, str) else str(row.error),
+        method=check.json_object(row.method, f"{where}.method"),
+        kv_len=check.integer(row.kv_len, f"{where}.kv_len", 0),
+    )
+
+
+def _max_error(value: Any, where: str) -> float | None:
+    """A candidate's largest error: any float (inf where it gave non-finite values), or None."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value
+    raise check.RowError(f"{where}: expected a number, got {value!r:.40}")
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -111,16 +210,6 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 _CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation
-
-
-def winner_gain(median_us: float | None, default_median_us: float | None) -> float:
-    """How much faster a winner ran than the default at its own key: default / winner time;
-    infinite when the default did not run right (nothing to lose), 1.0 when unknown."""
-    if default_median_us is None:
-        return math.inf
-    if not median_us or median_us <= 0:
-        return 1.0
-    return default_median_us / median_us
 
 
 def _short(exc: BaseException) -> str:
@@ -180,10 +269,20 @@ class TuningDB:
             raise DBError(f"cannot create tuning DB {path}: directory {path.parent} is not writable")
 
     def _init_schema(self, create: bool) -> None:
-        """Check the schema with reads; write it only into an empty (or half-made) DB, and
-        only if create. SQLite commits DDL at once, so another process may see our tables
-        before the schema version row: such a DB is finished under the lock, not refused."""
-        if self._schema_ready():
+        """Check the schema with reads; write it only into an empty DB, and only if create.
+
+        A DB with tuner's tables but no schema version row (or no tuner_meta table) is
+        damage, not "no DB yet": nothing reads or writes it. SQLite commits DDL at once, so
+        a process creating the DB shows its tables before the version row; it holds the
+        write lock until that row is in, so such a DB is looked at again under the lock."""
+        state = self._schema_state()
+        if state == "partial" and self._lock is not None:
+            with self._locked_if_possible():
+                state = self._schema_state()
+        if state == "partial":
+            raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no schema "
+                                 "version (sweep --force renames it aside and starts a new DB)")
+        if state == "ready":
             if create and self._missing_optional_tables:
                 with self._write(action="upgrade") as session:  # tables added since version 1
                     Base.metadata.create_all(session.connection(), tables=[
@@ -193,8 +292,12 @@ class TuningDB:
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
         with self._locked("create"):  # another process may be creating it too
-            if self._schema_ready():
+            state = self._schema_state()
+            if state == "ready":
                 return
+            if state == "partial":
+                raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no "
+                                     "schema version (sweep --force renames it aside and starts a new DB)")
             if self.url.get_backend_name() == "sqlite":
                 try:  # WAL is a property of the file, and cannot be set inside a transaction
                     with self.engine.connect() as conn:
@@ -211,27 +314,35 @@ class TuningDB:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
             self._missing_optional_tables = set()
 
-    def _schema_ready(self) -> bool:
-        """True for a tuning DB of our schema version; False for an empty or half-made one
-        (only our tables, no version yet); DBError for anything else."""
+    def _schema_state(self) -> str:
+        """"ready" (our schema version, every core table), "empty" (no tables), "partial"
+        (only our tables, no version row); DBError for anything else."""
         with self._read() as session:
+            inspector = inspect(session.connection())
+            version = None
+            if Meta.__tablename__ in inspector.get_table_names():
+                version = session.execute(
+                    select(type_coerce(Meta.value, NullType())).where(Meta.key == "schema_version")).scalar()
+            # the tables after the version: a creator commits the version row after its last
+            # table, so once the row is seen every table is (listing them first races it)
             inspector = inspect(session.connection())
             tables = set(inspector.get_table_names())
             self._missing_optional_tables = OPTIONAL_TABLES - tables
-            version = session.get(Meta, "schema_version") if Meta.__tablename__ in tables else None
-            if version is None:  # ours only if every table is one of ours, column for column
-                foreign = any(t not in Base.metadata.tables or {c["name"] for c in inspector.get_columns(t)}
-                              != set(Base.metadata.tables[t].columns.keys()) for t in tables)
+            foreign = any(t not in Base.metadata.tables or {c["name"] for c in inspector.get_columns(t)}
+                          != set(Base.metadata.tables[t].columns.keys()) for t in tables)
         if version is not None:
-            if version.value != str(SCHEMA_VERSION):
+            if str(version) != str(SCHEMA_VERSION):
                 raise DBError(
-                    f"tuning DB {self.display_url} has schema version {version.value}; "
+                    f"tuning DB {self.display_url} has schema version {str(version)!r:.20}; "
                     f"this tuner reads version {SCHEMA_VERSION}"
                 )
-            return True
+            missing = sorted(set(Base.metadata.tables) - OPTIONAL_TABLES - tables)
+            if missing:
+                raise DamagedDBError(f"tuning DB {self.display_url} is damaged: table {missing[0]} is missing")
+            return "ready"
         if foreign:
             raise DBError(f"{self.display_url} is not a tuning DB (it has other tables); give another --db")
-        return False
+        return "partial" if tables else "empty"
 
     def close(self) -> None:
         self.engine.dispose()
@@ -262,6 +373,20 @@ class TuningDB:
             self._lock.release()
 
     @contextmanager
+    def _locked_if_possible(self) -> Iterator[None]:
+        """The write lock for a reader that only waits for a creator to finish: where the
+        lock file cannot be made (a read-only directory), no creator can be writing."""
+        try:
+            self._lock.acquire()  # type: ignore[union-attr]
+        except (Timeout, OSError):
+            yield
+            return
+        try:
+            yield
+        finally:
+            self._lock.release()  # type: ignore[union-attr]
+
+    @contextmanager
     def _write(self, action: str = "write") -> Iterator[Session]:
         """One transaction, under the cross-process file lock for SQLite files."""
         with self._locked(action):
@@ -269,7 +394,8 @@ class TuningDB:
                 with Session(self.engine) as session, session.begin():
                     yield session
             except DBAPIError as e:
-                raise DBError(f"cannot {action} tuning DB {self.display_url}: {_short(e)}") from None
+                error = self._read_error(e)
+                raise type(error)(f"cannot {action} tuning DB {self.display_url}: {_short(e)}") from None
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -277,21 +403,31 @@ class TuningDB:
             with Session(self.engine) as session:
                 yield session
         except DBAPIError as e:
-            raise DBError(f"cannot read tuning DB {self.display_url}: {_short(e)}") from None
+            raise self._read_error(e) from None
+
+    def _read_error(self, e: DBAPIError) -> DBError:
+        """A file SQLite calls malformed or not a database is damage; other errors (a lock,
+        a server down) are not."""
+        import sqlite3
+
+        orig = getattr(e, "orig", None)
+        damaged = isinstance(orig, sqlite3.DatabaseError) and not isinstance(orig, sqlite3.OperationalError)
+        return (DamagedDBError if damaged else DBError)(f"cannot read tuning DB {self.display_url}: {_short(e)}")
 
     def _upsert(self, session: Session, model: type, values: dict[str, Any], key: list[str],
                 replace: bool = True, add: tuple[str, ...] = ()) -> None:
         """Insert, or on a key conflict replace the other columns (or keep the row: replace=False);
         columns in `add` are added to the stored value instead of replacing it."""
         dialect = session.bind.dialect.name
-        update = {k: v for k, v in values.items() if k not in key}
+        update_values = {k: v for k, v in values.items() if k not in key}
         if dialect in ("sqlite", "postgresql"):
-            insert = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(**values)
+            stmt = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(**values)
             if replace:
-                set_ = {k: getattr(model, k) + getattr(insert.excluded, k) if k in add else v for k, v in update.items()}
-                session.execute(insert.on_conflict_do_update(index_elements=key, set_=set_))
+                set_ = {k: getattr(model, k) + getattr(stmt.excluded, k) if k in add else v
+                        for k, v in update_values.items()}
+                session.execute(stmt.on_conflict_do_update(index_elements=key, set_=set_))
             else:
-                session.execute(insert.on_conflict_do_nothing(index_elements=key))
+                session.execute(stmt.on_conflict_do_nothing(index_elements=key))
             return
         existing = session.scalars(
             select(model).where(*(getattr(model, k) == values[k] for k in key))
@@ -300,8 +436,16 @@ class TuningDB:
             session.add(model(**values))
             session.flush()
         elif replace:
-            for k, v in update.items():
+            for k, v in update_values.items():
                 setattr(existing, k, getattr(existing, k) + v if k in add else v)
+
+    def require_sound(self, action: str) -> None:
+        """Refuse to write into a damaged DB (integrity_check, a missing core table,
+        malformed rows): one line naming the first problem."""
+        problems = self.integrity()
+        if problems:
+            raise DamagedDBError(f"will not {action} tuning DB {self.display_url}: it is damaged ({problems[0]}); "
+                          "`tuner doctor` lists the problems")
 
     # -- writes ------------------------------------------------------------------------
 
@@ -339,7 +483,7 @@ class TuningDB:
             error=error,
             method=canonical_json(method),
         )
-        key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id", "config"]
+        key = [*RECORD_KEY, "config"]
         with self._write() as session:
             self._ensure_fingerprint(session, fp_id, fp_data)
             self._upsert(session, Measurement, values, key)
@@ -358,8 +502,8 @@ class TuningDB:
         default_spread_us: float | None,
         method: dict[str, Any],
         created_at: datetime | None = None,
-    ) -> None:
-        self.save_records([
+    ) -> SaveResult:
+        return self.save_records([
             (problem, fingerprint, dict(
                 config=config, median_us=median_us, spread_us=spread_us, samples=samples,
                 default_config=default_config, default_median_us=default_median_us,
@@ -376,9 +520,9 @@ class TuningDB:
         default_config: dict[str, Any],
         default_timing: Any | None,
         method: dict[str, Any],
-    ) -> None:
+    ) -> SaveResult:
         """save_record from timings (anything with median_us, spread_us and samples)."""
-        self.save_record(
+        return self.save_record(
             problem, fingerprint, config,
             median_us=timing.median_us, spread_us=timing.spread_us, samples=timing.samples,
             default_config=default_config,
@@ -387,9 +531,14 @@ class TuningDB:
             method=method,
         )
 
-    def save_records(self, rows: list[tuple[Problem, tuple[str, dict[str, Any]], dict[str, Any]]]) -> None:
-        """Upsert many records in ONE transaction: all land or none (used by import)."""
-        key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"]
+    def save_records(self, rows: list[tuple[Problem, tuple[str, dict[str, Any]], dict[str, Any]]], *,
+                     replace: bool = False) -> SaveResult:
+        """Write many records in ONE transaction: all land or none (used by import).
+
+        A record replaces the stored one of its key only when it is at least as new
+        (created_at; a record without one is dated now), or with replace=True; the replaced
+        one goes to replaced_records. Returns what happened to them."""
+        counts = dict(written=0, replaced=0, kept=0, same=0)
         with self._write() as session:
             for problem, (fp_id, fp_data), fields in rows:
                 self._ensure_fingerprint(session, fp_id, fp_data)
@@ -398,61 +547,172 @@ class TuningDB:
                     values[name] = canonical_json(values[name])
                 if values.get("created_at") is None:
                     values["created_at"] = utcnow()
-                self._upsert(session, TuningRecord, values, key)
+                counts[self._put_record(session, values, replace)] += 1
+        return SaveResult(**counts)
+
+    def _put_record(self, session: Session, values: dict[str, Any], replace: bool) -> str:
+        where = [getattr(TuningRecord, k) == values[k] for k in RECORD_KEY]
+        stmt = _raw(TuningRecord, *where)
+        if session.bind.dialect.name == "postgresql":
+            stmt = stmt.with_for_update()
+        existing = session.execute(stmt).one_or_none()
+        if existing is None:
+            dialect = session.bind.dialect.name
+            if dialect in ("sqlite", "postgresql"):
+                ins = (sqlite if dialect == "sqlite" else postgresql).insert(TuningRecord).values(**values)
+                if session.execute(ins.on_conflict_do_nothing(index_elements=RECORD_KEY)).rowcount:
+                    return "written"
+                existing = session.execute(stmt).one()  # another writer's, committed meanwhile
+            else:
+                try:
+                    with session.begin_nested():
+                        session.execute(insert(TuningRecord).values(**values))
+                    return "written"
+                except IntegrityError:
+                    existing = session.execute(stmt).one()
+        try:
+            old = _record(existing, {existing.fingerprint_id})
+        except check.RowError:
+            old = None  # a malformed row: replaced, and not kept (nothing in it can be used)
+        if old is not None:
+            same = all(getattr(existing, k) == values[k] for k in RECORD_FIELDS if k != "created_at")
+            if same and old.created_at == _utc(values["created_at"]):
+                return "same"
+            if not replace and old.created_at > _utc(values["created_at"]):
+                return "kept"
+            session.execute(insert(ReplacedRecord).values(
+                **{k: getattr(existing, k) for k in RECORD_KEY}, config=existing.config,
+                median_us=old.median_us, spread_us=old.spread_us, samples=old.samples,
+                default_config=existing.default_config, default_median_us=old.default_median_us,
+                default_spread_us=old.default_spread_us, method=existing.method, created_at=old.created_at,
+                replaced_at=utcnow()))
+        session.execute(update(TuningRecord).where(TuningRecord.id == existing.id).values(
+            **{k: values[k] for k in RECORD_FIELDS}))
+        return "replaced"
 
     # -- reads -------------------------------------------------------------------------
 
-    def measurements(self, problem: Problem, fingerprint_id: str) -> list[MeasurementRow]:
-        cols = problem.columns()
-        with self._read() as session:
-            rows = session.scalars(
-                select(Measurement).filter_by(**cols, fingerprint_id=fingerprint_id).order_by(Measurement.id)
-            ).all()
-            return [
-                MeasurementRow(json.loads(r.config), r.status, r.median_us, r.spread_us,
-                               r.samples, r.max_error, r.error, json.loads(r.method), r.kv_len)
-                for r in rows
-            ]
+    def _fingerprint_rows(self, session: Session) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """(id -> data) of the well-formed fingerprints, and one line per malformed one."""
+        good: dict[str, dict[str, Any]] = {}
+        bad: list[str] = []
+        for row in session.execute(_raw(Fingerprint)):
+            try:
+                good[check.text(row.id, "fingerprints id", 32)] = check.json_object(
+                    row.data, f"fingerprints id {row.id!r:.40}.data")
+            except check.RowError as e:
+                bad.append(str(e))
+        return good, bad
 
-    def record(self, problem: Problem, fingerprint_id: str) -> Record | None:
-        with self._read() as session:
-            row = session.scalars(
-                select(TuningRecord).filter_by(**problem.columns(), fingerprint_id=fingerprint_id)
-            ).one_or_none()
-            return _record(row) if row else None
+    def _malformed(self, what: str, bad: list[str]) -> MalformedRowsError:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        return MalformedRowsError(f"tuning DB {self.display_url} has malformed {what} ({bad[0]}{more}); "
+                                  "`tuner doctor` lists them, `tuner prune` removes them")
 
-    def records(self, *, op: str | None = None, fingerprint_id: str | None = None) -> list[Record]:
-        query = select(TuningRecord).order_by(
+    def applicable_ids(self, environment: dict[str, Any]) -> set[str]:
+        """The ids of stored environments whose records apply in `environment`
+        (tuner.db.fingerprint.applies: same GPU and kernel-library versions)."""
+        with self._read() as session:
+            fps, _ = self._fingerprint_rows(session)
+        return {fp for fp, data in fps.items() if applies(data, environment)}
+
+    def records(self, *, op: str | None = None, fingerprint_id: str | None = None,
+                environment: dict[str, Any] | None = None) -> list[Record]:
+        """Stored winners (of one op, one environment id, or those that apply in
+        `environment`: the newest per problem). MalformedRowsError on a malformed row."""
+        query = _raw(TuningRecord).order_by(
             TuningRecord.op, TuningRecord.static_key, TuningRecord.max_q_len,
-            TuningRecord.batch, TuningRecord.kv_len_bucket,
+            TuningRecord.batch, TuningRecord.kv_len_bucket, TuningRecord.id,
         )
         if op is not None:
             query = query.where(TuningRecord.op == op)
         if fingerprint_id is not None:
             query = query.where(TuningRecord.fingerprint_id == fingerprint_id)
         with self._read() as session:
-            return [_record(r) for r in session.scalars(query)]
+            fps, _ = self._fingerprint_rows(session)
+            if environment is not None:
+                ids = [fp for fp, data in fps.items() if applies(data, environment)]
+                query = query.where(TuningRecord.fingerprint_id.in_(ids))
+            out, bad = [], []
+            for row in session.execute(query):
+                try:
+                    out.append(_record(row, fps))
+                except check.RowError as e:
+                    bad.append(str(e))
+        if bad:
+            raise self._malformed("records", bad)
+        if environment is None:
+            return out
+        newest: dict[Problem, Record] = {}
+        for r in out:
+            if r.problem not in newest or r.created_at >= newest[r.problem].created_at:
+                newest[r.problem] = r
+        return [r for r in out if newest[r.problem] is r]
+
+    def record(self, problem: Problem, fingerprint_id: str | None = None, *,
+               environment: dict[str, Any] | None = None) -> Record | None:
+        """The winner of a problem in one environment id, or the newest that applies in `environment`."""
+        found = [r for r in self.records(op=problem.op, fingerprint_id=fingerprint_id, environment=environment)
+                 if r.problem == problem]
+        return max(found, key=lambda r: r.created_at) if found else None
+
+    def measurements(self, problem: Problem, fingerprint_id: str) -> list[MeasurementRow]:
+        cols = problem.columns()
+        query = _raw(Measurement, *(getattr(Measurement, k) == v for k, v in cols.items()),
+                     Measurement.fingerprint_id == fingerprint_id).order_by(Measurement.id)
+        out, bad = [], []
+        with self._read() as session:
+            for row in session.execute(query):
+                try:
+                    out.append(_measurement(row))
+                except check.RowError as e:
+                    bad.append(str(e))
+        if bad:
+            raise self._malformed("measurements", bad)
+        return out
 
     def fingerprints(self) -> dict[str, dict[str, Any]]:
+        """Every stored environment, id -> data. MalformedRowsError on a malformed one."""
         with self._read() as session:
-            return {f.id: json.loads(f.data) for f in session.scalars(select(Fingerprint))}
+            good, bad = self._fingerprint_rows(session)
+        if bad:
+            raise self._malformed("fingerprints", bad)
+        return good
 
-    def snapshot(self, fingerprint_id: str, gains: dict | None = None,
-                 ) -> dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]]:
-        """Every winner of one environment: (op, static key JSON) -> {run key: config}.
-        `gains`, when given, is filled alike with each winner's gain (winner_gain)."""
-        table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = {}
-        query = select(
-            TuningRecord.op, TuningRecord.static_key, TuningRecord.batch, TuningRecord.max_q_len,
-            TuningRecord.kv_len_bucket, TuningRecord.config, TuningRecord.median_us, TuningRecord.default_median_us,
-        ).where(TuningRecord.fingerprint_id == fingerprint_id)
+    def snapshot(self, environment: dict[str, Any]) -> Snapshot:
+        """Every winner that applies in `environment` (the newest where several stored
+        environments hold one key), malformed rows skipped and counted, never raised."""
+        snap = Snapshot()
+        newest: dict[tuple[tuple[str, str], AttentionRunKey], datetime] = {}
+        query = select(*(type_coerce(getattr(TuningRecord, c), NullType()).label(c) for c in (
+            "id", "op", "static_key", "batch", "max_q_len", "kv_len_bucket", "config", "median_us",
+            "default_median_us", "created_at", "fingerprint_id")))
         with self._read() as session:
-            for op, static, batch, q, kv, config, median, default_median in session.execute(query):
-                run = AttentionRunKey(batch, q, kv)
-                table.setdefault((op, static), {})[run] = json.loads(config)
-                if gains is not None:
-                    gains.setdefault((op, static), {})[run] = winner_gain(median, default_median)
-        return table
+            fps, bad_fps = self._fingerprint_rows(session)
+            snap.skipped.extend(bad_fps)
+            ids = [fp for fp, data in fps.items() if applies(data, environment)]
+            orphans = session.execute(select(TuningRecord.id, TuningRecord.fingerprint_id).where(
+                ~TuningRecord.fingerprint_id.in_(list(fps)))).all()
+            snap.skipped.extend(f"records id {rid}: fingerprint {fp!r:.40} is not in the DB" for rid, fp in orphans)
+            for row in session.execute(query.where(TuningRecord.fingerprint_id.in_(ids))):
+                where = f"records id {row.id}"
+                try:
+                    problem = _problem(row, where)
+                    config = check.config(check.json_value(row.config, f"{where}.config"), f"{where}.config")
+                    median = check.number(row.median_us, f"{where}.median_us", positive=True)
+                    default = check.number(row.default_median_us, f"{where}.default_median_us", positive=True,
+                                           nullable=True)
+                    created = check.created_at(row.created_at, f"{where}.created_at")
+                except check.RowError as e:
+                    snap.skipped.append(str(e))
+                    continue
+                key, run = (problem.op, problem.static_key), problem.run_key
+                if (key, run) in newest and newest[(key, run)] > created:
+                    continue
+                newest[(key, run)] = created
+                snap.table.setdefault(key, {})[run] = config
+                snap.gains.setdefault(key, {})[run] = winner_gain(median, default)
+        return snap
 
     def counts(self) -> dict[str, dict[str, int]]:
         """{fingerprint id: {"records": n, "measurements": m}}."""
@@ -461,51 +721,121 @@ class TuningDB:
             for model, name in ((TuningRecord, "records"), (Measurement, "measurements")):
                 query = select(model.fingerprint_id, func.count()).group_by(model.fingerprint_id)
                 for fp, n in session.execute(query):
-                    out.setdefault(fp, {"records": 0, "measurements": 0})[name] = n
+                    out.setdefault(str(fp), {"records": 0, "measurements": 0})[name] = n
         return out
+
+    def op_names(self) -> set[str]:
+        """Every op name the DB holds records or misses of (tuner's ops and users' own)."""
+        with self._read() as session:
+            names = set(session.scalars(select(TuningRecord.op).distinct()))
+            if Miss.__tablename__ not in self._missing_optional_tables:
+                names |= set(session.scalars(select(Miss.op).distinct()))
+        return {str(n) for n in names}
 
     def save_misses(self, fingerprint: tuple[str, dict[str, Any]], misses: list[tuple[Problem, str, int]]) -> None:
         """Add (problem, served as "nearest" or "default", times) to the misses table, one transaction."""
         if not misses:
             return
-        key = ["op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"]
         with self._write(action="record misses in") as session:
             self._ensure_fingerprint(session, *fingerprint)
             for problem, served, count in misses:
                 values = dict(problem.columns(), fingerprint_id=fingerprint[0], served=served, count=count,
                               last_seen=utcnow())
-                self._upsert(session, Miss, values, key, add=("count",))
+                self._upsert(session, Miss, values, RECORD_KEY, add=("count",))
 
-    def misses(self, fingerprint_id: str, *, op: str | None = None) -> list[tuple[Problem, str, int]]:
+    def misses(self, fingerprint_id: str, *, op: str | None = None,
+               environment: dict[str, Any] | None = None) -> list[tuple[Problem, str, int]]:
         """(problem, served, count) the runtime recorded in this environment and that still
-        have no exact winner, most frequent first."""
-        if self._missing_optional_tables:
+        have no winner applying in `environment` (default: none of this id), most frequent first."""
+        if Miss.__tablename__ in self._missing_optional_tables:
             return []
-        query = select(Miss).where(Miss.fingerprint_id == fingerprint_id)
+        query = _raw(Miss, Miss.fingerprint_id == fingerprint_id)
         if op is not None:
             query = query.where(Miss.op == op)
+        out, bad = [], []
         with self._read() as session:
-            rows = [(_problem(m), m.served, m.count) for m in session.scalars(query)]
-        solved = {r.problem for r in self.records(op=op, fingerprint_id=fingerprint_id)}
-        return sorted((m for m in rows if m[0] not in solved), key=lambda m: (-m[2], m[0].op, m[0].static_key))
+            for m in session.execute(query):
+                try:
+                    if m.served not in SERVED:
+                        raise check.RowError(f"misses id {m.id}.served: expected nearest or default")
+                    out.append((_problem(m, f"misses id {m.id}"), m.served,
+                                check.integer(m.count, f"misses id {m.id}.count", 0)))
+                except check.RowError as e:
+                    bad.append(str(e))
+        if bad:
+            raise self._malformed("misses", bad)
+        solved = {r.problem for r in (self.records(op=op, environment=environment) if environment is not None
+                                      else self.records(op=op, fingerprint_id=fingerprint_id))}
+        return sorted((m for m in out if m[0] not in solved), key=lambda m: (-m[2], m[0].op, m[0].static_key))
 
-    def prune(self, keep_fingerprint_id: str, *, dry_run: bool = False) -> dict[str, dict[str, int]]:
-        """Remove every record, measurement and fingerprint of environments other than
-        `keep_fingerprint_id` (stale after an upgrade: never used at lookup), in one
-        transaction. Returns what was (or, with dry_run, would be) removed, per environment."""
-        stale = {fp: c for fp, c in self.counts().items() if fp != keep_fingerprint_id}
-        stale.update({fp: {"records": 0, "measurements": 0} for fp in self.fingerprints()
-                      if fp != keep_fingerprint_id and fp not in stale})
+    # -- damage ------------------------------------------------------------------------
+
+    def malformed_rows(self) -> list[tuple[type, Any, str]]:
+        """(table's model, row id, why) for every row that breaks tuner.db.rows' rules,
+        records pointing at no fingerprint included."""
+        out: list[tuple[type, Any, str]] = []
+        with self._read() as session:
+            fps, _ = self._fingerprint_rows(session)
+            for row in session.execute(_raw(Fingerprint)):
+                if row.id not in fps:
+                    out.append((Fingerprint, row.id, f"fingerprints id {row.id!r:.40}: data is not a JSON object"))
+            for row in session.execute(_raw(TuningRecord)):
+                try:
+                    _record(row, fps)
+                except check.RowError as e:
+                    out.append((TuningRecord, row.id, str(e)))
+            for row in session.execute(_raw(Measurement)):
+                try:
+                    _measurement(row)
+                    if row.fingerprint_id not in fps:
+                        raise check.RowError(f"measurements id {row.id}: fingerprint {row.fingerprint_id!r} "
+                                             "is not in the DB")
+                    _problem(row, f"measurements id {row.id}")
+                except check.RowError as e:
+                    out.append((Measurement, row.id, str(e)))
+            if Miss.__tablename__ not in self._missing_optional_tables:
+                for row in session.execute(_raw(Miss)):
+                    try:
+                        _problem(row, f"misses id {row.id}")
+                        if row.served not in SERVED or row.fingerprint_id not in fps:
+                            raise check.RowError(f"misses id {row.id}: bad served or fingerprint")
+                    except check.RowError as e:
+                        out.append((Miss, row.id, str(e)))
+        return out
+
+    def prune(self, environment: dict[str, Any], *, dry_run: bool = False) -> dict[str, dict[str, int]]:
+        """Remove, in one transaction, what cannot apply in `environment`: every record,
+        measurement, miss and fingerprint of environments whose records never apply here
+        (tuner.db.fingerprint.applies: another GPU or kernel-library version; a newer
+        driver or tuner does not count), and every malformed row (under the id
+        "malformed"). Returns what was (or, with dry_run, would be) removed."""
+        with self._read() as session:
+            fps, _ = self._fingerprint_rows(session)
+        keep = {fp for fp, data in fps.items() if applies(data, environment)}
+        bad = self.malformed_rows()
+        counts = self.counts()
+        stale = {fp: c for fp, c in counts.items() if fp not in keep}
+        stale.update({fp: {"records": 0, "measurements": 0} for fp in fps if fp not in keep and fp not in stale})
+        bad_records = [rid for model, rid, _ in bad if model is TuningRecord]
+        bad_measurements = [rid for model, rid, _ in bad if model is Measurement]
+        if bad:
+            stale["malformed"] = {"records": len(bad_records), "measurements": len(bad_measurements),
+                                  "rows": len(bad)}
         if dry_run or not stale:
             return stale
         with self._write(action="prune") as session:
-            for model in (Measurement, TuningRecord) + ((Miss,) if not self._missing_optional_tables else ()):
-                session.execute(delete(model).where(model.fingerprint_id != keep_fingerprint_id))
-            session.execute(delete(Fingerprint).where(Fingerprint.id != keep_fingerprint_id))
+            for model, rid, _ in bad:
+                session.execute(delete(model).where(model.__table__.c.id == rid))
+            models = [Measurement, TuningRecord] + [m for m in (Miss, ReplacedRecord)
+                                                    if m.__tablename__ not in self._missing_optional_tables]
+            for model in models:
+                session.execute(delete(model).where(~model.fingerprint_id.in_(keep)))
+            session.execute(delete(Fingerprint).where(~Fingerprint.id.in_(keep)))
         return stale
 
     def integrity(self) -> list[str]:
-        """Problems found (empty when the DB is sound)."""
+        """Problems found (empty when the DB is sound): SQLite's integrity_check, missing
+        tables, malformed rows (tuner.db.rows)."""
         problems: list[str] = []
         try:
             with self._read() as session:
@@ -518,13 +848,11 @@ class TuningDB:
                 )
                 if missing:
                     problems.append(f"missing tables: {', '.join(sorted(missing))}")
-                orphans = session.scalar(
-                    select(func.count()).select_from(TuningRecord).where(
-                        ~TuningRecord.fingerprint_id.in_(select(Fingerprint.id))
-                    )
-                )
-                if orphans:
-                    problems.append(f"{orphans} records point at no fingerprint")
+            if not problems:
+                bad = self.malformed_rows()
+                if bad:
+                    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+                    problems.append(f"{len(bad)} malformed rows ({bad[0][2]}{more}); `tuner prune` removes them")
         except DBError as e:
             problems.append(str(e))
         return problems
