@@ -67,9 +67,9 @@ def _isolated_runtime(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TUNER_DB", str(tmp_path / "runtime.db"))
     monkeypatch.setenv("TUNER_SHIPPED", "off")  # tests that want shipped tunings name their own
-    tuner.configure(db=None, mode="lookup")
+    tuner.configure(db=None, mode="lookup", shipped=None)
     yield
-    tuner.configure(db=None, mode="lookup")
+    tuner.configure(db=None, mode="lookup", shipped=None)
 
 # Triton's interpreter must be chosen before triton is first imported, whoever imports it
 if not torch.cuda.is_available():

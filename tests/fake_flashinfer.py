@@ -27,6 +27,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
         self.plan_calls: list[dict] = []
+        self.runs: list[dict] = []
+        self.forwards: list[str] = []
+        self.workspace_resets = 0
         BatchDecodeWithPagedKVCacheWrapper.instances.append(self)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kwargs):
@@ -58,9 +61,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._paged_kv_indptr_buf, self._paged_kv_indices_buf = indptr.clone(), indices
             self._paged_kv_last_page_len_buf = last_page_len.clone()
 
-    def run(self, q, paged_kv_cache):
-        return {"indptr": self._paged_kv_indptr_buf, "indices": self._paged_kv_indices_buf,
-                "last_page_len": self._paged_kv_last_page_len_buf}
+    def run(self, q, paged_kv_cache, return_lse=False, **kwargs):
+        read = {"indptr": self._paged_kv_indptr_buf, "indices": self._paged_kv_indices_buf,
+                "last_page_len": self._paged_kv_last_page_len_buf, "return_lse": return_lse, **kwargs}
+        self.runs.append(read)
+        # a real query: an output of its shape (what paged_attention reshapes); else what it read
+        return torch.zeros_like(q) if isinstance(q, torch.Tensor) else read
+
+    def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", **kwargs):
+        self.forwards.append(pos_encoding_mode)
+        return self.run(q, paged_kv_cache, **kwargs)
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer):
+        self.workspace_resets += 1
 
 
 def module() -> types.SimpleNamespace:

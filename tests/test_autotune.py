@@ -108,7 +108,7 @@ def test_records_of_another_environment_are_ignored(db_path):
 def test_mode_comes_from_the_environment(db_path, monkeypatch):
     store(db_path, 16, 2048, {"block": 64})
     monkeypatch.setenv("TUNER_MODE", "off")
-    tuner.configure(db=db_path)
+    tuner.configure(db=db_path, mode=None)  # None: $TUNER_MODE (a setting not given is kept)
     calls = []
     assert run(make_fn(calls), 16, 2048, calls) == 32
     with pytest.raises(tuner.TunerError, match="mode"):
@@ -304,3 +304,182 @@ def test_tune_mode_with_an_unwritable_db_warns_and_still_serves_the_winner(tmp_p
     with pytest.warns(UserWarning, match="could not store"):
         fn(torch.ones(2), 4, 100)
     assert run(fn, 4, 100, calls) == 16
+
+
+# -- issue 10: what a real server does to the runtime -------------------------------------------
+
+
+def test_configure_mode_keeps_the_db_it_was_pointed_at(db_path):
+    """configure(mode=...) used to re-point the runtime at the default DB."""
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path)
+    tuner.configure(mode="lookup")
+    calls = []
+    assert run(make_fn(calls), 16, 2048, calls) == 64
+    tuner.configure(db=None)  # None: $TUNER_DB, else the default file
+    assert run(make_fn(calls), 16, 2048, calls) == 32
+
+
+def test_threads_resolving_their_first_keys_at_once_load_one_snapshot_and_borrow_alike(db_path, monkeypatch):
+    """The first snapshot load raced between threads: one thread's half-loaded gains made
+    another refuse to borrow, and memoise the default for good."""
+    import threading
+
+    import tuner.db.shipped as shipped
+
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path)
+    loads = []
+    entered = threading.Event()
+    real = shipped.load_shipped
+
+    def slow_load(*args, **kwargs):  # the first load waits a little for a second to start
+        loads.append(1)
+        if len(loads) == 1:
+            entered.wait(0.3)
+        else:
+            entered.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(shipped, "load_shipped", slow_load)
+    results: list[int] = []
+
+    def call():
+        calls = []
+        make_fn(calls)(torch.ones(1), 8, 4096)  # a neighbour's winner: borrowed only with its gain loaded
+        results.append(calls[-1])
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert loads == [1] and results == [64, 64, 64, 64]
+
+
+def test_empty_batches_and_keys_no_host_value_gives_run_the_default(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path)
+    calls = []
+
+    @tuner.autotune("toy", configs=[{"block": 64}], default={"block": 32},
+                    key=lambda x, batch, kv, static=STATIC: (static, batch, 1, kv))
+    def fn(x, batch, kv, static=STATIC, *, config):
+        calls.append(config["block"])
+        return x
+
+    fn(torch.ones(0), 0, 2048)  # an empty batch: no run key, the default (FA3 returns an empty output)
+    fn(torch.ones(1), 16, 2048, static=None)  # a key function's "not tunable"
+    fn(torch.ones(1), 16, 2048)
+    assert calls == [32, 32, 64]
+
+
+def test_tune_mode_checks_each_config_against_a_copy_when_the_kernel_writes_into_out(db_path):
+    """A kernel writing into the caller's out= returns that one tensor for every config: each
+    was checked against itself, and a wrong (but fast) config was crowned."""
+    tuner.configure(db=db_path, mode="tune")
+
+    @tuner.autotune("writes_out", configs=[{"right": True}, {"right": False}], default={"right": True},
+                    static_key=lambda x, out: ("f32",), run_key=lambda x, out: (1, 1, 16))
+    def fn(x, out, *, config):
+        if config["right"]:
+            time.sleep(0.002)  # the right config is the slow one
+            out.copy_(x * 2)
+        else:
+            out.fill_(7.0)
+        return out
+
+    x, out = torch.ones(4), torch.empty(4)
+    fn(x, out)
+    [record] = TuningDB(db_path).records()
+    assert record.config == {"right": True} and out.tolist() == [2.0] * 4
+
+
+def test_tune_mode_tunes_calls_that_return_the_softmax_lse_too(db_path):
+    """FA3 with return_softmax_lse returns (out, lse): tune mode compared the tuple and
+    called every config wrong, so such calls were never tuned."""
+    tuner.configure(db=db_path, mode="tune")
+
+    @tuner.autotune("with_lse", configs=[{"fast": False}, {"fast": True}], default={"fast": False},
+                    static_key=lambda x: ("f32",), run_key=lambda x: (1, 1, 16))
+    def fn(x, *, config):
+        if not config["fast"]:
+            time.sleep(0.003)
+        return x * 2, x.sum(-1)
+
+    fn(torch.ones(4, 4))
+    [record] = TuningDB(db_path).records()
+    assert record.config == {"fast": True}
+
+
+def test_records_of_an_older_tuner_or_another_driver_still_apply(db_path):
+    """The user's DB took an exact fingerprint: an upgrade of tuner retired every winner."""
+    older = dict(current_fingerprint(), tuner="0.0.1", driver="1.2.3")
+    store(db_path, 16, 2048, {"block": 64}, fp=(fingerprint_id(older), older))
+    other_torch = dict(current_fingerprint(), torch="0.0-other")
+    store(db_path, 4, 2048, {"block": 16}, fp=(fingerprint_id(other_torch), other_torch))
+    tuner.configure(db=db_path)
+    calls = []
+    fn = make_fn(calls)
+    assert run(fn, 16, 2048, calls) == 64
+    assert run(fn, 4, 512, calls) == 32  # another torch: never applies
+
+
+def _corrupt(db_path, sql):
+    import sqlite3
+
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE records SET config = 'not json' WHERE batch = 4",
+    "UPDATE records SET config = '[64]' WHERE batch = 4",
+    "UPDATE records SET batch = 0 WHERE batch = 4",
+    "UPDATE records SET kv_len_bucket = 'abc' WHERE batch = 4",
+    "UPDATE records SET created_at = 'yesterday' WHERE batch = 4",
+    "UPDATE records SET median_us = -1 WHERE batch = 4",
+    "UPDATE records SET fingerprint_id = 'gone' WHERE batch = 4",
+], ids=["non-json config", "list config", "batch 0", "text kv bucket", "bad created_at", "negative time",
+        "orphaned fingerprint"])
+def test_one_malformed_row_is_left_out_with_one_warning_and_the_rest_serve(db_path, sql):
+    store(db_path, 16, 2048, {"block": 64})
+    store(db_path, 4, 2048, {"block": 16})
+    _corrupt(db_path, sql)
+    tuner.configure(db=db_path)
+    calls = []
+    fn = make_fn(calls)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(fn, 16, 2048, calls) == 64
+        assert run(fn, 4, 2048, calls) == 64  # its own row is left out: the neighbour's is borrowed
+    said = [str(w.message) for w in caught if "tuner" in str(w.message)]
+    assert len(said) == 1 and "1 malformed rows" in said[0] and "records id" in said[0]
+
+
+def test_malformed_fingerprint_data_leaves_its_records_out(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    _corrupt(db_path, "UPDATE fingerprints SET data = 'not json'")
+    tuner.configure(db=db_path)
+    calls = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(make_fn(calls), 16, 2048, calls) == 32
+    assert any("malformed" in str(w.message) for w in caught)
+
+
+def test_misses_are_never_written_into_a_damaged_db(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    _corrupt(db_path, "UPDATE records SET config = 'not json'")
+    tuner.configure(db=db_path)
+    calls = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(make_fn(calls), 4, 64, calls)  # a miss
+        assert tuner.flush_misses() == 0
+    assert any("could not record" in str(w.message) and "damaged" in str(w.message) for w in caught)
+    import sqlite3
+
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM misses").fetchone() == (0,)

@@ -34,3 +34,103 @@ def test_sweep_then_the_entry_point_runs_the_stored_backend_and_config(db_path):
                            SHAPE.kv_len, causal=True)
     assert list(decode_attention.tuner.memo.values()) == [result.winner]
     torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)
+
+
+# -- issue 10: serving traffic through the entry point -----------------------------------------
+
+import dataclasses  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import fake_flashinfer  # noqa: E402
+import tuner.ops.decode_attention as da  # noqa: E402
+import tuner.ops.flashinfer as fi  # noqa: E402
+from tuner.db import Problem, current_fingerprint, current_fingerprint_id  # noqa: E402
+from tuner.keys import attention_run_key  # noqa: E402
+
+
+@pytest.fixture
+def with_fake_flashinfer(monkeypatch):
+    """FlashInfer "installed": its wrappers replaced by tests/fake_flashinfer.py."""
+    module = fake_flashinfer.module()
+    module.BatchPrefillWithPagedKVCacheWrapper = module.BatchDecodeWithPagedKVCacheWrapper
+    monkeypatch.setattr(fi, "_flashinfer", lambda: module)
+    monkeypatch.setitem(BACKENDS, "flashinfer", dataclasses.replace(BACKENDS["flashinfer"], unavailable=lambda: None))
+    da._installed_backends.cache_clear()
+    fi._op_wrapper.cache_clear()
+    yield module
+    da._installed_backends.cache_clear()
+    fi._op_wrapper.cache_clear()
+
+
+def _store(db_path, shape, config, gain=3.0):
+    db = TuningDB(db_path)
+    db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
+                   (current_fingerprint_id(), current_fingerprint()), config, median_us=1.0, spread_us=0.0,
+                   samples=3, default_config={"backend": "triton_decode"}, default_median_us=gain,
+                   default_spread_us=0.0, method={})
+    db.close()
+
+
+def test_a_q_len_1_call_never_borrows_a_q_len_2_flashinfer_winner(db_path, with_fake_flashinfer):
+    """The q_len-2 record is a prefill config (no use_tensor_cores): borrowed by a q_len-1
+    call it failed with KeyError 'use_tensor_cores'. A config the call cannot run: the default."""
+    mtp = dataclasses.replace(SHAPE, q_len=2)
+    _store(db_path, mtp, {"backend": "flashinfer", "flashinfer_backend": "fa2", "fixed_split_size": None,
+                          "disable_split_kv": False})
+    tuner.configure(db=db_path, mode="lookup")
+    inputs = make_decode_inputs(SHAPE)
+    out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                           SHAPE.kv_len, seq_lens_host=np.full(2, SHAPE.kv_len))
+    torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)  # the Triton default ran
+    assert [c["backend"] for c in decode_attention.tuner.memo.values()] == ["triton_decode"]
+
+
+def test_flashinfer_reads_the_page_table_as_it_is_now(with_fake_flashinfer):
+    """A persistent page table updated in place with the same lengths: the layout was cached
+    by the table's identity, so FlashInfer read the previous step's pages."""
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, batch=4, kv_len=64))
+    table = inputs.page_table  # [4, 4] pages of 16
+    lens = np.array([60, 20, 64, 5])  # mixed: the indices are a gather, not a view of the table
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    steps = []
+    for step in range(3):
+        table.copy_(torch.randperm(table.numel()).view_as(table).int())  # the server's in-place update
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, table, inputs.cache_seqlens, 64,
+                         seq_lens_host=lens, config=config)
+        [inner] = with_fake_flashinfer.BatchDecodeWithPagedKVCacheWrapper.instances
+        read = inner.runs[-1]["indices"]
+        expected = torch.cat([table[i, : -(-int(n) // 16)] for i, n in enumerate(lens)])
+        steps.append(read.tolist() == expected.tolist())
+    assert steps == [True, True, True]
+
+
+def test_a_flashinfer_winner_without_host_lengths_probes_the_backends_once(monkeypatch):
+    calls = {name: 0 for name in BACKENDS}
+
+    def counting(name, op):
+        def unavailable():
+            calls[name] += 1
+            return op.unavailable()
+        return dataclasses.replace(op, unavailable=unavailable)
+
+    for name, op in list(BACKENDS.items()):
+        monkeypatch.setitem(BACKENDS, name, counting(name, op))
+    da._installed_backends.cache_clear()
+    try:
+        inputs = make_decode_inputs(SHAPE)
+        config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+        for _ in range(5):  # no seq_lens_host: the default backend runs, found once
+            decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                             SHAPE.kv_len, config=config)
+        assert max(calls.values()) <= 1
+    finally:
+        da._installed_backends.cache_clear()
+
+
+def test_an_empty_batch_gives_an_empty_output():
+    inputs = make_decode_inputs(SHAPE)
+    out = decode_attention(inputs.q[:0], inputs.k_cache, inputs.v_cache, inputs.page_table[:0],
+                           inputs.cache_seqlens[:0], SHAPE.kv_len)
+    assert out.shape == (0, 1, SHAPE.num_q_heads, SHAPE.head_dim)

@@ -51,15 +51,55 @@ def test_the_drop_in_runs_the_swept_winner(db_path, kernel_calls):
     assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(12, True), (12, True)]
 
 
-def test_explicit_arguments_win(db_path, kernel_calls):
+def test_a_value_the_caller_sets_is_kept_and_the_librarys_choice_is_tuned(db_path, kernel_calls):
     inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
                                             dtype="float32"))
     store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
     tuner.configure(db=db_path, mode="lookup")
-    call(inputs, num_splits=3)
+    call(inputs, num_splits=3)  # the caller's count; pack_gqa stays FA3's choice (a tuned pair is never split)
     call(inputs, pack_gqa=False)
-    call(inputs, num_splits=0, pack_gqa=None)
-    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(3, None), (0, False), (0, None)]
+    call(inputs, num_splits=0, pack_gqa=None)  # sgl-kernel's defaults: "let the library choose"
+    call(inputs, config=fa3.DEFAULT)  # the opt-out: FA3's own choice, no lookup
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(3, None), (0, False), (12, True), (0, None)]
+
+
+def _sglang_decode(inputs, **overrides):
+    """The decode call as SGLang's FA3 backend makes it (sglang 0.5.23,
+    flashattention_backend.forward_decode): q as [tokens, heads, dim] with cu_seqlens_q,
+    num_splits=0 always, out= a preallocated buffer, ver=3, scheduler metadata in plain decode."""
+    q = inputs.q.reshape(-1, inputs.q.shape[2], inputs.q.shape[3])
+    batch = inputs.q.shape[0]
+    kwargs = dict(q=q, k_cache=inputs.k_cache, v_cache=inputs.v_cache, page_table=inputs.page_table,
+                  cache_seqlens=inputs.cache_seqlens, cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32),
+                  max_seqlen_q=1, softmax_scale=0.25, causal=True, window_size=(-1, -1), softcap=0.0,
+                  return_softmax_lse=False, num_splits=0, out=torch.empty_like(q), ver=3, scheduler_metadata=None)
+    kwargs.update(overrides)
+    return fa3.flash_attn_with_kvcache(**kwargs)
+
+
+def test_sglangs_call_with_num_splits_0_runs_the_tuned_config(db_path, kernel_calls):
+    inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                            dtype="float32"))
+    store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
+    tuner.configure(db=db_path, mode="lookup")
+    _sglang_decode(inputs)
+    _sglang_decode(inputs, num_splits=1)  # SGLang under deterministic inference: kept
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(12, True), (1, None)]
+
+
+def test_with_scheduler_metadata_the_callers_values_are_kept(db_path, kernel_calls):
+    """FA3 skips its scheduler for metadata built for the caller's num_splits and pack_gqa,
+    but sizes its split accumulators from the call's num_splits: a tuned value there would
+    mix two plans. SGLang builds it with num_splits=0 for plain decode layers."""
+    inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                            dtype="float32"))
+    store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
+    tuner.configure(db=db_path, mode="lookup")
+    metadata = torch.zeros(17, dtype=torch.int32)
+    _sglang_decode(inputs, scheduler_metadata=metadata)
+    _sglang_decode(inputs, scheduler_metadata=metadata, num_splits=4, pack_gqa=False)
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (4, False)]
+    assert all(c["scheduler_metadata"] is metadata for c in kernel_calls)
 
 
 def test_without_a_winner_fa3_keeps_its_own_default(db_path, kernel_calls):
@@ -102,3 +142,61 @@ def test_config_space_and_op():
     assert op.default(op.grids["decode"][0]) == {"num_splits": 0, "pack_gqa": None}
     if not torch.cuda.is_available():
         assert op.unavailable() == "needs a CUDA GPU"
+
+
+def test_features_that_select_another_kernel_run_fa3s_default(db_path, kernel_calls):
+    """attention_chunk, sm_margin, cache_leftpad, cache_batch_idx, q_descale, ver: each is in
+    the static key (as an extra), so a winner swept without it is never applied to it."""
+    inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                            dtype="float32"))
+    store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
+    tuner.configure(db=db_path, mode="lookup")
+    idx = torch.arange(4, dtype=torch.int32)
+    for extra in (dict(attention_chunk=128), dict(sm_margin=8), dict(cache_leftpad=idx), dict(cache_batch_idx=idx),
+                  dict(q_descale=torch.ones(4, 2)), dict(ver=4)):
+        call(inputs, **extra)
+    call(inputs)
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None)] * 6 + [(12, True)]
+
+
+def test_only_qv_with_q_or_k_cache_none_runs_the_default(db_path, kernel_calls):
+    inputs = make_decode_inputs(DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=4, head_dim=16,
+                                            dtype="float32"))
+    tuner.configure(db=db_path, mode="lookup")
+    qv = torch.zeros(2, 1, 4, 16)
+    fa3.flash_attn_with_kvcache(None, inputs.k_cache, inputs.v_cache, qv=qv, only_qv=True,
+                                cache_seqlens=inputs.cache_seqlens, page_table=inputs.page_table)
+    fa3.flash_attn_with_kvcache(inputs.q, None, inputs.v_cache, qv=qv, only_qv=True,
+                                cache_seqlens=inputs.cache_seqlens, page_table=inputs.page_table)
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (0, None)]
+
+
+def test_an_empty_batch_reaches_fa3_with_its_default(db_path, kernel_calls):
+    inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                            dtype="float32"))
+    store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
+    tuner.configure(db=db_path, mode="lookup")
+    empty = inputs.q[:0]
+    out = fa3.flash_attn_with_kvcache(empty, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens[:0],
+                                      page_table=inputs.page_table[:0], causal=True)
+    assert out.shape[0] == 0 and (kernel_calls[0]["num_splits"], kernel_calls[0]["pack_gqa"]) == (0, None)
+
+
+def test_numpy_and_tensor_key_values_never_grow_the_memo(db_path, kernel_calls):
+    """A numpy softcap or window, or a flag given as a tensor, made a new memo key per call
+    (or an unhashable one)."""
+    import numpy as np
+
+    inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                            dtype="float32", window=(64, 0)))
+    store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
+    tuner.configure(db=db_path, mode="lookup")
+    memo = fa3.flash_attn_with_kvcache.tuner.memo
+    for _ in range(20):
+        call(inputs, window_size=np.array([64, 0]))
+        call(inputs, window_size=(np.int64(64), np.int64(0)), softcap=np.float32(0.0))
+        call(inputs, window_size=[64, 0])
+    assert len(memo) == 1 and {(c["num_splits"], c["pack_gqa"]) for c in kernel_calls} == {(12, True)}
+    for _ in range(5):
+        call(inputs, softcap=torch.tensor(0.0))  # never read back to build a key: the default
+    assert len(memo) == 2 and kernel_calls[-1]["num_splits"] == 0

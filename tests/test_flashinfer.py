@@ -226,3 +226,78 @@ def test_no_backend_config_names_a_backend_key(shape):
     once did, and every FlashInfer config of decode_attention failed)."""
     for name, op in BACKENDS.items():
         assert all("backend" not in c for c in op.configs(shape)), name
+
+
+# -- issue 10: the wrappers as a server drives them ------------------------------------------
+
+
+def _graph_wrapper():
+    buffers = dict(paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
+                   paged_kv_indices_buffer=torch.zeros(64, dtype=torch.int32),
+                   paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32))
+    return fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True, **buffers)
+
+
+def test_under_cuda_graphs_every_plan_stays_on_the_captured_inner_wrapper(fake, db_path):
+    """A plan on the standard path (no host lengths, or a keyword tuner once did not forward)
+    switched to another inner wrapper, and the captured graph replayed a stale plan."""
+    static = (torch.float16, torch.float16, 4, 2, 8, 16, True, -1, 0.0)
+    tc = {"use_tensor_cores": True, "flashinfer_backend": "fa2", "fixed_split_size": None, "disable_split_kv": False}
+    _store(db_path, fi._static_json(static), attention_run_key(2, 1, 32), tc)
+    tuner.configure(db=db_path, mode="lookup")
+    wrapper = _graph_wrapper()
+    _step(wrapper, np.array([17, 20]), page_size=16)  # host lengths: the DB's tensor-core config
+    _step(wrapper, np.array([18, 21]), page_size=16, host_metadata="device")  # the standard path
+    indptr, last = paged_metadata(np.array([19, 22]), 16)
+    wrapper.plan(torch.from_numpy(indptr), torch.arange(4, dtype=torch.int32), torch.from_numpy(last), 4, 2, 8, 16,
+                 seq_lens=np.array([19, 22]), pos_encoding_mode="ROPE_LLAMA", rope_theta=1e4)  # unmeasured keywords
+    [inner] = fake.instances  # one inner wrapper for the wrapper's life
+    assert inner.use_tensor_cores and wrapper.plans == 3
+    assert inner.plan_calls[-1]["pos_encoding_mode"] == "ROPE_LLAMA" and inner.plan_calls[-1]["rope_theta"] == 1e4
+
+
+def test_every_flashinfer_plan_keyword_is_forwarded_on_both_paths(fake):
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    extra = dict(pos_encoding_mode="NONE", window_left=-1, o_data_type=torch.float16, data_type=torch.float16,
+                 non_blocking=False, is_causal=False)
+    indptr, last = paged_metadata(np.array([5, 9]), 1)
+    for lens in (np.array([5, 9]), None):
+        wrapper.plan(torch.from_numpy(indptr), torch.arange(14, dtype=torch.int32), torch.from_numpy(last), 4, 2, 8,
+                     1, seq_lens=lens, **extra)
+        sent = fake.instances[-1].plan_calls[-1]
+        assert all(sent[k] == v for k, v in extra.items()), sent
+    # FlashInfer's deprecated positional optionals bind by its order
+    wrapper.plan(torch.from_numpy(indptr), torch.arange(14, dtype=torch.int32), torch.from_numpy(last), 4, 2, 8, 1,
+                 "NONE", -1, 30.0)
+    assert fake.instances[-1].plan_calls[-1]["logits_soft_cap"] == 30.0
+
+
+def test_the_wrapper_methods_a_server_calls(fake):
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="plan"):
+        wrapper.run(None, None)
+    indptr, last = paged_metadata(np.array([5, 9]), 1)
+    wrapper.begin_forward(torch.from_numpy(indptr), torch.arange(14, dtype=torch.int32), torch.from_numpy(last),
+                          4, 2, 8, 1, seq_lens=np.array([5, 9]))
+    assert wrapper.plans == 1
+    assert wrapper.run_return_lse(None, None)["return_lse"] is True
+    wrapper.forward(None, None, pos_encoding_mode="NONE")
+    wrapper.end_forward()
+    [inner] = fake.instances
+    assert inner.forwards == ["NONE"] and len(inner.runs) == 2
+    wrapper.reset_workspace_buffer(torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8))
+    assert inner.workspace_resets == 1 and wrapper.is_cuda_graph_enabled is False
+    with pytest.raises(AttributeError, match="does not offer FlashInfer's 'no_such_method'"):
+        wrapper.no_such_method()
+
+
+def test_plan_reuse_reads_a_plan_info_that_is_a_sequence_not_a_list():
+    """FlashInfer 0.7 returns plan_info as a tvm_ffi.Array (a Sequence); its DecodePlanInfo
+    and FA2 PrefillPlanInfo keep 0.6's 10 and 15 fields (scheduler.cuh of both wheels)."""
+    class Array(tuple):  # stands in for tvm_ffi.Array: indexable, sized, not a list
+        pass
+
+    info, raw = _plan_buffer(10, True, [0, 3, 4, 6], 256, o_at=5, chunk_at=7, split_at=9)
+    cov = coverage_from_plan(Array(info), raw, batch=3)
+    assert cov is not None and cov.chunks.tolist() == [3, 1, 2]
+    assert coverage_from_plan(Array([0] * 16), raw, batch=3) is None  # another layout: exact re-planning

@@ -176,3 +176,14 @@ def test_canonical_json_rejects_what_has_no_one_form():
     for bad in (float("inf"), {1: 2}, object()):
         with pytest.raises(ValueError):
             canonical_json(bad)
+
+
+def test_a_numpy_window_is_a_window():
+    import numpy as np
+
+    from tuner.keys import normalize_window
+
+    assert normalize_window(np.array([64, 0])) == (64, 0) and normalize_window(np.int64(5)) == (5, 5)
+    assert normalize_window((np.int32(3), np.int64(-1))) == (3, -1)
+    with pytest.raises(ValueError):
+        normalize_window(np.array([1, 2, 3]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import threading
 import warnings
 import weakref
 from typing import Any, Callable
@@ -20,6 +21,7 @@ import torch
 
 from tuner.bench import WallClockTimer, decide, measure_configs, same_config, tolerance_for, with_default_first
 from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.db.location import DBError
 from tuner.db.store import winner_gain
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_len_bucket, nearest_run_keys
@@ -27,6 +29,7 @@ from tuner.ranks import Ranks, current_ranks
 
 MODES = ("off", "lookup", "tune", "force")
 Config = dict[str, Any]
+_KEEP: Any = object()  # configure(): a setting not given keeps its value
 
 
 def _mode_from_env() -> str:
@@ -58,6 +61,7 @@ class _Runtime:
         self.misses: dict[tuple[str, str, AttentionRunKey], list] = {}
         self._flush_at_exit = False
         self.db_readable = False
+        self._lock = threading.Lock()
 
     def record_miss(self, name: str, static_json: str, run: AttentionRunKey, served: str) -> None:
         """Off the hot path: once per memo key resolved from the nearest record or the default.
@@ -74,43 +78,63 @@ class _Runtime:
 
     def reset(self) -> None:
         flush_misses()  # they belong to the DB being left
-        self._snapshot = None
-        if self._db is not None:
-            self._db.close()
-        self._db = None
-        for f in list(self.functions):
-            f.memo.clear()
-            f.tuned.clear()
+        with self._lock:
+            self._snapshot = None
+            if self._db is not None:
+                self._db.close()
+            self._db = None
+            for f in list(self.functions):
+                f.memo.clear()
+                f.tuned.clear()
 
     def writable_db(self) -> TuningDB:
-        """The DB that tune mode writes winners to (created if missing)."""
+        """The DB that tune mode and the miss writer write to (created if missing); never one
+        that integrity_check calls malformed, that lacks a core table or holds malformed rows."""
         if self._db is None:
-            self._db = TuningDB(self.db_target)
+            db = TuningDB(self.db_target)
+            try:
+                db.require_sound("write into")
+            except DBError:
+                db.close()
+                raise
+            self._db = db
         return self._db
 
     def snapshot(self) -> dict[tuple[str, str], dict[AttentionRunKey, Config]]:
-        """Every winner of this environment, read once: the user's DB over the shipped
-        tunings that apply here (tuner.db.shipped), the user's winning a run key both hold.
-        A DB that is missing is empty; one that cannot be read, like a shipped file that
-        cannot, gives one warning and adds nothing (the library defaults run)."""
-        if self._snapshot is None:
-            self.db_readable = False
-            table, self.gains = self._shipped_table()
-            user_gains: dict = {}
-            try:
-                with TuningDB(self.db_target, create=False) as db:
-                    user = db.snapshot(current_fingerprint_id(), gains=user_gains)
-                self.db_readable = True
-            except MissingDBError:
-                user = {}
-            except (TunerError, OSError) as e:
-                warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=4)
-                user = {}
-            for key, runs in user.items():
-                table.setdefault(key, {}).update(runs)
-                self.gains.setdefault(key, {}).update(user_gains.get(key, {}))
-            self._snapshot = table
-        return self._snapshot
+        """Every winner that applies in this environment, read once: the user's DB over the
+        shipped tunings (tuner.db.shipped), the user's winning a run key both hold. A DB
+        that is missing is empty; one that cannot be read, like a shipped file that cannot,
+        gives one warning and adds nothing (the library defaults run); its malformed rows
+        are left out with one warning. Loaded under a lock (threads resolving their first
+        keys at once wait for one load) and published with its gains in one step."""
+        table = self._snapshot
+        if table is not None:
+            return table
+        with self._lock:
+            if self._snapshot is None:
+                table, gains, readable = self._load()
+                self.gains, self.db_readable = gains, readable
+                self._snapshot = table
+            return self._snapshot
+
+    def _load(self) -> tuple[dict, dict, bool]:
+        table, gains = self._shipped_table()
+        try:
+            with TuningDB(self.db_target, create=False) as db:
+                user = db.snapshot(current_fingerprint())
+                where = db.display_url
+        except MissingDBError:
+            return table, gains, False
+        except (TunerError, OSError) as e:
+            warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=5)
+            return table, gains, False
+        if user.skipped:
+            warnings.warn(f"tuner: {len(user.skipped)} malformed rows of tuning DB {where} left out "
+                          f"({user.skipped[0]}); `tuner doctor` lists them", stacklevel=5)
+        for key, runs in user.table.items():
+            table.setdefault(key, {}).update(runs)
+            gains.setdefault(key, {}).update(user.gains.get(key, {}))
+        return table, gains, True
 
     def _shipped_table(self) -> tuple[dict, dict]:
         """(winners, gains) of the shipped tunings that apply here."""
@@ -127,8 +151,9 @@ class _Runtime:
 
     def store(self, key: tuple[str, str], run: AttentionRunKey, config: Config, gain: float) -> None:
         """A winner tuned in this process, served from now on like a stored one."""
-        self.snapshot().setdefault(key, {})[run] = config
+        table = self.snapshot()
         self.gains.setdefault(key, {})[run] = gain
+        table.setdefault(key, {})[run] = config
 
 
 _runtime = _Runtime()
@@ -150,20 +175,24 @@ def flush_misses() -> int:
     return len(rows)
 
 
-def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, max_distance: float | None = None,
-              shipped: str | os.PathLike | None = None) -> None:
-    """Point the runtime at a DB and/or set the mode (default: $TUNER_DB, $TUNER_MODE), and
-    choose the shipped tunings beneath it: a file, a directory, or "off" (default:
-    $TUNER_SHIPPED, else tuning_cache/ in a checkout).
+def configure(*, db: str | os.PathLike | None = _KEEP, mode: str | None = _KEEP, max_distance: float | None = None,
+              shipped: str | os.PathLike | None = _KEEP) -> None:
+    """Point the runtime at a DB (None: $TUNER_DB, else the default file) and/or set the
+    mode (None: $TUNER_MODE), and choose the shipped tunings beneath the DB: a file, a
+    directory, or "off" (None: $TUNER_SHIPPED, else tuning_cache/ in a checkout). A setting
+    not given keeps its current value.
 
     Clears the snapshot and every memo, so the next call of each function resolves anew.
     """
-    if mode is not None and mode not in MODES:
+    if mode is not _KEEP and mode is not None and mode not in MODES:
         raise TunerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     _runtime.reset()
-    _runtime.db_target = db
-    _runtime.shipped_source = shipped
-    _runtime.mode = mode if mode is not None else _mode_from_env()
+    if db is not _KEEP:
+        _runtime.db_target = db
+    if shipped is not _KEEP:
+        _runtime.shipped_source = shipped
+    if mode is not _KEEP:
+        _runtime.mode = mode if mode is not None else _mode_from_env()
     if max_distance is not None:
         _runtime.max_distance = max_distance
 
@@ -174,19 +203,23 @@ def configure(*, db: str | os.PathLike | None = None, mode: str | None = None, m
 BORROW_MIN_GAIN = 1.10
 
 
-def _stored_config(name: str, static_json: str, run: AttentionRunKey) -> tuple[Config | None, str]:
+def _stored_config(name: str, static_json: str, run: AttentionRunKey,
+                   accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
     """The snapshot's config for this key and how it was found: "exact", "nearest" (the
     nearest run key, tuner.keys.run, when the borrowing rule above allows), or "default"
-    (None: nothing near, or the neighbours' gains too small to carry over)."""
+    (None: nothing near, the neighbours' gains too small to carry over, or a config this
+    call cannot run: `accepts` says which it can)."""
     key = (name, static_json)
     table = _runtime.snapshot().get(key, {})
     config = table.get(run)
     if config is not None:
-        return config, "exact"
+        return (config, "exact") if accepts is None or accepts(config) else (None, "default")
     near = nearest_run_keys(run, table, _runtime.max_distance)
     gains = _runtime.gains.get(key, {})
     if near and all(gains.get(k, 1.0) >= BORROW_MIN_GAIN for k in near):
-        return table[near[0]], "nearest"
+        config = table[near[0]]
+        if accepts is None or accepts(config):
+            return config, "nearest"
     return None, "default"
 
 
@@ -200,11 +233,13 @@ class AutotunedFunction:
     built in autotune(), which reads the memo directly."""
 
     def __init__(self, fn: Callable, name: str, configs: Any, default: Any,
-                 tolerance: tuple[float, float] | None, static_json: Callable[[Any], str] | None = None) -> None:
+                 tolerance: tuple[float, float] | None, static_json: Callable[[Any], str] | None = None,
+                 accepts: Callable[..., bool] | None = None) -> None:
         self.fn, self.name = fn, name
         self.static_json = static_json or _static_json
         self._configs, self._default = configs, default
         self.tolerance = tolerance
+        self._accepts = accepts
         self.memo: dict[tuple, Config] = {}
         self.tuned: set[tuple] = set()  # keys tuned by this process (for force mode)
 
@@ -215,16 +250,25 @@ class AutotunedFunction:
         return dict(self._default(*args, **kwargs) if callable(self._default) else self._default)
 
     def resolve(self, memo_key: tuple, kv_len: int, args: tuple, kwargs: dict) -> Config:
-        """The slow path, once per memo key (static key, batch, max q len, kv bucket bits)."""
+        """The slow path, once per memo key (static key, batch, max q len, kv bucket bits).
+
+        The default serves, untouched by the DB: mode off; a static key of None (the key
+        function's "not tunable": a feature no config is measured for); a call no run key
+        describes (an empty batch); a key with no canonical form."""
         mode = _runtime.mode
         default = self.default(args, kwargs)
-        if mode == "off":
+        static, batch, q_len, _ = memo_key
+        if mode == "off" or static is None:
             self.memo[memo_key] = default
             return default
-        static, batch, q_len, _ = memo_key
-        static_json = self.static_json(static)
-        run = attention_run_key(batch, q_len, kv_len)
-        stored, served = _stored_config(self.name, static_json, run)
+        try:
+            static_json = self.static_json(static)
+            run = attention_run_key(batch, q_len, kv_len)
+        except (ValueError, TypeError):
+            self.memo[memo_key] = default
+            return default
+        accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, *args, **kwargs)))
+        stored, served = _stored_config(self.name, static_json, run, accepts)
         config = default if stored is None else stored
         exact = served == "exact"
         if not exact and mode == "lookup":  # tune and force modes tune it instead
@@ -248,8 +292,11 @@ class AutotunedFunction:
         """Measure every config on this very call, store the winner, return it. Under a
         process group every rank measures and rank 0's winner is everyone's."""
         configs = with_default_first(default, self.configs(args, kwargs))
-        run = lambda c: self.fn(*args, config=c, **kwargs)  # noqa: E731
-        reference = run(default)
+        run = lambda c: _output(self.fn(*args, config=c, **kwargs))  # noqa: E731
+        # a copy: a kernel writing into the caller's out= returns that one tensor for every
+        # config, and each would then be checked against itself
+        reference = _output(run(default))
+        reference = reference.clone() if isinstance(reference, torch.Tensor) else reference
         tolerance = self.tolerance or tolerance_for(getattr(reference, "dtype", None))
         timer = WallClockTimer(warmup=1, repeats=7, min_repeats=3, max_seconds=0.5,
                                cuda_sync=torch.cuda.is_available())
@@ -279,13 +326,24 @@ class AutotunedFunction:
         return winner.config
 
 
+def _output(out: Any) -> Any:
+    """What a tuning run checks: the output tensor, the first of a tuple such as
+    (out, softmax_lse) as FA3 returns with return_softmax_lse."""
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return out
+
+
 class ConfigLookup:
     """Lookup only, for callers that choose a config once per plan rather than per kernel
     call (the FlashInfer wrappers): the same snapshot, nearest-key rule, memo and modes as
     @autotune, except that it never tunes (timing a plan says nothing of its kernel)."""
 
-    def __init__(self, name: str, static_json: Callable[[Any], str]) -> None:
-        self.name, self.static_json = name, static_json
+    def __init__(self, name: str, static_json: Callable[[Any], str],
+                 accepts: Callable[[Config, Any, int], bool] | None = None) -> None:
+        """accepts(config, static key, q_len): whether a stored config is one this lookup's
+        caller can run (else its default serves)."""
+        self.name, self.static_json, self._accepts = name, static_json, accepts
         self.memo: dict[tuple, Config] = {}
         self.tuned: set[tuple] = set()  # cleared with the memo by configure(); never filled
         _runtime.functions.add(self)  # type: ignore[arg-type]
@@ -296,10 +354,11 @@ class ConfigLookup:
         config = self.memo.get(memo_key)
         if config is None:
             config = default
-            if _runtime.mode != "off":
+            if _runtime.mode != "off" and batch >= 1 and q_len >= 1:
                 static_json = self.static_json(static)
                 run = attention_run_key(batch, q_len, kv_len)
-                stored, served = _stored_config(self.name, static_json, run)
+                accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, static, q_len)))
+                stored, served = _stored_config(self.name, static_json, run, accepts)
                 if stored is not None:
                     config = stored
                 if served != "exact":
@@ -318,6 +377,7 @@ def autotune(
     key: Callable[..., tuple[Any, int, int, int]] | None = None,
     static_json: Callable[[Any], str] | None = None,
     tolerance: tuple[float, float] | None = None,
+    accepts: Callable[..., bool] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorate a callable that takes a `config` keyword.
 
@@ -331,6 +391,9 @@ def autotune(
     lists/dicts or functions of the same arguments. A caller's explicit config= always wins.
     static_json(static key) gives the key's canonical JSON in the DB (default: its
     to_json(), else tuner.keys.canonical_json); it runs once per new key, off the hot path.
+    A static key of None means "not tunable": the default runs. accepts(config, ...) (the
+    call's arguments after the config) says whether a stored or borrowed config is one this
+    call can run; one it cannot gives the default. Both run once per new key only.
     """
     if key is None and (static_key is None or run_key is None):
         raise TunerError("autotune needs static_key= and run_key=, or key=")
@@ -338,7 +401,7 @@ def autotune(
         raise TunerError("autotune takes key=, or static_key= and run_key=, not both")
 
     def wrap(fn: Callable) -> Callable:
-        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json)
+        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts)
         _runtime.functions.add(state)
         keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
         wrapper = _explicit_wrapper(fn, state, keys) or _generic_wrapper(fn, state, keys)

@@ -38,9 +38,13 @@ def _window_side(value: Any) -> int:
 
 
 def normalize_window(window_size: Any) -> tuple[int, int]:
-    """None -> (-1, -1); an int w -> (w, w); a 2-tuple or 2-list as is. -1 means unbounded."""
+    """None -> (-1, -1); an int w -> (w, w); a 2-tuple, 2-list or 2-element array as is.
+    -1 means unbounded."""
     if window_size is None:
         return (-1, -1)
+    if not isinstance(window_size, (list, tuple, str, bytes)) and hasattr(window_size, "__len__") and hasattr(
+            window_size, "tolist"):  # a numpy array (or a CPU tensor): its values as a list
+        window_size = window_size.tolist()
     if isinstance(window_size, (list, tuple)):
         if len(window_size) != 2:
             raise ValueError(f"window_size must have 2 entries, got {len(window_size)}")

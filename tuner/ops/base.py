@@ -94,7 +94,9 @@ def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", s
 
 @dataclass(frozen=True)
 class Op:
-    """A tunable op. configs(shape) lists candidates; default(shape) is the library's choice."""
+    """A tunable op. configs(shape) lists candidates; default(shape) is the library's choice;
+    check(config, shape) says why a config (stored, imported, borrowed) cannot run for that
+    shape, or None when it can."""
 
     name: str
     description: str
@@ -107,3 +109,4 @@ class Op:
     device: Callable[[], str] = lambda: "cpu"
     make_inputs: Callable[..., DecodeInputs] = make_decode_inputs
     tolerance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOLERANCE))
+    check: Callable[[Config, DecodeShape], str | None] = lambda config, shape: None

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import operator
 from typing import Any
 
 import torch
 
 from tuner.keys import canonical_json, static_key_from_parts
 from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.ops.rules import config_error, is_int, one_of
 from tuner.ops.shapes import DecodeShape, grid
 from tuner.runtime import autotune
 
@@ -44,6 +46,14 @@ def config_space(num_q_heads: int, num_kv_heads: int) -> list[Config]:
     """num_splits x pack_gqa; pack_gqa only matters when q heads share kv heads."""
     packs = (None, False, True) if num_q_heads > num_kv_heads else (None,)
     return [{"num_splits": n, "pack_gqa": p} for n in NUM_SPLITS for p in packs]
+
+
+# what FA3 takes: num_splits 0 (its heuristic) or a count, pack_gqa None (its choice) or a bool
+RULES = {"num_splits": is_int(0, 1024), "pack_gqa": one_of(None, True, False)}
+
+
+def check_config(config: Config, shape: DecodeShape | None = None) -> str | None:
+    return config_error(config, RULES)
 
 
 def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
@@ -83,14 +93,25 @@ FA3 = Op(
     grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "smoke": grid([1, 64], [512, 8192])},
     unavailable=unavailable,
     device=lambda: "cuda",
+    check=check_config,
 )
 
 
 # -- the drop-in ---------------------------------------------------------------------------
+#
+# What the caller decided stays decided:
+# - num_splits=0 and pack_gqa=None are sgl-kernel's own defaults, "let the library choose"
+#   (SGLang's FA3 backend passes num_splits=0 on every call): tuner chooses both then;
+# - a num_splits > 0 or a pack_gqa of True/False is the caller's: it is kept, and the other
+#   stays the library's choice (a tuned pair is never split);
+# - with scheduler_metadata, FA3 skips its scheduler and runs the plan the caller built for
+#   its own num_splits and pack_gqa (it sizes the split accumulators from the call's
+#   num_splits): both are passed through as given, never tuned;
+# - config=DEFAULT (an explicit config) opts a call out: no lookup, FA3's own choice.
 
 
 class _Tuned:
-    """Default of num_splits and pack_gqa in the drop-in: let tuner choose."""
+    """An argument left to tuner (the FlashInfer wrappers' default for plan arguments)."""
 
     def __repr__(self) -> str:
         return "TUNED"
@@ -115,15 +136,57 @@ def _static_json(static: tuple) -> str:
     return key.to_json() if not extras else canonical_json(dict(key.to_dict(), extras=list(extras)))
 
 
+# the static key's "extras": features that select another FA3 kernel (or plan) than any sweep
+# measures; a call using one runs FA3's default unless a winner was tuned for exactly it
+EXTRAS = ("new_kv", "qv", "rotary", "score_mod", "only_qv", "attention_chunk", "sm_margin", "cache_leftpad",
+          "cache_batch_idx", "q_descale", "ver")
+
+
+def _host_window(window_size: Any) -> tuple[int, int] | None:
+    """window_size as a key: a pair of host ints (None, an int, a list or a numpy array are
+    normalised); None when it cannot be read without a device tensor."""
+    if window_size is None:
+        return (-1, -1)
+    if isinstance(window_size, torch.Tensor):
+        return None
+    try:
+        try:
+            left, right = window_size  # a pair: tuple, list, numpy array
+        except TypeError:  # not iterable: one int for both sides
+            side = operator.index(window_size)
+            return (side, side)
+        if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
+            return None
+        return (operator.index(left), operator.index(right))
+    except (TypeError, ValueError):
+        return None
+
+
+def _host_scalar(value: Any) -> Any:
+    """A flag or number as a key: host Python values as they are, numpy scalars as Python's;
+    _UNKEYED for a tensor (never read back to build a key)."""
+    if isinstance(value, torch.Tensor):
+        return _UNKEYED
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
+
+
+_UNKEYED: Any = object()
+
+
 def _call_key(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
               cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
               cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
               q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
               window_size=(-1, -1), attention_chunk=None, softcap=0.0, rotary_interleaved=True,
-              scheduler_metadata=None, num_splits=TUNED, pack_gqa=TUNED, only_qv=False, sm_margin=0,
+              scheduler_metadata=None, num_splits=0, pack_gqa=None, only_qv=False, sm_margin=0,
               return_softmax_lse=False, sinks=None, score_mod=None, aux_tensors=None, ver=3, out=None):
     """(static key tuple, batch, max q len, max kv len) from host-side values only: shapes,
-    flags and the page table's width (an upper bound of every sequence's kv length)."""
+    flags and the page table's width (an upper bound of every sequence's kv length). A static
+    key of None (the default runs): a call whose key cannot be read on the host (q or
+    k_cache None with only_qv, a flag given as a device tensor)."""
+    if q is None or k_cache is None:
+        return None, 1, 1, 1
     q_shape, k_shape = q.shape, k_cache.shape
     if page_table is None:
         page_size, kv_len = 0, k_shape[1]
@@ -134,13 +197,26 @@ def _call_key(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rot
         batch, q_len = q_shape[0], q_shape[1]
     else:
         batch, q_len = cu_seqlens_q.shape[0] - 1, max_seqlen_q or 1
-    if type(window_size) is list:
-        window_size = tuple(window_size)
+        if type(q_len) is not int:
+            q_len = _host_scalar(q_len)
+            if type(q_len) is not int:
+                return None, max(batch, 1), 1, kv_len
+    if type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int:
+        window_size = _host_window(window_size)
+    if type(softcap) is not float and type(softcap) is not int:
+        softcap = _host_scalar(softcap)
+    if type(causal) is not bool:
+        causal = _host_scalar(causal)
+    if window_size is None or softcap is _UNKEYED or causal is _UNKEYED:
+        return None, batch, q_len, kv_len
     extras = ()
-    if k is not None or qv is not None or rotary_cos is not None or score_mod is not None or only_qv:
-        extras = tuple(name for name, on in (("new_kv", k is not None), ("qv", qv is not None),
-                                             ("rotary", rotary_cos is not None),
-                                             ("score_mod", score_mod is not None), ("only_qv", only_qv)) if on)
+    if (k is not None or qv is not None or rotary_cos is not None or score_mod is not None or only_qv
+            or attention_chunk or sm_margin or cache_leftpad is not None or cache_batch_idx is not None
+            or q_descale is not None or ver != 3):
+        extras = tuple(name for name, on in zip(EXTRAS, (
+            k is not None, qv is not None, rotary_cos is not None, score_mod is not None, bool(only_qv),
+            bool(attention_chunk), bool(sm_margin), cache_leftpad is not None, cache_batch_idx is not None,
+            q_descale is not None, ver != 3)) if on)
     static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[-2], k_shape[2], q_shape[-1], v_cache.shape[-1],
               page_size, causal, window_size, softcap, sinks is not None, k_descale is not None,
               v_descale is not None, extras)
@@ -151,23 +227,37 @@ def _call_configs(q, k_cache, *args, **kwargs) -> list[Config]:
     return config_space(q.shape[-2], k_cache.shape[2])
 
 
-@autotune(OP_NAME, configs=_call_configs, default=DEFAULT, key=_call_key, static_json=_static_json)
+def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
+    return check_config(config) is None
+
+
+def _library_choice(num_splits: Any, pack_gqa: Any) -> bool:
+    """num_splits 0 and pack_gqa None: the caller left both to the library (or to tuner)."""
+    return (num_splits is TUNED or (type(num_splits) is int and num_splits == 0)) and (
+        pack_gqa is TUNED or pack_gqa is None)
+
+
+@autotune(OP_NAME, configs=_call_configs, default=DEFAULT, key=_call_key, static_json=_static_json,
+          accepts=_accepts)
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
                             cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
                             q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), attention_chunk=None, softcap=0.0, rotary_interleaved=True,
-                            scheduler_metadata=None, num_splits=TUNED, pack_gqa=TUNED, only_qv=False,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, only_qv=False,
                             sm_margin=0, return_softmax_lse=False, sinks=None, score_mod=None,
                             aux_tensors=None, ver=3, out=None, *, config):
-    """sgl_kernel.flash_attn.flash_attn_with_kvcache, same arguments, with num_splits and
-    pack_gqa from the tuning DB (nearest run key, else FA3's default). A num_splits or
-    pack_gqa passed by the caller wins: then the other takes FA3's default."""
-    if num_splits is TUNED and pack_gqa is TUNED:
+    """sgl_kernel.flash_attn.flash_attn_with_kvcache, same arguments and defaults. Where the
+    caller leaves num_splits=0 and pack_gqa=None (the library's choice), both come from the
+    tuning DB (nearest run key, else FA3's default); a num_splits > 0 or a pack_gqa the
+    caller sets is kept, as are both whenever scheduler_metadata is given (it was built for
+    them). config=tuner.ops.fa3.DEFAULT runs FA3's own choice without a lookup."""
+    if num_splits is TUNED:
+        num_splits = 0
+    if pack_gqa is TUNED:
+        pack_gqa = None
+    if scheduler_metadata is None and _library_choice(num_splits, pack_gqa):
         num_splits, pack_gqa = config["num_splits"], config["pack_gqa"]
-    else:
-        num_splits = 0 if num_splits is TUNED else num_splits
-        pack_gqa = None if pack_gqa is TUNED else pack_gqa
     return _kernel()(
         q, k_cache, v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,

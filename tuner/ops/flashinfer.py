@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 
 from tuner.keys import canonical_json, static_key_from_parts
 from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.ops.rules import IS_BOOL, config_error, is_int, one_of, optional
 from tuner.ops.fa3 import TUNED, _decode_grid, _mtp_grid  # TUNED: an argument left to tuner
 from tuner.ops.flashinfer_plan import coverage_from_plan, host_seq_lens, paged_metadata, valid_bounds
 from tuner.keys import kv_len_bucket
@@ -82,6 +82,19 @@ def config_space(shape: DecodeShape) -> list[Config]:
             + [{"flashinfer_backend": "fa2", **c} for c in fa2])
 
 
+_PLAN_RULES = {"flashinfer_backend": one_of("auto", "fa2", "fa3"), "fixed_split_size": optional(is_int(1, 2**31)),
+               "disable_split_kv": IS_BOOL}
+DECODE_RULES = {"use_tensor_cores": IS_BOOL, **_PLAN_RULES}
+PREFILL_RULES = dict(_PLAN_RULES)
+
+
+def check_config(config: Config, shape: DecodeShape) -> str | None:
+    """Decode (one query token) configs for the decode wrapper, prefill configs for more."""
+    if not supports(shape):
+        return "FlashInfer's wrappers do not run this shape (attention sinks, or several non-causal query tokens)"
+    return config_error(config, DECODE_RULES if shape.q_len == 1 else PREFILL_RULES)
+
+
 def default_config(shape: DecodeShape) -> Config:
     return dict(DECODE_DEFAULT if shape.q_len == 1 else PREFILL_DEFAULT)
 
@@ -102,7 +115,53 @@ def _static_json(static: tuple) -> str:
     ).to_json()
 
 
-_LOOKUP = ConfigLookup(OP_NAME, _static_json)
+def _accepts(config: Config, static: Any, q_len: int) -> bool:
+    """A stored config the wrapper can plan: a decode config for one query token, a prefill
+    config for more (a borrowed q_len-2 record is a prefill config)."""
+    return config_error(config, DECODE_RULES if q_len == 1 else PREFILL_RULES) is None
+
+
+_LOOKUP = ConfigLookup(OP_NAME, _static_json, accepts=_accepts)
+
+# FlashInfer's plan() arguments, in its positional order (decode: its deprecated positional
+# optionals, FlashInfer's _BATCH_DECODE_PLAN_LEGACY_POS_ARGS; prefill: its signature). Every
+# one is forwarded as given; keywords a later FlashInfer adds (is_causal, uniform_q_len, ...)
+# are forwarded too.
+DECODE_REQUIRED = ("indptr", "indices", "last_page_len", "num_qo_heads", "num_kv_heads", "head_dim", "page_size")
+DECODE_OPTIONAL = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type", "o_data_type",
+                   "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking", "block_tables", "seq_lens",
+                   "fixed_split_size", "disable_split_kv", "q_len_per_req")
+PREFILL_REQUIRED = ("qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len", "num_qo_heads",
+                    "num_kv_heads", "head_dim_qk", "page_size")
+PREFILL_OPTIONAL = ("head_dim_vo", "custom_mask", "packed_custom_mask", "causal", "pos_encoding_mode",
+                    "use_fp16_qk_reduction", "sm_scale", "window_left", "logits_soft_cap", "rope_scale", "rope_theta",
+                    "q_data_type", "kv_data_type", "o_data_type", "non_blocking", "prefix_len_ptr",
+                    "token_pos_in_items_ptr", "token_pos_in_items_len", "max_item_len_ptr", "seq_lens", "seq_lens_q",
+                    "block_tables", "max_token_per_sequence", "max_sequence_kv", "fixed_split_size",
+                    "disable_split_kv")
+# plan keywords whose other values select kernels no sweep measured (rotary inside the
+# kernel, masks, several query tokens per request in the decode wrapper, ...): a plan
+# with one of them runs FlashInfer's default config (or the wrapper's fixed one)
+DECODE_MEASURED = {"pos_encoding_mode": ("NONE",), "window_right": (0,), "block_tables": (None,),
+                   "q_len_per_req": (1,), "is_causal": (None, False)}
+PREFILL_MEASURED = {"pos_encoding_mode": ("NONE",), "custom_mask": (None,), "packed_custom_mask": (None,),
+                    "use_fp16_qk_reduction": (False,), "prefix_len_ptr": (None,), "token_pos_in_items_ptr": (None,),
+                    "max_item_len_ptr": (None,), "block_tables": (None,)}
+_PLAIN = (str, int, float, bool, type(None), torch.dtype)
+
+
+def _measured(rest: dict[str, Any], measured: dict[str, tuple]) -> bool:
+    return all(any(rest[k] is v or (type(rest[k]) is type(v) and rest[k] == v) for v in values)
+               for k, values in measured.items() if k in rest)
+
+
+def _reuse_key(fixed: tuple, rest: dict[str, Any]) -> tuple | None:
+    """What must match for a plan to be reused; None when a tensor (block_tables, masks, ...)
+    is among the arguments: a tensor is never compared by identity, so such plans are made
+    every time."""
+    if any(not isinstance(v, _PLAIN) for v in rest.values()):
+        return None
+    return fixed + tuple(sorted(rest.items(), key=lambda kv: kv[0]))
 
 
 @dataclass
@@ -121,13 +180,20 @@ class _Plan:
 
 class _TunedWrapper:
     """What the decode and prefill wrappers share: inner FlashInfer wrappers per config,
-    plan reuse, and the buffers a CUDA graph reads."""
+    plan reuse, the buffers a CUDA graph reads, and FlashInfer's run-side methods.
 
+    Under use_cuda_graph one inner wrapper and one config serve the wrapper's whole life,
+    fixed by its first plan, whatever path later plans take: a captured graph replays that
+    inner wrapper's kernels and buffers, so a plan may never move to another one."""
+
+    _required: tuple[str, ...]
+    _optional: tuple[str, ...]
     _config_keys: tuple[str, ...]
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str, use_cuda_graph: bool,
                  buffers: dict[str, torch.Tensor | None], config: Config | None) -> None:
         self._workspace = float_workspace_buffer
+        self._int_workspace: torch.Tensor | None = None
         self._kv_layout = kv_layout
         self._use_cuda_graph = use_cuda_graph
         self._buffers = buffers
@@ -140,6 +206,23 @@ class _TunedWrapper:
         self.plans_reused = 0  # plan() calls that kept the previous plan
         self.standard_plans = 0  # plans made without host lengths
 
+    # -- plan ------------------------------------------------------------------------------
+
+    def _bind(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """plan()'s arguments by name, as FlashInfer would bind them."""
+        names = self._required + self._optional
+        if len(args) > len(names):
+            raise TypeError(f"plan() takes at most {len(names)} positional arguments ({len(args)} given)")
+        bound = dict(zip(names, args))
+        twice = sorted(set(bound) & set(kwargs))
+        if twice:
+            raise TypeError(f"plan() got multiple values for argument {twice[0]!r}")
+        bound.update(kwargs)
+        missing = [n for n in self._required if n not in bound]
+        if missing:
+            raise TypeError(f"plan() missing required argument(s): {', '.join(missing)}")
+        return bound
+
     def _explicit_args(self, fixed_split_size: Any, disable_split_kv: Any) -> Config:
         """The plan arguments the caller chose (constructor and plan()); they beat the DB."""
         explicit = dict(self._explicit)
@@ -149,16 +232,17 @@ class _TunedWrapper:
             explicit["disable_split_kv"] = disable_split_kv
         return explicit
 
-    def _choose(self, static: tuple, batch: int, q_len: int, kv_len: int, default: Config) -> Config:
+    def _config_for(self, lookup: tuple | None, default: Config, explicit: Config) -> Config:
+        """The config of this plan: the wrapper's fixed (or, under CUDA graphs, pinned) one,
+        else the DB's for `lookup` (static key, batch, q len, kv len), else `default`; the
+        caller's explicit arguments on top."""
         if self._config is not None:
-            return self._config
-        config = _LOOKUP.get(static, batch, q_len, kv_len, default)
-        if set(config) != set(self._config_keys):  # a record of the other wrapper's kind
-            config = default
+            return {**self._config, **explicit}
+        config = default if lookup is None else _LOOKUP.get(*lookup, default)
+        config = {**config, **explicit}
         if self._use_cuda_graph:
-            # one config for the wrapper's life: a captured graph holds one inner wrapper's
-            # buffers; FlashInfer does not promise fixed_split_size under graphs
-            config = self._config = dict(config, fixed_split_size=None)
+            # FlashInfer does not promise a fixed split size under graphs, unless asked for
+            config = self._config = dict(config, fixed_split_size=explicit.get("fixed_split_size"))
         return config
 
     def _point_buffers(self, inner: Any, indptr: torch.Tensor, indices: torch.Tensor,
@@ -175,18 +259,18 @@ class _TunedWrapper:
             else:  # host metadata (FlashInfer takes indptr on the CPU) goes to the device
                 setattr(inner, attr, tensor if tensor.device == device else tensor.to(device, non_blocking=True))
 
-    def _reuse(self, call: tuple, lens: np.ndarray, indptr: torch.Tensor, indices: torch.Tensor,
+    def _reuse(self, call: tuple | None, lens: np.ndarray, indptr: torch.Tensor, indices: torch.Tensor,
                last_page_len: torch.Tensor) -> bool:
         """Keep the last plan if it covers this call; the hot path of plan()."""
         plan = self._plan
-        if plan is None or not plan.fits(call, lens):
+        if call is None or plan is None or not plan.fits(call, lens):
             return False
         self._point_buffers(plan.inner, indptr, indices, last_page_len)
         self.plans_reused += 1
         self._active = plan.inner
         return True
 
-    def _planned(self, inner: Any, call: tuple, lens: np.ndarray, kv_max: int, indptr: torch.Tensor,
+    def _planned(self, inner: Any, call: tuple | None, lens: np.ndarray, kv_max: int, indptr: torch.Tensor,
                  indices: torch.Tensor, last_page_len: torch.Tensor, qo_lens: np.ndarray | None) -> None:
         """After FlashInfer planned: record how long the plan stays valid."""
         self._point_buffers(inner, indptr, indices, last_page_len)
@@ -195,7 +279,7 @@ class _TunedWrapper:
             coverage = coverage_from_plan(inner._plan_info, inner._pin_memory_int_workspace_buffer.numpy(),
                                           len(lens), qo_lens)
         lo, hi = valid_bounds(coverage, lens.copy(), kv_len_bucket(max(kv_max, 1)))
-        self._plan = _Plan(inner, call, lo, hi)
+        self._plan = None if call is None else _Plan(inner, call, lo, hi)
         self._active = inner
         self.plans += 1
 
@@ -211,12 +295,55 @@ class _TunedWrapper:
         self.plans += 1
         self.standard_plans += 1
 
-    def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Any:
+    # -- run and FlashInfer's other methods ----------------------------------------------
+
+    def _planned_inner(self) -> Any:
         if self._active is None:
             raise RuntimeError("plan() must be called before run()")
-        return self._active.run(q, paged_kv_cache, *args, **kwargs)
+        return self._active
 
-    forward = run
+    def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._planned_inner().run(q, paged_kv_cache, *args, **kwargs)
+
+    def run_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._planned_inner().run(q, paged_kv_cache, *args, return_lse=True, **kwargs)
+
+    def forward(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        """FlashInfer's deprecated forward (its own keywords: pos_encoding_mode, sm_scale, ...)."""
+        return self._planned_inner().forward(q, paged_kv_cache, *args, **kwargs)
+
+    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._planned_inner().forward_return_lse(q, paged_kv_cache, *args, **kwargs)
+
+    def begin_forward(self, *args: Any, **kwargs: Any) -> None:
+        """FlashInfer's deprecated name of plan()."""
+        self.plan(*args, **kwargs)
+
+    def end_forward(self) -> None:
+        """FlashInfer 0.6's deprecated no-op (0.7 removed it)."""
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor) -> None:
+        """FlashInfer's: new workspace buffers, for every inner wrapper (and later ones)."""
+        self._workspace, self._int_workspace = float_workspace_buffer, int_workspace_buffer
+        for inner in self._inners.values():
+            inner.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+        self._plan = None  # the old plans live in the old buffers
+
+    def _new_inner(self, inner: Any) -> Any:
+        if self._int_workspace is not None:
+            inner.reset_workspace_buffer(self._workspace, self._int_workspace)
+        return inner
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"tuner's {type(self).__name__} does not offer FlashInfer's {name!r}: it supports plan/begin_forward, "
+            "run/forward, run_return_lse/forward_return_lse, reset_workspace_buffer and end_forward")
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
@@ -227,6 +354,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
     passes wins. Under use_cuda_graph the config is fixed by the first plan.
     """
 
+    _required, _optional = DECODE_REQUIRED, DECODE_OPTIONAL
     _config_keys = tuple(DECODE_DEFAULT)
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
@@ -244,44 +372,51 @@ class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
         key = (use_tensor_cores, backend)
         inner = self._inners.get(key)
         if inner is None:
-            inner = self._inners[key] = _flashinfer().BatchDecodeWithPagedKVCacheWrapper(
+            inner = self._inners[key] = self._new_inner(_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace, self._kv_layout, use_cuda_graph=self._use_cuda_graph,
-                use_tensor_cores=use_tensor_cores, backend=backend, **self._buffers)
+                use_tensor_cores=use_tensor_cores, backend=backend, **self._buffers))
         return inner
 
-    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor, num_qo_heads: int,
-             num_kv_heads: int, head_dim: int, page_size: int, *, window_left: int = -1,
-             logits_soft_cap: float | None = None, q_data_type: Any = "float16", kv_data_type: Any = None,
-             sm_scale: float | None = None, non_blocking: bool = True, seq_lens: Any = None,
-             fixed_split_size: Any = TUNED, disable_split_kv: Any = TUNED, **kwargs: Any) -> None:
-        """FlashInfer's plan() arguments; seq_lens on the host (CPU tensor or array) make it
-        cheap. Other FlashInfer keywords (pos_encoding_mode, rope_*, ...) take the standard path."""
-        lens = None if kwargs else host_seq_lens(seq_lens, indptr, last_page_len, page_size)
-        call = (num_qo_heads, num_kv_heads, head_dim, page_size, window_left, logits_soft_cap, q_data_type,
-                kv_data_type, sm_scale, fixed_split_size, disable_split_kv)
-        if lens is not None and self._reuse(call, lens, indptr, indices, last_page_len):
-            return
-        q_dtype = _dtype(q_data_type, torch.float16)
-        kv_dtype = _dtype(kv_data_type, q_dtype)
-        common = dict(window_left=window_left, logits_soft_cap=logits_soft_cap, q_data_type=q_dtype,
-                      kv_data_type=kv_dtype, sm_scale=sm_scale, non_blocking=non_blocking)
-        explicit = self._explicit_args(fixed_split_size, disable_split_kv)
+    @property
+    def use_tensor_cores(self) -> bool | None:
+        """The active plan's (None before the first plan)."""
+        return None if self._active is None else self._active.use_tensor_cores
+
+    def plan(self, *args: Any, **kwargs: Any) -> None:
+        """FlashInfer's plan(), every argument forwarded. Host kv lengths (seq_lens a CPU
+        tensor or array, or indptr and last_page_len on the CPU) make it cheap and let the DB
+        choose the config; without them FlashInfer plans the standard way."""
+        rest = self._bind(args, kwargs)
+        indptr, indices, last_page_len = rest.pop("indptr"), rest.pop("indices"), rest.pop("last_page_len")
+        num_qo_heads, num_kv_heads, head_dim, page_size = (rest.pop(k) for k in DECODE_REQUIRED[3:])
+        seq_lens = rest.pop("seq_lens", None)
+        explicit = self._explicit_args(rest.pop("fixed_split_size", TUNED), rest.pop("disable_split_kv", TUNED))
+        lens = host_seq_lens(seq_lens, indptr, last_page_len, page_size)
         if lens is None:  # no host lengths: FlashInfer's default config, its standard plan
-            config = {**DECODE_DEFAULT, **explicit}
+            config = self._config_for(None, DECODE_DEFAULT, explicit)
             inner = self._inner(config["use_tensor_cores"], config["flashinfer_backend"])
             inner.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                       seq_lens=seq_lens, **self._split_args(config), **common, **kwargs)
+                       seq_lens=seq_lens, **self._split_args(config), **rest)
             self._standard(inner)
             return
-        static = (q_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim, page_size, True, window_left,
-                  logits_soft_cap or 0.0)
+        call = _reuse_key((num_qo_heads, num_kv_heads, head_dim, page_size, tuple(sorted(explicit.items()))), rest)
+        if self._reuse(call, lens, indptr, indices, last_page_len):
+            return
+        q_dtype = _dtype(rest.get("data_type") or rest.get("q_data_type"), torch.float16)
+        kv_dtype = _dtype(rest.get("kv_data_type") or rest.get("data_type"), q_dtype)
+        window_left = rest.get("window_left", -1)
         kv_max = int(lens.max()) if len(lens) else 0
-        config = {**self._choose(static, len(lens), 1, kv_max, DECODE_DEFAULT), **explicit}
+        lookup = None
+        if _measured(rest, DECODE_MEASURED) and len(lens) and isinstance(window_left, int):
+            static = (q_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim, page_size, True, window_left,
+                      rest.get("logits_soft_cap") or 0.0)
+            lookup = (static, len(lens), 1, kv_max)
+        config = self._config_for(lookup, DECODE_DEFAULT, explicit)
         inner = self._inner(config["use_tensor_cores"], config["flashinfer_backend"])
         indptr_h, last_h = paged_metadata(lens, page_size)
         inner.plan(torch.from_numpy(indptr_h), indices, torch.from_numpy(last_h), num_qo_heads, num_kv_heads,
                    head_dim, page_size, seq_lens=torch.from_numpy(lens.astype(np.int32)),
-                   **self._split_args(config), **common)
+                   **self._split_args(config), **rest)
         self._planned(inner, call, lens, kv_max, indptr, indices, last_page_len, None)
 
     @staticmethod
@@ -297,68 +432,72 @@ class BatchPrefillWithPagedKVCacheWrapper(_TunedWrapper):
     cache, e.g. speculative-decoding verification. Host lengths: seq_lens (kv) and
     qo_indptr on the CPU."""
 
+    _required, _optional = PREFILL_REQUIRED, PREFILL_OPTIONAL
     _config_keys = tuple(PREFILL_DEFAULT)
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
                  qo_indptr_buf: torch.Tensor | None = None, paged_kv_indptr_buf: torch.Tensor | None = None,
                  paged_kv_indices_buf: torch.Tensor | None = None,
                  paged_kv_last_page_len_buf: torch.Tensor | None = None, backend: Any = TUNED,
-                 *, config: Config | None = None) -> None:
+                 *, config: Config | None = None, **flashinfer_kwargs: Any) -> None:
+        """FlashInfer's constructor arguments; others it takes (custom_mask_buf, jit_args,
+        ...) are passed on as given."""
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, {
             "qo_indptr_buf": qo_indptr_buf, "paged_kv_indptr_buf": paged_kv_indptr_buf,
-            "paged_kv_indices_buf": paged_kv_indices_buf, "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf},
-            config)
+            "paged_kv_indices_buf": paged_kv_indices_buf, "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf,
+            **flashinfer_kwargs}, config)
         self._explicit = {} if backend is TUNED else {"flashinfer_backend": backend}
 
     def _inner(self, backend: str) -> Any:
         inner = self._inners.get(backend)
         if inner is None:
-            inner = self._inners[backend] = _flashinfer().BatchPrefillWithPagedKVCacheWrapper(
+            inner = self._inners[backend] = self._new_inner(_flashinfer().BatchPrefillWithPagedKVCacheWrapper(
                 self._workspace, self._kv_layout, use_cuda_graph=self._use_cuda_graph, backend=backend,
-                **self._buffers)
+                **self._buffers))
         return inner
 
-    def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
-             paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
-             page_size: int, *, causal: bool = False, window_left: int = -1, logits_soft_cap: float | None = None,
-             q_data_type: Any = "float16", kv_data_type: Any = None, sm_scale: float | None = None,
-             non_blocking: bool = True, seq_lens: Any = None, fixed_split_size: Any = TUNED,
-             disable_split_kv: Any = TUNED, **kwargs: Any) -> None:
-        qo_h = None if qo_indptr.is_cuda else qo_indptr.numpy().astype(np.int64)
-        lens = None if kwargs or qo_h is None else host_seq_lens(seq_lens, paged_kv_indptr, paged_kv_last_page_len,
-                                                                  page_size)
-        call = (num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal, window_left, logits_soft_cap,
-                q_data_type, kv_data_type, sm_scale, fixed_split_size, disable_split_kv,
-                None if qo_h is None else qo_h.tobytes())
-        if lens is not None and self._reuse(call, lens, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len):
-            return
-        q_dtype = _dtype(q_data_type, torch.float16)
-        kv_dtype = _dtype(kv_data_type, q_dtype)
-        common = dict(causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, q_data_type=q_dtype,
-                      kv_data_type=kv_dtype, sm_scale=sm_scale, non_blocking=non_blocking)
-        explicit = self._explicit_args(fixed_split_size, disable_split_kv)
+    def plan(self, *args: Any, **kwargs: Any) -> None:
+        """FlashInfer's plan(), every argument forwarded. Host lengths (seq_lens and
+        qo_indptr on the CPU) make it cheap and let the DB choose the config."""
+        rest = self._bind(args, kwargs)
+        qo_indptr, indptr, indices, last_page_len = (rest.pop(k) for k in PREFILL_REQUIRED[:4])
+        num_qo_heads, num_kv_heads, head_dim_qk, page_size = (rest.pop(k) for k in PREFILL_REQUIRED[4:])
+        seq_lens = rest.pop("seq_lens", None)
+        explicit = self._explicit_args(rest.pop("fixed_split_size", TUNED), rest.pop("disable_split_kv", TUNED))
+        qo_h = None if qo_indptr.device.type != "cpu" else qo_indptr.numpy().astype(np.int64)
+        lens = None if qo_h is None else host_seq_lens(seq_lens, indptr, last_page_len, page_size)
         if lens is None:
-            config = {**PREFILL_DEFAULT, **explicit}
+            config = self._config_for(None, PREFILL_DEFAULT, explicit)
             inner = self._inner(config["flashinfer_backend"])
-            inner.plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                       num_kv_heads, head_dim_qk, page_size, seq_lens=seq_lens,
-                       fixed_split_size=config["fixed_split_size"], disable_split_kv=config["disable_split_kv"],
-                       **common, **kwargs)
+            inner.plan(qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size,
+                       seq_lens=seq_lens, fixed_split_size=config["fixed_split_size"],
+                       disable_split_kv=config["disable_split_kv"], **rest)
             self._standard(inner)
             return
+        call = _reuse_key((num_qo_heads, num_kv_heads, head_dim_qk, page_size, tuple(sorted(explicit.items())),
+                           qo_h.tobytes()), rest)
+        if self._reuse(call, lens, indptr, indices, last_page_len):
+            return
+        q_dtype = _dtype(rest.get("q_data_type"), torch.float16)
+        kv_dtype = _dtype(rest.get("kv_data_type"), q_dtype)
         qo_lens = np.diff(qo_h)
         q_max = int(qo_lens.max()) if len(qo_lens) else 1
-        static = (q_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal, window_left,
-                  logits_soft_cap or 0.0)
         kv_max = int(lens.max()) if len(lens) else 0
-        config = {**self._choose(static, len(lens), q_max, kv_max, PREFILL_DEFAULT), **explicit}
+        window_left, causal = rest.get("window_left", -1), rest.get("causal", False)
+        lookup = None
+        if (_measured(rest, PREFILL_MEASURED) and rest.get("head_dim_vo") in (None, head_dim_qk) and len(lens)
+                and isinstance(window_left, int) and isinstance(causal, bool) and q_max >= 1):
+            static = (q_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal, window_left,
+                      rest.get("logits_soft_cap") or 0.0)
+            lookup = (static, len(lens), q_max, kv_max)
+        config = self._config_for(lookup, PREFILL_DEFAULT, explicit)
         inner = self._inner(config["flashinfer_backend"])
         indptr_h, last_h = paged_metadata(lens, page_size)
-        inner.plan(qo_indptr, torch.from_numpy(indptr_h), paged_kv_indices, torch.from_numpy(last_h),
+        inner.plan(qo_indptr, torch.from_numpy(indptr_h), indices, torch.from_numpy(last_h),
                    num_qo_heads, num_kv_heads, head_dim_qk, page_size,
                    seq_lens=torch.from_numpy(lens.astype(np.int32)), fixed_split_size=config["fixed_split_size"],
-                   disable_split_kv=config["disable_split_kv"], **common)
-        self._planned(inner, call, lens, kv_max, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, qo_lens)
+                   disable_split_kv=config["disable_split_kv"], **rest)
+        self._planned(inner, call, lens, kv_max, indptr, indices, last_page_len, qo_lens)
 
 
 # -- the sweepable op -----------------------------------------------------------------------
@@ -386,42 +525,51 @@ class _PagedLayout:
     last_page_len: torch.Tensor
 
 
-def _paged_layout(page_table: torch.Tensor, seq_lens: np.ndarray, page_size: int, q_len: int) -> _PagedLayout:
-    """FlashInfer's indptr/indices/last_page_len for a [batch, max_pages] page table."""
+@dataclass(frozen=True)
+class _Gather:
+    """Where a layout's indices sit in a page table of some width, for some kv lengths:
+    the host-side half of a layout, which depends on the lengths only (never on the table's
+    contents), so it can be kept and reused while the table changes in place."""
+
+    indptr: torch.Tensor  # device
+    last_page_len: torch.Tensor  # device
+    qo_indptr: torch.Tensor  # host
+    pages: int | None  # every request's page count, when all are equal: a slice, no gather
+    flat: torch.Tensor | None  # device, positions in page_table.reshape(-1), otherwise
+
+
+@functools.lru_cache(maxsize=256)
+def _gather(lens_bytes: bytes, width: int, page_size: int, q_len: int, device: str) -> _Gather:
+    seq_lens = np.frombuffer(lens_bytes, dtype=np.int64)
     indptr_h, last_h = paged_metadata(seq_lens, page_size)
-    device = page_table.device
     pages = np.diff(indptr_h)
-    if len(pages) and np.all(pages == pages[0]):
-        indices = page_table[:, : int(pages[0])].reshape(-1)
-    else:
-        width = page_table.shape[1]
-        flat = np.concatenate([i * width + np.arange(n) for i, n in enumerate(pages)]) if len(pages) else np.zeros(0)
-        indices = page_table.reshape(-1)[torch.from_numpy(flat.astype(np.int64)).to(device)]
-    return _PagedLayout(
-        seq_lens=seq_lens,
-        qo_indptr=torch.arange(len(seq_lens) + 1, dtype=torch.int32) * q_len,
+    same = bool(len(pages)) and bool(np.all(pages == pages[0]))
+    flat = None
+    if not same:
+        positions = [i * width + np.arange(n) for i, n in enumerate(pages)]
+        flat = torch.from_numpy(np.concatenate(positions).astype(np.int64) if positions else
+                                np.zeros(0, dtype=np.int64)).to(device)
+    return _Gather(
         indptr=torch.from_numpy(indptr_h).to(device),
-        indices=indices.contiguous(),
         last_page_len=torch.from_numpy(last_h).to(device),
+        qo_indptr=torch.arange(len(seq_lens) + 1, dtype=torch.int32) * q_len,
+        pages=int(pages[0]) if same else None,
+        flat=flat,
     )
 
 
-# one layout per live page table (by identity: a sweep's KV copies share one table, and so
-# do the layers of one decode step); tensors cannot key a WeakKeyDictionary (== is elementwise)
-_LAYOUTS: dict[int, tuple[weakref.ref, bytes, int, _PagedLayout]] = {}
-
-
 def _layout(page_table: torch.Tensor, seq_lens: np.ndarray, page_size: int, q_len: int) -> _PagedLayout:
-    key = seq_lens.tobytes()
-    cached = _LAYOUTS.get(id(page_table))
-    if cached is not None and cached[0]() is page_table and cached[1] == key and cached[2] == q_len:
-        return cached[3]
-    layout = _paged_layout(page_table, seq_lens, page_size, q_len)
-    if len(_LAYOUTS) >= 16:
-        for ident in [i for i, c in _LAYOUTS.items() if c[0]() is None] or list(_LAYOUTS)[:1]:
-            del _LAYOUTS[ident]
-    _LAYOUTS[id(page_table)] = (weakref.ref(page_table), key, q_len, layout)
-    return layout
+    """FlashInfer's indptr/indices/last_page_len for a [batch, max_pages] page table: the
+    indices are read from the table as it is now (a persistent table is updated in place
+    between steps: a layout kept from an earlier call would point at its old pages)."""
+    seq_lens = np.ascontiguousarray(seq_lens, dtype=np.int64)
+    g = _gather(seq_lens.tobytes(), page_table.shape[1], page_size, q_len, str(page_table.device))
+    if g.pages is not None:
+        indices = page_table[:, : g.pages].reshape(-1)
+    else:
+        indices = page_table.reshape(-1)[g.flat]
+    return _PagedLayout(seq_lens=seq_lens, qo_indptr=g.qo_indptr, indptr=g.indptr, indices=indices.contiguous(),
+                        last_page_len=g.last_page_len)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -466,4 +614,5 @@ FLASHINFER = Op(
     grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "smoke": grid([1, 64], [512, 8192])},
     unavailable=unavailable,
     device=lambda: "cuda",
+    check=check_config,
 )

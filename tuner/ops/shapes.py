@@ -141,6 +141,19 @@ def grid(batches: list[int], kv_lens: list[int], max_tokens: int | None = None, 
     ]
 
 
+def shape_for_checks(key: AttentionStaticKey, run_key: AttentionRunKey) -> DecodeShape:
+    """The DecodeShape an op's config rules see for a stored key: what they read (query
+    length, heads, sinks, causal, page size) as stored; what a DecodeShape cannot say
+    (mixed dtypes, descales) approximated."""
+    return DecodeShape(
+        batch=run_key.batch, kv_len=max(run_key.kv_len_bucket, run_key.max_q_len), q_len=run_key.max_q_len,
+        num_q_heads=key.num_q_heads, num_kv_heads=key.num_kv_heads, head_dim=key.head_dim_qk,
+        page_size=max(key.page_size, 1), dtype=key.q_dtype if key.q_dtype in DTYPES else "bfloat16",
+        causal=key.causal, window=(key.window_left, key.window_right), softcap=SOFTCAP_WHEN_ON if key.softcap else 0.0,
+        sinks=key.sinks,
+    )
+
+
 SOFTCAP_WHEN_ON = 50.0  # a static key says only that softcap is on; the kernels do not care how much
 
 

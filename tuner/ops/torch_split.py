@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from tuner.ops.rules import config_error, is_int
 from tuner.ops.base import Config, DecodeInputs, Op
 from tuner.ops.reference import attention_mask
 from tuner.ops.shapes import DecodeShape, grid
@@ -88,6 +89,7 @@ TORCH_SPLIT_DECODE = Op(
     configs=_configs,
     default=lambda shape: {"chunk": 0},
     run=_run,
+    check=lambda config, shape: config_error(config, {"chunk": is_int(0, 2**40)}),
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
     grids={
         "cpu-tiny": grid([1, 4], [256, 1024], **_CPU),

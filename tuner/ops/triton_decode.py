@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.ops.rules import config_error, is_int, is_pow2, one_of
 from tuner.ops.shapes import DecodeShape, grid
 
 # Bound by _define_kernels. They must be module globals, not locals of that function:
@@ -447,6 +448,14 @@ def _configs(shape: DecodeShape) -> list[Config]:
     ]
 
 
+RULES = {"block_n": is_pow2(16, 1024), "num_kv_splits": is_int(1, 4096), "num_warps": one_of(1, 2, 4, 8, 16),
+         "num_stages": is_int(1, 8)}
+
+
+def check_config(config: Config, shape: DecodeShape | None = None) -> str | None:
+    return config_error(config, RULES)
+
+
 def _default(shape: DecodeShape) -> Config:
     """DEFAULT, with block and splits cut back to what the shape's visible keys hold."""
     visible = _visible_len(shape)
@@ -488,6 +497,7 @@ TRITON_DECODE = Op(
     run=_run,
     unavailable=_unavailable,
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
+    check=check_config,
     grids={
         # interpreter-sized: every program and kv block costs milliseconds there
         "cpu-tiny": grid([1, 2], [64, 128], **_TINY),
