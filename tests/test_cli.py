@@ -197,11 +197,38 @@ def test_markup_in_stored_configs_is_shown_as_text(tmp_path, db_path, tiny_shape
     out = tmp_path / "e.json"
     assert cli("export", "--out", out, "--db", db_path).exit_code == 0
     doc = json.loads(out.read_text())
-    doc["records"][0]["config"] = {"chunk": "[/x]"}
+    # an op of the user's own (tuner's ops refuse a chunk of "[/x]": it breaks their rules)
+    doc["records"][0].update(op="my_op", config={"chunk": "[/x]"})
     out.write_text(json.dumps(doc))
     assert cli("import", out, "--db", db_path).exit_code == 0
     shown = cli("show", "--db", db_path)
     assert shown.exit_code == 0 and "chunk=[/x]" in shown.output
+
+
+def test_import_refuses_configs_the_op_cannot_run(tmp_path, db_path, tiny_shapes):
+    """decode_attention configs with block_n "banana", a missing key, backend "bogus",
+    block_n 3, num_kv_splits 0 were imported, and then every call of that shape raised."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "e.json"
+    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    good = json.loads(out.read_text())
+    triton = {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
+    bad_configs = [dict(triton, block_n="banana"), {k: v for k, v in triton.items() if k != "num_stages"},
+                   dict(triton, backend="bogus"), dict(triton, block_n=3), dict(triton, num_kv_splits=0),
+                   dict(triton, num_warps=True)]
+    before = TuningDB(db_path).records()
+    for config in bad_configs:
+        doc = json.loads(json.dumps(good))
+        doc["records"][0].update(op="decode_attention", config=config)
+        out.write_text(json.dumps(doc))
+        result = cli("import", out, "--db", db_path)
+        one_line_error(result)
+        assert "decode_attention" in result.stderr and "batch" in result.stderr  # names the record
+    assert TuningDB(db_path).records() == before  # nothing written
+    doc = json.loads(json.dumps(good))
+    doc["records"][0].update(op="decode_attention", config=triton)
+    out.write_text(json.dumps(doc))
+    assert cli("import", out, "--db", db_path).exit_code == 0
 
 
 def test_a_failed_import_creates_no_db(tmp_path):
@@ -246,7 +273,7 @@ def test_doctor_lists_records_of_other_environments(tmp_path, db_path):
     row = next(line for line in result.output.splitlines() if fingerprint_id(other) in line)
     assert "Some Other GPU" in row and row.rstrip("│ ").endswith("no")
     shown = cli("show", "--db", db_path)
-    assert "0 winners stored for this environment" in shown.output
+    assert "0 winners stored that apply here" in shown.output
     every = cli("show", "--db", db_path, "--all")  # the environment in each table's title, not a column
     assert f"environment {fingerprint_id(other)}" in every.output and "1 winners stored in" in every.output
 
@@ -364,53 +391,6 @@ def test_runtime_on_a_truncated_db_warns_once_and_runs_defaults(tmp_path, tiny_s
     assert path.read_bytes() == truncated
 
 
-def test_export_lightllm_layout(tmp_path, db_path, tiny_shapes):
-    from tuner.db import current_fingerprint
-
-    assert sweep(db_path, tiny_shapes).exit_code == 0
-    records = TuningDB(db_path).records()
-    out = tmp_path / "kernel_configs"
-    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path, "--run-key", "kv_len")
-    assert result.exit_code == 0, result.output
-    fp = current_fingerprint()
-    op_dir = out / f"triton_{fp['triton']}" / str(fp["device"]).replace(" ", "_") / "torch_split_decode"
-    files = {f.name: json.loads(f.read_text()) for f in op_dir.iterdir()}
-    # a file per static key and the run-key fields LightLLM's run key is not (here batch, q len)
-    assert len(files) == len({(r.problem.static_key, r.problem.run_key.batch) for r in records})
-    for r in records:
-        run = r.problem.run_key
-        [name] = [n for n in files if f"batch={run.batch}," in n]
-        assert name.startswith("batch=") and name.endswith(".json")
-        assert "causal=True," in name and "head_dim_qk=16" in name and f"max_q_len={run.max_q_len}," in name
-        assert files[name][str(run.kv_len_bucket)] == r.config  # {run key: config}, run key = kv bucket
-    by_batch = cli("export", "--format", "lightllm", "--out", tmp_path / "b", "--db", db_path)  # --run-key batch
-    assert by_batch.exit_code == 0
-    assert {f"kv_len={r.problem.run_key.kv_len_bucket}," in " ".join(p.name for p in (tmp_path / "b").rglob("*.json"))
-            for r in records} == {True}
-    tokens = cli("export", "--format", "lightllm", "--run-key", "tokens", "--out", tmp_path / "t", "--db", db_path)
-    assert tokens.exit_code == 0
-    content = {}
-    for f in (tmp_path / "t").rglob("*.json"):  # a file per static key and q len
-        content.update(json.loads(f.read_text()))
-    assert set(content) == {str(r.problem.run_key.batch * r.problem.run_key.kv_len_bucket) for r in records}
-
-
-def test_export_lightllm_refuses_run_key_clashes_and_writes_nothing(tmp_path, db_path):
-    shapes = tmp_path / "clash.json"
-    common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
-    # batch 1 x kv bucket 512 and batch 4 x kv bucket 128: the same number of tokens
-    shapes.write_text(json.dumps([dict(batch=1, kv_len=300, **common), dict(batch=4, kv_len=100, **common)]))
-    assert sweep(db_path, shapes).exit_code == 0
-    out = tmp_path / "out"
-    one_line_error(cli("export", "--format", "lightllm", "--run-key", "tokens", "--out", out, "--db", db_path),
-                   "run key", "tokens=512")
-    assert not out.exists()
-    assert cli("export", "--format", "lightllm", "--run-key", "kv_len", "--out", out, "--db", db_path).exit_code == 0
-    f = tmp_path / "a_file"
-    f.write_text("x")
-    one_line_error(cli("export", "--format", "lightllm", "--out", f, "--db", db_path), "is a file")
-
-
 def test_runtime_misses_are_listed_and_swept(tmp_path, db_path):
     import tuner
     from tuner.ops import DecodeShape
@@ -501,3 +481,75 @@ def test_report_of_another_environment(tmp_path, db_path):
     assert "1.200x" in there.output and list((tmp_path / "there").glob("*speedup.png"))
     one_line_error(cli("report", "--out", tmp_path / "x", "--db", db_path, "--environment", "nope"),
                    "is not in the DB")
+
+
+# -- issue 10: every bad input one line, exit 2; damage found by doctor, exit 1 -------------------
+
+
+@pytest.mark.parametrize("option, value", [("--max-seconds", "inf"), ("--max-seconds", "nan"),
+                                           ("--min-gain", "nan")])
+def test_non_finite_numbers_are_refused_before_any_measurement(tmp_path, tiny_shapes, option, value, capsys):
+    code = run_main("sweep", "torch_split_decode", "--shapes", tiny_shapes, "--db", tmp_path / "x.db", option, value)
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and option in err and "Traceback" not in err
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"WORLD_SIZE": "banana"}, "WORLD_SIZE must be an integer"),
+    ({"WORLD_SIZE": "2"}, "RANK is not"),
+    ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK must be in [0, 1]"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "MASTER_ADDR is not set"),
+])
+def test_a_broken_launcher_environment_is_one_line(tmp_path, tiny_shapes, env, fragment):
+    result = runner.invoke(app, ["sweep", "torch_split_decode", "--shapes", str(tiny_shapes), "--db",
+                                 str(tmp_path / "x.db")], env=env)
+    one_line_error(result, fragment)
+
+
+def test_an_unknown_op_is_bad_input_everywhere(tmp_path, db_path, tiny_shapes):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    for args in (("show", "--op", "no_such_op"), ("export", "--op", "no_such_op", "--out", tmp_path / "e.json"),
+                 ("report", "--op", "no_such_op", "--out", tmp_path / "r")):
+        one_line_error(cli(*args, "--db", db_path), "unknown op 'no_such_op'")
+    assert cli("show", "--op", "torch_split_decode", "--db", db_path).exit_code == 0
+
+
+def test_flags_show_no_value_in_help():
+    """typer 0.29 printed `--force <bool>`, a value the parser then refuses."""
+    for command in ([], ["sweep"], ["show"], ["export"], ["import"], ["prune"], ["doctor"]):
+        result = runner.invoke(app, command + ["--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0 and "<bool>" not in result.output, command
+    assert "<int range>" in runner.invoke(app, ["sweep", "--help"], env={"COLUMNS": "200"}).output
+
+
+def test_malformed_rows_give_one_line_in_the_cli_and_doctor_lists_them(tmp_path, db_path, tiny_shapes):
+    import sqlite3
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE records SET config = '[1, 2]' WHERE batch = 1")
+    for args in (("show",), ("export", "--out", tmp_path / "e.json"), ("report", "--out", tmp_path / "r"),
+                 ("sweep", "torch_split_decode", "--shapes", tiny_shapes)):
+        one_line_error(cli(*args, "--db", db_path), "malformed")
+    doctor = cli("doctor", "--db", db_path)
+    assert doctor.exit_code == 1 and "malformed" in doctor.stderr and "integrity: ok" not in doctor.output
+    assert cli("prune", "--db", db_path).exit_code == 0
+    assert cli("doctor", "--db", db_path).exit_code == 0 and cli("show", "--db", db_path).exit_code == 0
+
+
+def test_a_db_without_its_version_row_is_damage_for_every_command(tmp_path, db_path, tiny_shapes):
+    import sqlite3
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "e.json"
+    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DELETE FROM tuner_meta")
+    before = db_path.read_bytes()
+    doctor = cli("doctor", "--db", db_path)
+    assert doctor.exit_code == 1 and "no schema version" in doctor.stderr
+    one_line_error(cli("import", out, "--db", db_path), "damaged")
+    one_line_error(sweep(db_path, tiny_shapes), "damaged")  # not adopted as a new DB
+    one_line_error(cli("show", "--db", db_path), "damaged")
+    assert db_path.read_bytes() == before

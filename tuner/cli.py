@@ -5,7 +5,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
+import os
+import shutil
 import sys
+import tempfile
 from enum import Enum
 from pathlib import Path
 from typing import Iterator, Optional
@@ -25,6 +29,34 @@ except ImportError:
     from click import exceptions as click_exceptions
 from tuner.errors import TunerError
 from tuner.keys import AttentionStaticKey
+
+
+def _flags_take_no_value() -> None:
+    """typer 0.29's help prints a type beside every option, so a flag reads as taking one
+    (`--force <bool>`), which the parser refuses: print none for flags."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:
+        return
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_tuner_flags", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if getattr(self, "is_flag", False) and not getattr(self, "metavar", None) else shown(self, ctx)
+
+    display_type_rich._tuner_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
+
+
+def _finite(value: float | None) -> float | None:
+    """Float options: inf and nan pass typer's ranges (nan compares false to every bound)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
 
 app = typer.Typer(
     name="tuner",
@@ -139,8 +171,8 @@ def sweep_command(
     halving: Annotated[bool, typer.Option("--halving", help="Successive halving: time every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = False,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = 15,
-    max_seconds: Annotated[float, typer.Option(min=0.001, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = 2.0,
-    min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, help="A winner must beat the default by this fraction, and by more than the noise.")] = 0.01,
+    max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = 2.0,
+    min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=_finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = 0.01,
 ) -> None:
     """Benchmark every candidate config of OP over a grid of shapes; store the winners.
 
@@ -160,11 +192,12 @@ def sweep_command(
         device = op.device()
         database = None
         if from_misses:
-            from tuner.db import current_fingerprint_id
+            from tuner.db import current_fingerprint, current_fingerprint_id
             from tuner.ops.shapes import shape_from_keys
 
             database = _open_db_to_sweep(db, force)
-            missed = [p for p, _, _ in database.misses(current_fingerprint_id(), op=op.name)]
+            missed = [p for p, _, _ in database.misses(current_fingerprint_id(), op=op.name,
+                                                       environment=current_fingerprint())]
             shapes = [s for s in (shape_from_keys(p.static_key, p.run_key) for p in missed) if s is not None]
             if len(shapes) < len(missed):
                 err.print(f"[yellow]warning:[/] {len(missed) - len(shapes)} missed keys are not attention shapes "
@@ -251,19 +284,24 @@ def show_command(
     all_environments: Annotated[bool, typer.Option("--all", help="Include winners measured in other environments (not used at lookup).")] = False,
     misses: Annotated[bool, typer.Option("--misses", help="Instead: the keys the runtime served from the nearest winner or the default, still untuned (`sweep OP --from-misses` tunes them).")] = False,
 ) -> None:
-    """Show the stored winners of this environment."""
+    """Show the stored winners that apply in this environment (--all: every environment's)."""
     with _user_errors():
-        from tuner.db import current_fingerprint_id
+        from tuner.db import current_fingerprint, current_fingerprint_id
 
         database = _open_db(db, create=False)
+        _check_op(database, op)
         fp = current_fingerprint_id()
         if misses:
             _show_misses(database, fp, op)
             return
-        records = database.records(op=op, fingerprint_id=None if all_environments else fp)
+        if all_environments:
+            records = database.records(op=op)
+        else:
+            records = database.records(op=op, environment=current_fingerprint())
         groups: dict[tuple[str, str, str], list] = {}
         for r in records:  # a table per op, static key and (with --all) environment
-            groups.setdefault((r.problem.op, r.problem.static_key, r.fingerprint_id), []).append(r)
+            groups.setdefault((r.problem.op, r.problem.static_key, r.fingerprint_id if all_environments else ""),
+                              []).append(r)
         for (op_name, static, env), rows in groups.items():
             title = f"{op_name} ({_static_label(static)})"
             if all_environments:
@@ -283,7 +321,7 @@ def show_command(
             for row in cells:
                 table.add_row(*row)
             console.print(table)
-        scope = "stored" if all_environments else "stored for this environment"
+        scope = "stored" if all_environments else "stored that apply here"
         console.print(f"{len(records)} winners {scope} in {escape(database.display_url)}")
         shipped = _shipped_count()
         if shipped:
@@ -311,8 +349,22 @@ def _shipped_count() -> int:
         return 0
 
 
+def _check_op(database, op: str | None) -> None:
+    """--op names one of tuner's ops or an op (a user's own @autotune function) the DB holds."""
+    if op is None:
+        return
+    from tuner.ops import list_ops
+
+    known = sorted(o.name for o in list_ops())
+    if op not in known and op not in database.op_names():
+        raise TunerError(f"unknown op {op!r}: not one of tuner's ops ({', '.join(known)}) and nothing of it "
+                         f"in {database.display_url}")
+
+
 def _show_misses(database, fp: str, op: str | None) -> None:
-    rows = database.misses(fp, op=op)
+    from tuner.db import current_fingerprint
+
+    rows = database.misses(fp, op=op, environment=current_fingerprint())
     table = Table(title="runtime misses: served without an exact winner")
     for col in ("op", "static key", "batch", "q", "kv <=", "served", "times"):
         table.add_column(col, justify="left" if col in ("op", "static key", "served") else "right",
@@ -332,22 +384,23 @@ def report_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")],
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
-    bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
-    environment: Annotated[Optional[str], typer.Option("--environment", "-e", help="Report the winners of this environment id (`tuner doctor` lists them), e.g. a GPU's from a laptop; default: this one.")] = None,
+    bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, callback=_finite, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
+    environment: Annotated[Optional[str], typer.Option("--environment", "-e", help="Report the winners of this environment id (`tuner doctor` lists them), e.g. a GPU's from a laptop; default: those that apply here.")] = None,
 ) -> None:
     """Plot an environment's winners (speedup over the default, roofline fraction) and write a Markdown summary."""
     with _user_errors():
-        from tuner.db import current_fingerprint_id
+        from tuner.db import current_fingerprint
         from tuner.report import summary_rows, write_report
 
         if out.exists() and not out.is_dir():
             raise TunerError(f"--out {out} is a file; the report is a directory")
         database = _open_db(db, create=False)
+        _check_op(database, op)
         if environment is not None and environment not in database.fingerprints():
             known = ", ".join(sorted(database.fingerprints())) or "none"
             raise TunerError(f"--environment {environment!r} is not in the DB (it holds: {known})")
-        groups = write_report(database, out, environment or current_fingerprint_id(), op=op,
-                              bandwidth_gbps=bandwidth_gbps)
+        groups = write_report(database, out, environment, op=op, bandwidth_gbps=bandwidth_gbps,
+                              environment=None if environment else current_fingerprint())
         table = Table(title="winners by op and static key")
         for col in ("op", "static key", "winners", "geomean speedup", "max"):
             table.add_column(col, justify="left" if col in ("op", "static key") else "right",
@@ -364,13 +417,6 @@ class ExportFormat(str, Enum):
     lightllm = "lightllm"
 
 
-class LightLLMRunKey(str, Enum):
-    batch = "batch"
-    kv_len = "kv_len"
-    max_q_len = "max_q_len"
-    tokens = "tokens"
-
-
 def _write_atomically(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -381,28 +427,80 @@ def _write_atomically(path: Path, text: str) -> None:
         raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
+    """Write every file under `out`, or none: all are written to a staging directory inside
+    `out` first, then moved into place (a failed move puts back what was there). A file
+    that exists already is refused unless `replace`. Returns how many existed."""
+    targets = {rel: out / rel for rel in files}
+    root = out.resolve()
+    for rel, target in targets.items():  # names were checked; this is the last word
+        if not target.resolve().is_relative_to(root):
+            raise TunerError(f"refusing to write {rel}: outside --out {out}")
+    existing = [rel for rel, target in targets.items() if target.exists()]
+    if existing and not replace:
+        raise TunerError(f"{out / existing[0]} exists ({len(existing)} of the {len(files)} files do); "
+                         "--force replaces them")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".tuner-export-", dir=out))
+    except OSError as e:
+        raise TunerError(f"cannot write under {out}: {e.strerror or e}") from None
+    moved: list[tuple[Path, Path | None]] = []
+    try:
+        for i, (rel, text) in enumerate(files.items()):
+            (staging / f"{i}.json").write_text(text)
+        for i, (rel, target) in enumerate(targets.items()):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            backup = None
+            if target.exists():
+                backup = staging / f"{i}.previous"
+                target.replace(backup)
+            (staging / f"{i}.json").replace(target)
+            moved.append((target, backup))
+    except OSError as e:
+        for target, backup in reversed(moved):
+            with contextlib.suppress(OSError):
+                target.unlink()
+                if backup is not None:
+                    backup.replace(target)
+        raise TunerError(f"cannot write under {out}: {e.strerror or e}; nothing was written") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return len(existing)
+
+
 @app.command("export")
 def export_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json), or directory (lightllm).")],
-    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: LightLLM's all_kernel_configs layout, triton_<version>/<device>/<op>/<static key>.json holding {run key: config}.")] = ExportFormat.json,
+    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json), or LightLLM's config directory (lightllm): lightllm/common/triton_utils/autotune_kernel_configs.")],
+    format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: FA3 winners as the files LightLLM's FA3 wrapper (kernel sgl_fa3_kvcache_ns:v1) reads.")] = ExportFormat.json,
     db: DbOption = None,
-    op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
-    run_key: Annotated[LightLLMRunKey, typer.Option("--run-key", help="lightllm: which of tuner's run-key fields is LightLLM's integer run key (tokens = batch x kv bucket); the others go into the file's static key.")] = LightLLMRunKey.batch,
+    op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners (lightllm: fa3, the only op LightLLM reads).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="lightllm: replace config files that exist already.")] = False,
 ) -> None:
     """Write the stored winners (with their environments) to a file or, for LightLLM, a directory."""
     with _user_errors():
         database = _open_db(db, create=False)
+        _check_op(database, op)
         if format is ExportFormat.lightllm:
-            from tuner.db.lightllm import lightllm_files
+            from tuner.db.lightllm import KERNEL, lightllm_export
 
             if out.exists() and not out.is_dir():
                 raise TunerError(f"--out {out} is a file; --format lightllm writes a directory")
-            files = lightllm_files(database, run_key=run_key.value, op=op)  # all checked before writing
-            for rel, content in files.items():
-                _write_atomically(out / rel, json.dumps(content, indent=2, sort_keys=False) + "\n")
-            n = sum(len(c) for c in files.values())
-            console.print(f"exported {n} winners in {len(files)} LightLLM files under {escape(str(out))} "
-                          f"(run key: {run_key.value}); copy its contents into lightllm/common/all_kernel_configs/")
+            export = lightllm_export(database, op=op)  # names and keys all checked before writing
+            if not export.files:
+                raise TunerError("no FA3 winners LightLLM can read in the DB"
+                                 + (f" ({_left_out(export.left_out)})" if export.left_out else ""))
+            texts = {rel: json.dumps(content, indent=2, sort_keys=True) + "\n" for rel, content in export.files.items()}
+            replaced = _write_tree(out, texts, force)
+            console.print(f"exported {export.written} FA3 winners in {len(texts)} LightLLM files under "
+                          f"{escape(str(out))} (kernel {KERNEL}; {replaced} replaced)")
+            if export.substituted or export.defaulted:
+                console.print(f"{export.substituted + export.defaulted} winners set pack_gqa, which LightLLM's "
+                              f"wrapper does not pass: {export.substituted} written as their best measured config "
+                              f"without it, {export.defaulted} (no measurements in the DB) as FA3's default "
+                              "num_splits 0")
+            if export.left_out:
+                console.print(f"left out: {escape(_left_out(export.left_out))}")
             return
         from tuner.db import export_document
 
@@ -413,19 +511,33 @@ def export_command(
         console.print(f"exported {len(document['records'])} winners to {escape(str(out))}")
 
 
+def _left_out(reasons: dict[str, int]) -> str:
+    return "; ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+
+
 @app.command("import")
 def import_command(
     file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json`.")],
     db: DbOption = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Replace stored winners even where the stored one is newer (what is replaced is kept in the DB's history).")] = False,
 ) -> None:
-    """Load winners from a JSON export. The whole file is validated first; on any error nothing is written."""
+    """Load winners from a JSON export. The whole file is validated first (each config against its op's rules); on any error nothing is written. A stored winner newer than the imported one is kept, unless --replace."""
     with _user_errors():
-        from tuner.db.jsonio import load_document, parse_document
+        from tuner.db.jsonio import DocumentError, load_document, parse_document
+        from tuner.ops import check_record
 
         rows = parse_document(load_document(file))  # all checked before the DB is touched
+        for i, (problem, _, fields) in enumerate(rows):
+            why = check_record(problem.op, problem.static_key, problem.run_key, fields["config"])
+            if why is not None:
+                raise DocumentError(f"{file}: the record of {problem.op} at {problem.run_key.to_json()}: {why}")
         database = _open_db(db)
-        database.save_records(rows)
-        console.print(f"imported {len(rows)} winners into {escape(database.display_url)}")
+        database.require_sound("import into")
+        result = database.save_records(rows, replace=replace)
+        console.print(f"imported {result.written + result.replaced} winners into {escape(database.display_url)} "
+                      f"({result.written} new, {result.replaced} replaced an older one, {result.same} unchanged"
+                      + (f", {result.kept} kept the DB's newer one: --replace replaces them" if result.kept else "")
+                      + ")")
 
 
 @app.command("doctor")
@@ -451,34 +563,45 @@ def doctor_command(db: DbOption = None) -> None:
         console.print(ops)
 
         shipped_problems = _doctor_shipped(fp)  # before the DB: they apply without one
-        from tuner.db import MissingDBError
+        from tuner.db import DamagedDBError, DBError, MissingDBError, applies
 
         try:
             database = _open_db(db, create=False)
         except MissingDBError as e:  # nothing wrong: nothing tuned here yet
             console.print(f"tuning DB: {escape(str(e))}")
-            for p in shipped_problems:
-                err.print(f"[red]problem:[/] {escape(p)}", highlight=False)
+            _print_problems(shipped_problems)
             raise typer.Exit(1 if shipped_problems else 0)
+        except DamagedDBError as e:  # damage is a problem found, not bad input (that exits 2)
+            _print_problems([str(e)] + shipped_problems)
+            raise typer.Exit(1)
         console.print(f"tuning DB: {escape(database.display_url)}")
-        counts = database.counts()
-        fps = database.fingerprints()
-        envs = Table(title="stored per environment (only this one's are used at lookup)")
+        try:
+            counts = database.counts()
+            fps = database.fingerprints()
+        except DBError as e:
+            _print_problems([str(e)] + database.integrity() + shipped_problems)
+            raise typer.Exit(1)
+        envs = Table(title="stored per environment (used at lookup where they apply here)")
         envs.add_column("environment", no_wrap=True)
         envs.add_column("device")
         for col in ("records", "measurements", "used"):
             envs.add_column(col, justify="right")
         for env_id in sorted(set(counts) | set(fps)):
             c = counts.get(env_id, {"records": 0, "measurements": 0})
-            envs.add_row(env_id, escape(str(fps.get(env_id, {}).get("device", "?"))), str(c["records"]),
-                         str(c["measurements"]), "yes" if env_id == fp_id else "no")
+            data = fps.get(env_id, {})
+            used = "yes" if env_id == fp_id else "yes (applies)" if data and applies(data, fp) else "no"
+            envs.add_row(env_id, escape(str(data.get("device", "?"))), str(c["records"]), str(c["measurements"]), used)
         console.print(envs)
         problems = database.integrity() + shipped_problems
         if problems:
-            for p in problems:
-                err.print(f"[red]problem:[/] {escape(p)}", highlight=False)
+            _print_problems(problems)
             raise typer.Exit(1)
         console.print("[green]integrity: ok[/]")
+
+
+def _print_problems(problems: list[str]) -> None:
+    for p in problems:
+        err.print(f"[red]problem:[/] {escape(p)}", highlight=False, soft_wrap=True)
 
 
 def _display_path(path: Path) -> str:
@@ -519,18 +642,20 @@ def prune_command(
     db: DbOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", "-n", help="Only list what would be removed.")] = False,
 ) -> None:
-    """Remove what other environments stored (never used at lookup here), in one transaction.
+    """Remove what can never apply here, in one transaction: other GPUs' and other kernel-library versions' records and measurements, and malformed rows.
 
-    Other environments: another device, driver or library version; records and measurements alike.
+    Records of an older tuner or another driver on the same GPU and libraries still apply, and are kept.
     """
     with _user_errors():
-        from tuner.db import current_fingerprint_id
+        from tuner.db import current_fingerprint
 
         database = _open_db(db, create=False)
-        fps = database.fingerprints()
-        removed = database.prune(current_fingerprint_id(), dry_run=dry_run)
+        with contextlib.suppress(TunerError):  # malformed fingerprints: their ids still show
+            fps = database.fingerprints()
+        fps = locals().get("fps", {})
+        removed = database.prune(current_fingerprint(), dry_run=dry_run)
         if not removed:
-            console.print(f"nothing to prune in {escape(database.display_url)}: every record is this environment's")
+            console.print(f"nothing to prune in {escape(database.display_url)}: every record can apply here")
             return
         table = Table(title="would remove (dry run)" if dry_run else "removed")
         table.add_column("environment", no_wrap=True)
@@ -538,8 +663,8 @@ def prune_command(
         table.add_column("records", justify="right")
         table.add_column("measurements", justify="right")
         for env_id, c in sorted(removed.items()):
-            table.add_row(env_id, escape(str(fps.get(env_id, {}).get("device", "?"))), str(c["records"]),
-                          str(c["measurements"]))
+            device = "malformed rows" if env_id == "malformed" else str(fps.get(env_id, {}).get("device", "?"))
+            table.add_row(env_id, escape(device), str(c["records"]), str(c["measurements"]))
         console.print(table)
 
 

@@ -58,18 +58,53 @@ def current_ranks() -> Ranks | None:
     return Ranks(dist.get_rank(), dist.get_world_size())
 
 
+def _env_int(name: str, minimum: int, maximum: int | None = None) -> int:
+    from tuner.errors import TunerError
+
+    raw = os.environ.get(name)
+    if raw is None:
+        raise TunerError(f"WORLD_SIZE is set but {name} is not: start several ranks with torchrun, "
+                         "which sets WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise TunerError(f"{name} must be an integer, got {raw!r:.40}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise TunerError(f"{name} must be {bound}, got {value}")
+    return value
+
+
 def ranks_from_launcher() -> Ranks | None:
     """Under torchrun (WORLD_SIZE > 1 in the environment): the default process group,
-    initialised here if the caller has not (NCCL when this rank has a GPU, else gloo)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+    initialised here if the caller has not (NCCL when this rank has a GPU, else gloo).
+    A launcher environment that cannot start one (WORLD_SIZE not an integer, RANK or the
+    rendezvous address missing) is a TunerError naming the variable."""
+    from tuner.errors import TunerError
+
+    if "WORLD_SIZE" not in os.environ:
+        return None
+    world = _env_int("WORLD_SIZE", 1)
+    if world < 2:
         return None
     import torch.distributed as dist
 
     if not dist.is_initialized():
         import atexit
 
+        rank = _env_int("RANK", 0, world - 1)
+        local = _env_int("LOCAL_RANK", 0) if "LOCAL_RANK" in os.environ else rank
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(name):
+                raise TunerError(f"WORLD_SIZE={world} but {name} is not set: start several ranks with torchrun")
+        _env_int("MASTER_PORT", 1, 65535)
         if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            torch.cuda.set_device(local % torch.cuda.device_count())
+        try:
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        except (RuntimeError, ValueError) as e:
+            text = str(e).strip().splitlines()
+            raise TunerError(f"cannot start the process group of rank {rank}/{world}: "
+                             f"{text[0] if text else type(e).__name__}") from None
         atexit.register(dist.destroy_process_group)
     return current_ranks()

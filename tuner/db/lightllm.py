@@ -1,76 +1,185 @@
-"""Winners in LightLLM's kernel-config layout, for a LightLLM deployment to read as is.
+"""tuner's FA3 winners as the kernel-config files LightLLM's FA3 wrapper reads, unmodified.
 
-LightLLM's autotuner keeps, under lightllm/common/all_kernel_configs/, one directory per
-triton version and device and, in it, a directory per kernel with one JSON file per static
-key, named from the key's fields ("name=value,..." sorted by name, spaces and colons as
-"_"), holding {run key: config}. Its run key is a single integer that it matches exactly,
-else takes the nearest. Ours has three fields (batch, max q len, kv bucket), so the export
-names one of them as LightLLM's run key and moves the others into the file's static key
-(e.g. --run-key kv_len: a file per static key, batch and max q len, holding {kv bucket:
-config}), as LightLLM's own kernels keep their other dimensions. It refuses when two
-winners of one file would still share a run key (rather than drop one).
+What LightLLM loads (ModelTC/LightLLM, read at 87881ae: lightllm/utils/sgl_utils.py,
+lightllm/common/triton_utils/autotuner.py, lightllm/common/kernel_config.py):
+- its FA3 decode wrapper is autotuned kernel `sgl_fa3_kvcache_ns:v1`; its autotuner reads
+  lightllm/common/triton_utils/autotune_kernel_configs/triton_<triton version>/<device>/
+  <kernel name>/, the device being torch.cuda.get_device_name() with spaces as "_";
+- one file per static key, named json.dumps(key, sort_keys=True) with spaces, newlines
+  and quotes removed and ":" turned into "=", then "_<device>.json";
+- the static key: q/k/v dtypes ("torch.bfloat16"), q heads, kv heads, head dims (qk, v),
+  page size, causal, window, softcap on, sinks on, descales, and sgl_kernel.__version__;
+- the file holds {run key: config}, the run key the decimal string of
+  batch * 10**13 + max q len * 10**7 + page-table width;
+- the config's num_splits is passed to FA3; nothing else is (pack_gqa stays FA3's own);
+- a run key not in the file takes the nearest one by |difference|, with no distance limit.
+
+So only FA3 decode winners are written, at page size 1 (LightLLM's decode path views its
+cache so), keyed by tuner's kv bucket as the width; a winner needing pack_gqa is replaced by
+the best pack_gqa=None config its own measurements show (num_splits 0, FA3's default, where
+none beat it or the DB holds no measurements). Every key is written, the default winners
+too, so LightLLM's nearest match, which has no distance limit, finds the nearest tuned key
+rather than borrowing a far one's.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.db.location import DBError
 from tuner.db.store import Record, TuningDB
+from tuner.keys import AttentionStaticKey
 
-RUN_KEY_FIELDS = {
-    "batch": lambda r: r.batch,
-    "kv_len": lambda r: r.kv_len_bucket,
-    "max_q_len": lambda r: r.max_q_len,
-    "tokens": lambda r: r.batch * r.kv_len_bucket,  # batch x kv bucket: the work a call does
+KERNEL = "sgl_fa3_kvcache_ns:v1"
+CONFIG_ROOT = "lightllm/common/triton_utils/autotune_kernel_configs"
+MAX_NAME_BYTES = 255  # a file or directory name, on every filesystem LightLLM runs on
+# LightLLM's wrapper runs decode (MTP verify included: a few query tokens); the run key's
+# width must stay below 10**7 to keep batch * 10**13 + q * 10**7 + width unambiguous
+MAX_Q_LEN, MAX_WIDTH = 16, 10**7 - 1
+MIN_GAIN = 0.01  # a pack_gqa=None stand-in must beat FA3's default by this much (and the noise)
+# ops whose winners LightLLM has no reader for, and why
+NO_CONSUMER = {
+    "decode_attention": "its configs choose a backend (FA3, FlashInfer or tuner's Triton kernel); "
+                        "LightLLM has no autotuned kernel that takes a backend choice",
+    "flashinfer": "LightLLM plans FlashInfer with its own arguments and reads no autotuned config for "
+                  "FlashInfer's plan (use_tensor_cores, split size)",
+    "triton_decode": "tuner's Triton decode kernel is not one of LightLLM's kernels; nothing in LightLLM "
+                     "reads its block, split, warp and stage knobs",
+    "torch_split_decode": "a torch reference kernel that LightLLM does not have",
 }
-# the run-key fields each choice leaves to the file's static key
-STATIC_PART = {
-    "batch": ("max_q_len", "kv_len"),
-    "kv_len": ("batch", "max_q_len"),
-    "max_q_len": ("batch", "kv_len"),
-    "tokens": ("max_q_len",),
-}
 
 
-def _safe(text: Any) -> str:
-    return str(text).replace(" ", "_").replace(":", "_").replace("/", "_").replace(",", "_").replace("=", "_")
+@dataclass
+class LightLLMExport:
+    """The files to write ({relative path: {run key: config}}) and what was left out, why."""
+
+    files: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    written: int = 0
+    left_out: dict[str, int] = field(default_factory=dict)  # reason -> winners
+    substituted: int = 0  # winners with pack_gqa set, written as their best pack_gqa=None config
+    defaulted: int = 0  # winners with pack_gqa set and no measurements: written as FA3's default
+
+    def leave_out(self, reason: str) -> None:
+        self.left_out[reason] = self.left_out.get(reason, 0) + 1
 
 
-def static_key_filename(static_key_json: str, extra: dict[str, int] | None = None) -> str:
-    """LightLLM's file name for a static key (plus `extra` fields): sorted name=value pairs
-    joined by commas."""
-    fields = json.loads(static_key_json)
-    if not isinstance(fields, dict):
-        fields = {"key": fields}
-    fields = dict(fields, **(extra or {}))
-    return ",".join(f"{_safe(k)}={_safe(v)}" for k, v in sorted(fields.items(), key=lambda kv: str(kv[0]))) + ".json"
+def device_dir(device: str) -> str:
+    """LightLLM's device directory: the CUDA device name, spaces as "_" (a "4090" that is not
+    a "4090 D" becomes one, as LightLLM's get_current_device_name does)."""
+    if "4090" in device and "4090 D" not in device:
+        device = device.replace("4090", "4090 D")
+    return device.replace(" ", "_")
 
 
-def lightllm_files(db: TuningDB, *, run_key: str = "batch", op: str | None = None) -> dict[str, dict[str, Any]]:
-    """{relative path: file content} for every stored winner: triton_<version>/<device>/<op>/<static>.json."""
-    if run_key not in RUN_KEY_FIELDS:
-        raise DBError(f"--run-key must be one of {', '.join(RUN_KEY_FIELDS)}, got {run_key!r}")
-    field = RUN_KEY_FIELDS[run_key]
+def static_key_dict(key: AttentionStaticKey, sgl_version: str) -> dict[str, Any]:
+    """LightLLM's static key of its FA3 wrapper for a tuner static key."""
+    return {
+        "qd": f"torch.{key.q_dtype}", "kd": f"torch.{key.k_dtype}", "vd": f"torch.{key.v_dtype}",
+        "qh": key.num_q_heads, "kh": key.num_kv_heads, "hd": key.head_dim_qk, "vh": key.head_dim_v,
+        "pb": key.page_size, "c": int(key.causal), "wl": key.window_left, "wr": key.window_right,
+        "sc": int(key.softcap), "sk": int(key.sinks), "has_k_descale": key.k_descale,
+        "has_v_descale": key.v_descale, "sgl": sgl_version,
+    }
+
+
+def config_file_name(static: dict[str, Any], device: str) -> str:
+    """The file name LightLLM looks for: its rule (kernel_config.py), written here anew."""
+    text = json.dumps(static, sort_keys=True)
+    text = text.replace(" ", "").replace("\n", "").replace('"', "").replace(":", "=")
+    return f"{text}_{device}.json"
+
+
+def run_key(batch: int, max_q_len: int, width: int) -> str:
+    return str(batch * 10**13 + max_q_len * 10**7 + width)
+
+
+def _check_name(name: str, what: str) -> None:
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise DBError(f"cannot write LightLLM {what} {name!r:.80}: not a plain file or directory name")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise DBError(f"LightLLM {what} {name[:60]}... is {len(name.encode('utf-8', 'surrogatepass'))} bytes, "
+                      f"over the {MAX_NAME_BYTES}-byte limit of a file name")
+
+
+def _without_pack_gqa(db: TuningDB, record: Record) -> dict[str, int] | None:
+    """The FA3 config LightLLM can run for a winner that set pack_gqa: the fastest measured
+    pack_gqa=None config if it beat FA3's default (num_splits 0) by more than the noise and
+    MIN_GAIN, else num_splits 0; None without measurements of the default."""
+    rows = [m for m in db.measurements(record.problem, record.fingerprint_id)
+            if m.status == "ok" and m.median_us and m.config.get("pack_gqa") is None]
+    default = next((m for m in rows if m.config.get("num_splits") == 0), None)
+    if default is None:
+        return None
+    best = min(rows, key=lambda m: m.median_us)
+    margin = max(((best.spread_us or 0.0) + (default.spread_us or 0.0)) / 2, MIN_GAIN * default.median_us)
+    return {"num_splits": int(best.config["num_splits"]) if best.median_us < default.median_us - margin else 0}
+
+
+def lightllm_export(db: TuningDB, *, op: str | None = None) -> LightLLMExport:
+    """Every FA3 decode winner as LightLLM's files, checked (names, keys) before anything
+    is written. op: None or "fa3"; any other op is refused with why LightLLM cannot use it."""
+    if op is not None and op != "fa3":
+        why = NO_CONSUMER.get(op, "LightLLM reads autotuned configs only for its FA3 wrapper, and this is "
+                                  "not an op tuner exports for it")
+        raise DBError(f"--format lightllm writes FA3 winners only; {op}: {why}")
     fingerprints = db.fingerprints()
-    files: dict[str, dict[str, Any]] = {}
-    owners: dict[tuple[str, str], Record] = {}
-    for record in db.records(op=op):
-        run = record.problem.run_key
+    export = LightLLMExport()
+    newest: dict[tuple[str, str], Record] = {}
+    for record in db.records():
+        if record.problem.op != "fa3":
+            export.leave_out(f"{record.problem.op}: {NO_CONSUMER.get(record.problem.op, 'not an FA3 winner')}")
+            continue
         env = fingerprints.get(record.fingerprint_id, {})
-        path = "/".join([f"triton_{_safe(env.get('triton') or 'none')}", _safe(env.get("device") or "unknown"),
-                         _safe(record.problem.op), static_key_filename(record.problem.static_key, {
-                             name: (run.kv_len_bucket if name == "kv_len" else getattr(run, name))
-                             for name in STATIC_PART[run_key]})])
-        key = str(field(record.problem.run_key))
-        clash = owners.get((path, key))
-        if clash is not None:
-            raise DBError(
-                f"{path}: two winners share LightLLM run key {run_key}={key} "
-                f"({clash.problem.run_key.to_json()} and {record.problem.run_key.to_json()}); "
-                f"choose another --run-key (batch, kv_len or max_q_len never clash)"
-            )
-        owners[(path, key)] = record
-        files.setdefault(path, {})[key] = record.config
-    return {path: dict(sorted(content.items(), key=lambda kv: int(kv[0]))) for path, content in files.items()}
+        path = _path(record, env, export)
+        if path is None:
+            continue
+        run = record.problem.run_key
+        key = (path, run_key(run.batch, run.max_q_len, run.kv_len_bucket))
+        held = newest.get(key)
+        if held is None or record.created_at >= held.created_at:  # the newest measurement wins
+            newest[key] = record
+    for (path, key), record in sorted(newest.items(), key=lambda item: (item[0][0], int(item[0][1]))):
+        config = record.config
+        if config.get("pack_gqa") is None:
+            chosen = {"num_splits": int(config["num_splits"])}
+        else:
+            chosen = _without_pack_gqa(db, record)
+            if chosen is None:  # FA3's default there: left out, LightLLM would borrow a neighbour's
+                chosen = {"num_splits": 0}
+                export.defaulted += 1
+            else:
+                export.substituted += 1
+        export.files.setdefault(path, {})[key] = chosen
+        export.written += 1
+    return export
+
+
+def _path(record: Record, env: dict[str, Any], export: LightLLMExport) -> str | None:
+    """triton_<version>/<device>/<kernel>/<file> for an FA3 winner, or None (left out)."""
+    run = record.problem.run_key
+    try:
+        key = AttentionStaticKey.from_json(record.problem.static_key)
+    except (ValueError, TypeError):  # an FA3 key with extras (new k/v, rotary, ...): not LightLLM's call
+        export.leave_out("uses an FA3 feature (new k/v, rotary, qv, ...) that LightLLM's decode wrapper never passes")
+        return None
+    if key.page_size != 1:
+        export.leave_out("page size other than 1 (LightLLM's FA3 decode views its cache as page size 1)")
+        return None
+    if run.max_q_len > MAX_Q_LEN:
+        export.leave_out(f"prefill winners (over {MAX_Q_LEN} query tokens; LightLLM's FA3 wrapper runs decode only)")
+        return None
+    if run.kv_len_bucket > MAX_WIDTH:
+        export.leave_out("kv bucket past what LightLLM's packed run key holds (10**7)")
+        return None
+    missing = [f for f in ("triton", "device", "sgl_kernel") if not env.get(f)]
+    if missing or env.get("device_kind") != "cuda":
+        export.leave_out(f"its environment names no {', '.join(missing) or 'CUDA device'}")
+        return None
+    device = device_dir(str(env["device"]))
+    parts = [f"triton_{env['triton']}", device, KERNEL,
+             config_file_name(static_key_dict(key, str(env["sgl_kernel"])), device)]
+    for part, what in zip(parts, ("directory", "directory", "directory", "file name")):
+        _check_name(part, what)
+    return "/".join(parts)

@@ -1,0 +1,182 @@
+"""`tuner export --format lightllm` against what LightLLM loads, as its source states it
+(ModelTC/LightLLM 87881ae: lightllm/utils/sgl_utils.py, lightllm/common/triton_utils/
+autotuner.py, lightllm/common/kernel_config.py). The rules below are restated in this
+test's own words and code; none of LightLLM's code is copied.
+
+- directory: triton_<triton.__version__>/<torch.cuda.get_device_name(), spaces as "_">/
+  sgl_fa3_kvcache_ns:v1/, under lightllm/common/triton_utils/autotune_kernel_configs/;
+- file: the static key dict {qd, kd, vd: "torch.<dtype>", qh, kh, hd, vh, pb, c, wl, wr,
+  sc, sk: ints, has_k_descale, has_v_descale: bools, sgl: sgl_kernel.__version__}, dumped as
+  sorted JSON with spaces, newlines and quotes dropped and ":" as "=", then "_<device>.json";
+- content: {str(batch * 10**13 + max_q_len * 10**7 + page_table.shape[1]): {"num_splits": n}};
+  LightLLM takes the exact key, else the one of least |int(key) - run key|;
+- only num_splits reaches FA3 (pack_gqa is not passed).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.db import Problem, TuningDB, fingerprint_id
+from tuner.keys import attention_run_key, static_key_from_parts
+
+H200 = {"capability": "9.0", "cuda": "13.0", "device": "NVIDIA H200", "device_kind": "cuda", "driver": "580.159.04",
+        "flashinfer": "0.6.15.post1", "sgl_kernel": "0.4.5", "sm_count": 132, "torch": "2.11.0", "triton": "3.6.0",
+        "tuner": "0.1.0"}
+SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json"
+KERNEL_DIR = "triton_3.6.0/NVIDIA_H200/sgl_fa3_kvcache_ns:v1"
+# the file LightLLM's get_config_file_name gives for bf16, 32 q / 8 kv heads, head dim 128,
+# page 1, causal, no window, softcap, sinks or descales, sgl-kernel 0.4.5 on an H200
+NAME_32_8 = ("{c=1,has_k_descale=false,has_v_descale=false,hd=128,kd=torch.bfloat16,kh=8,pb=1,qd=torch.bfloat16,"
+             "qh=32,sc=0,sgl=0.4.5,sk=0,vd=torch.bfloat16,vh=128,wl=-1,wr=-1}_NVIDIA_H200.json")
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def lightllm_name(q_dtype, heads, kv_heads, head_dim, page_size, causal, window, softcap, sinks, sgl, device):
+    """The file name, built as LightLLM's rule says (this test's own code)."""
+    key = {"qd": f"torch.{q_dtype}", "kd": f"torch.{q_dtype}", "vd": f"torch.{q_dtype}", "qh": heads, "kh": kv_heads,
+           "hd": head_dim, "vh": head_dim, "pb": page_size, "c": int(causal), "wl": window[0], "wr": window[1],
+           "sc": int(softcap), "sk": int(sinks), "has_k_descale": False, "has_v_descale": False, "sgl": sgl}
+    body = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(key.items()))
+    return "{" + body + "}_" + device.replace(" ", "_") + ".json"
+
+
+def nearest(content: dict, batch: int, q_len: int, width: int) -> dict:
+    """LightLLM's choice for a call: the exact run key, else the least |difference|, the first
+    in file order on a tie."""
+    wanted = batch * 10**13 + q_len * 10**7 + width
+    return min(content.items(), key=lambda kv: abs(wanted - int(kv[0])))[1]
+
+
+@pytest.fixture
+def shipped_db(tmp_path):
+    assert cli("import", SHIPPED, "--db", tmp_path / "shipped.db").exit_code == 0
+    return tmp_path / "shipped.db"
+
+
+def test_the_shipped_db_exports_with_the_defaults_to_files_lightllm_finds(tmp_path, shipped_db):
+    out = tmp_path / "autotune_kernel_configs"
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", shipped_db)
+    assert result.exit_code == 0, result.output
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert files and all(f.startswith(KERNEL_DIR + "/") for f in files)
+    assert all(len(part.encode()) <= 255 for f in files for part in f.split("/"))
+    assert f"{KERNEL_DIR}/{NAME_32_8}" in files
+    assert lightllm_name("bfloat16", 32, 8, 128, 1, True, (-1, -1), False, False, "0.4.5", "NVIDIA H200") == NAME_32_8
+    shipped = json.loads(SHIPPED.read_text())
+    decode = [r for r in shipped["records"] if r["op"] == "fa3" and r["run_key"]["max_q_len"] <= 16]
+    for f in files:
+        content = json.loads((out / f).read_text())
+        assert all(str(int(k)) == k for k in content)  # keys LightLLM's int() reads back exactly
+        assert all(set(v) == {"num_splits"} and type(v["num_splits"]) is int for v in content.values())
+    # every shipped FA3 decode winner without pack_gqa is in the file LightLLM would open for
+    # that call, under the run key it computes, with tuner's num_splits
+    checked = 0
+    for r in decode:
+        if r["config"]["pack_gqa"] is not None:
+            continue
+        k, run = r["static_key"], r["run_key"]
+        name = lightllm_name(k["q_dtype"], k["num_q_heads"], k["num_kv_heads"], k["head_dim_qk"], k["page_size"],
+                             k["causal"], (k["window_left"], k["window_right"]), k["softcap"], k["sinks"], "0.4.5",
+                             "NVIDIA H200")
+        content = json.loads((out / KERNEL_DIR / name).read_text())
+        key = str(run["batch"] * 10**13 + run["max_q_len"] * 10**7 + run["kv_len_bucket"])
+        assert content[key] == {"num_splits": r["config"]["num_splits"]}
+        checked += 1
+    assert checked == sum(r["config"]["pack_gqa"] is None for r in decode) > 100
+    # what LightLLM drops is said, and what it has no reader for is left out, with why
+    said = " ".join(result.output.split())
+    assert "pack_gqa, which LightLLM's wrapper does not pass" in said and "decode_attention" in said
+    assert "prefill winners" in said
+
+
+def test_a_batch_between_the_keys_takes_the_nearest_batch_in_lightllm(tmp_path, shipped_db):
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", shipped_db).exit_code == 0
+    content = json.loads((out / KERNEL_DIR / NAME_32_8).read_text())
+    exact = {int(k): v for k, v in content.items()}
+    # batch 17 at the server's width 8192 (LightLLM's graph_max_len_in_batch): batch 16's row
+    assert nearest(content, 17, 1, 8192) == exact[16 * 10**13 + 10**7 + 8192]
+    # no distance limit in LightLLM: batch 4000 still takes the largest batch stored
+    largest = max(exact)
+    assert nearest(content, 4000, 1, 8192) == exact[largest]
+
+
+def _fa3_record(db, fp, batch, kv, config, default_median=20.0, median=10.0, page_size=1, q_len=1):
+    key = static_key_from_parts(q_dtype="bfloat16", k_dtype="bfloat16", v_dtype="bfloat16", num_q_heads=32,
+                                num_kv_heads=8, head_dim_qk=128, head_dim_v=128, page_size=page_size, causal=True,
+                                window_size=None, softcap=None, sinks=False, k_descale=False, v_descale=False)
+    problem = Problem("fa3", key.to_json(), attention_run_key(batch, q_len, kv))
+    db.save_record(problem, fp, config, median_us=median, spread_us=0.1, samples=5,
+                   default_config={"num_splits": 0, "pack_gqa": None}, default_median_us=default_median,
+                   default_spread_us=0.1, method={})
+    return problem
+
+
+def test_pack_gqa_winners_are_written_as_their_best_measured_config_without_it(tmp_path):
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    fp = (fingerprint_id(H200), H200)
+    p = _fa3_record(db, fp, 16, 2048, {"num_splits": 8, "pack_gqa": True})
+    for config, us in (({"num_splits": 0, "pack_gqa": None}, 20.0), ({"num_splits": 4, "pack_gqa": None}, 15.0),
+                       ({"num_splits": 8, "pack_gqa": True}, 10.0)):
+        db.save_measurement(p, fp, config, kv_len=2048, status="ok", method={}, median_us=us, spread_us=0.1, samples=5)
+    # no measurements: FA3's default (left out, LightLLM would borrow batch 16's num_splits)
+    _fa3_record(db, fp, 64, 2048, {"num_splits": 2, "pack_gqa": False})
+    out = tmp_path / "cfg"
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    content = json.loads((out / KERNEL_DIR / NAME_32_8).read_text())
+    assert content == {str(16 * 10**13 + 10**7 + 2048): {"num_splits": 4}, str(64 * 10**13 + 10**7 + 2048): {"num_splits": 0}}
+    said = " ".join(result.output.split())  # rich folds lines at 80 columns
+    assert "2 winners set pack_gqa" in said and "1 written as their best" in said
+
+
+def test_other_ops_are_refused_with_why_and_nothing_is_written(tmp_path, shipped_db):
+    for op, why in (("decode_attention", "backend"), ("flashinfer", "FlashInfer's plan"), ("triton_decode", "Triton")):
+        out = tmp_path / op
+        result = cli("export", "--format", "lightllm", "--op", op, "--out", out, "--db", shipped_db)
+        assert result.exit_code == 2 and why in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert not out.exists()
+
+
+def test_names_are_checked_before_writing_and_nothing_escapes_out(tmp_path):
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    good = (fingerprint_id(H200), H200)
+    _fa3_record(db, good, 1, 512, {"num_splits": 0, "pack_gqa": None})
+    evil = dict(H200, device="..", tuner="evil")  # an imported device name of ".."
+    _fa3_record(db, (fingerprint_id(evil), evil), 1, 512, {"num_splits": 0, "pack_gqa": None})
+    out = tmp_path / "a" / "cfg"
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
+    assert result.exit_code == 2 and "'..'" in result.stderr
+    assert not (tmp_path / "a").exists()  # all or nothing: not even the good file
+    assert not any((tmp_path / "triton_3.6.0").glob("**/*"))
+    long = dict(H200, device="NVIDIA " + "H" * 300)
+    db2 = TuningDB(tmp_path / "long.db")
+    _fa3_record(db2, (fingerprint_id(long), long), 1, 512, {"num_splits": 0, "pack_gqa": None})
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", tmp_path / "long.db")
+    assert result.exit_code == 2 and "255-byte" in result.stderr and not out.exists()
+
+
+def test_an_existing_file_is_kept_unless_force(tmp_path):
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    _fa3_record(db, (fingerprint_id(H200), H200), 1, 512, {"num_splits": 3, "pack_gqa": None})
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path).exit_code == 0
+    target = out / KERNEL_DIR / NAME_32_8
+    target.write_text('{"1": {"num_splits": 16}}')  # LightLLM's own tuner wrote one
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
+    assert result.exit_code == 2 and "--force" in result.stderr
+    assert target.read_text() == '{"1": {"num_splits": 16}}'
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path, "--force").exit_code == 0
+    assert json.loads(target.read_text()) == {str(10**13 + 10**7 + 512): {"num_splits": 3}}
+    assert sorted(p.name for p in out.iterdir()) == ["triton_3.6.0"]  # no staging directory left behind
