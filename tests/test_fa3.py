@@ -98,7 +98,11 @@ def test_with_scheduler_metadata_the_callers_values_are_kept(db_path, kernel_cal
     metadata = torch.zeros(17, dtype=torch.int32)
     _sglang_decode(inputs, scheduler_metadata=metadata)
     _sglang_decode(inputs, scheduler_metadata=metadata, num_splits=4, pack_gqa=False)
-    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (4, False)]
+    q = inputs.q.reshape(-1, 8, 16)  # num_splits and pack_gqa left to sgl-kernel's defaults
+    fa3.flash_attn_with_kvcache(q, inputs.k_cache, inputs.v_cache, page_table=inputs.page_table,
+                                cache_seqlens=inputs.cache_seqlens, cu_seqlens_q=torch.arange(5, dtype=torch.int32),
+                                max_seqlen_q=1, causal=True, scheduler_metadata=metadata)
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (4, False), (0, None)]
     assert all(c["scheduler_metadata"] is metadata for c in kernel_calls)
 
 

@@ -1,0 +1,209 @@
+"""On the H200: the drop-ins as a server drives them (issue 10). FA3 with the scheduler
+metadata SGLang precomputes; decode_attention over a persistent page table updated in place,
+eagerly and under CUDA-graph replay; a CUDA-graph FlashInfer wrapper whose later plans take
+the standard path. Every step is checked against the torch reference. Skipped without CUDA."""
+
+import numpy as np
+import pytest
+import torch
+
+import tuner
+from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.keys import attention_run_key
+from tuner.ops import paged_decode_reference
+from tuner.ops import fa3 as fa3_op
+from tuner.ops import flashinfer as fi
+from tuner.ops.decode_attention import decode_attention
+from tuner.ops.flashinfer_plan import paged_metadata
+
+pytestmark = pytest.mark.gpu
+TOL = dict(atol=2e-2, rtol=2e-2)
+HEADS, KV_HEADS, DIM = 32, 8, 128
+
+
+def _cache(num_pages, page_size=1, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    k = torch.randn(num_pages, page_size, KV_HEADS, DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+    return k, torch.randn_like(k)
+
+
+def _query(batch, seed=1):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(batch, 1, HEADS, DIM, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+
+def _reference(q, k, v, table, lens):
+    return paged_decode_reference(q, k, v, table, lens, causal=True)
+
+
+def _store_fa3(db_path, batch, width, config):
+    key = tuner.keys.static_key_from_parts(
+        q_dtype="bfloat16", k_dtype="bfloat16", v_dtype="bfloat16", num_q_heads=HEADS, num_kv_heads=KV_HEADS,
+        head_dim_qk=DIM, head_dim_v=DIM, page_size=1, causal=True, window_size=None, softcap=None, sinks=False,
+        k_descale=False, v_descale=False)
+    db = TuningDB(db_path)
+    db.save_record(Problem("fa3", key.to_json(), attention_run_key(batch, 1, width)),
+                   (current_fingerprint_id(), current_fingerprint()), config, median_us=1.0, spread_us=0.0, samples=3,
+                   default_config=dict(fa3_op.DEFAULT), default_median_us=2.0, default_spread_us=0.0, method={})
+    db.close()
+
+
+def test_fa3_with_scheduler_metadata_keeps_its_plan_and_matches_the_reference(tmp_path):
+    if fa3_op.unavailable():
+        pytest.skip(fa3_op.unavailable())
+    from sgl_kernel.flash_attn import get_scheduler_metadata
+
+    batch, width = 8, 4096
+    _store_fa3(tmp_path / "t.db", batch, width, {"num_splits": 16, "pack_gqa": False})  # a winner unlike 0/None
+    tuner.configure(db=tmp_path / "t.db", mode="lookup")
+    k, v = _cache(batch * width)
+    table = torch.randperm(batch * width, device="cuda").view(batch, width).int()
+    lens = torch.tensor([4000, 17, 2500, 900, 4096, 1, 3333, 64], dtype=torch.int32, device="cuda")
+    q = _query(batch)
+    ref = _reference(q, k, v, table, lens)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+
+    def call(**kwargs):  # as SGLang's forward_decode: q as [tokens, heads, dim] with cu_seqlens_q
+        out = fa3_op.flash_attn_with_kvcache(q.view(batch, HEADS, DIM), k, v, page_table=table, cache_seqlens=lens,
+                                             cu_seqlens_q=cu, max_seqlen_q=1, causal=True, **kwargs)
+        return out.view(batch, 1, HEADS, DIM)
+
+    for num_splits, pack_gqa in ((0, None), (4, True)):  # SGLang's (0, None); and explicit values in both calls
+        meta = get_scheduler_metadata(batch, 1, width, HEADS, KV_HEADS, DIM, lens, qkv_dtype=torch.bfloat16,
+                                      cu_seqlens_q=cu, page_size=1, causal=True, num_splits=num_splits,
+                                      pack_gqa=pack_gqa)
+        torch.testing.assert_close(call(scheduler_metadata=meta, num_splits=num_splits, pack_gqa=pack_gqa), ref,
+                                   **TOL)
+    # metadata built with sgl-kernel's defaults, the call leaving num_splits and pack_gqa to their
+    # defaults too: a tuned (16, False) here would run a plan made for another split count
+    meta = get_scheduler_metadata(batch, 1, width, HEADS, KV_HEADS, DIM, lens, qkv_dtype=torch.bfloat16,
+                                  cu_seqlens_q=cu, page_size=1, causal=True)
+    torch.testing.assert_close(call(scheduler_metadata=meta), ref, **TOL)
+    torch.testing.assert_close(call(num_splits=0), ref, **TOL)  # no metadata: the tuned (16, False)
+    torch.testing.assert_close(call(), ref, **TOL)
+    assert list(fa3_op.flash_attn_with_kvcache.tuner.memo.values()) == [{"num_splits": 16, "pack_gqa": False}]
+
+
+def _decode_steps(batch, width, steps, seed=0):
+    """Per step: a new mixed set of lengths in [1, width] and a new page permutation, written
+    into the persistent page table and lengths in place, as a server's buffers are."""
+    gen = np.random.default_rng(seed)
+    lens = np.array([100, 200, 256, 50] if (batch, width) == (4, 256) else gen.integers(1, width + 1, size=batch))
+    for step in range(steps):
+        if step % 3 == 2:  # the lengths hold for three steps while the pages change under them
+            lens = gen.integers(1, width + 1, size=batch)
+        pages = torch.from_numpy(gen.permutation(batch * width).astype(np.int32)).view(batch, width)
+        yield lens.astype(np.int64), pages
+
+
+CONFIGS = {
+    "flashinfer-tc": {"backend": "flashinfer", "use_tensor_cores": True, "flashinfer_backend": "fa2",
+                      "fixed_split_size": None, "disable_split_kv": False},
+    "flashinfer-cuda-cores": {"backend": "flashinfer", **fi.DECODE_DEFAULT},
+    "fa3": {"backend": "fa3", "num_splits": 0, "pack_gqa": None},
+    "triton": {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_attention_reads_each_steps_pages_from_a_table_updated_in_place(name):
+    """FlashInfer 0.6.15.post1, lengths [100, 200, 256, 50] in a 256-wide table updated in
+    place: max error 0.002 at step 1, 1.26 and 1.15 at steps 2 and 3 before the fix."""
+    config = CONFIGS[name]
+    if config["backend"] == "flashinfer" and fi.unavailable():
+        pytest.skip(fi.unavailable())
+    if config["backend"] == "fa3" and fa3_op.unavailable():
+        pytest.skip(fa3_op.unavailable())
+    batch, width = 4, 256
+    k, v = _cache(batch * width)
+    q = _query(batch)
+    table = torch.zeros(batch, width, dtype=torch.int32, device="cuda")
+    lens_dev = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    for step, (lens, pages) in enumerate(_decode_steps(batch, width, 12)):
+        table.copy_(pages)
+        lens_dev.copy_(torch.from_numpy(lens))
+        out = decode_attention(q, k, v, table, lens_dev, width, seq_lens_host=lens, config=config)
+        torch.testing.assert_close(out, _reference(q, k, v, table, lens_dev), **TOL, msg=lambda m: f"step {step}: {m}")
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_attention_under_graph_replay_reads_the_live_table(name):
+    """Captured once per batch size and replayed over new pages and lengths: a FlashInfer
+    winner is replaced at capture by the default backend, whose kernels read the live tensors."""
+    config = CONFIGS[name]
+    if config["backend"] == "fa3" and fa3_op.unavailable():
+        pytest.skip(fa3_op.unavailable())
+    batch, width = 6, 512
+    k, v = _cache(batch * width)
+    q = _query(batch)
+    steps = list(_decode_steps(batch, width, 10, seed=3))
+    table = steps[0][1].cuda().contiguous()
+    lens_dev = torch.from_numpy(steps[0][0]).int().cuda()
+    decode_attention(q, k, v, table, lens_dev, width, seq_lens_host=steps[0][0], config=config)  # warm-up
+    decode_attention(q, k, v, table, lens_dev, width)  # the default backend too (what capture falls back to)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(q, k, v, table, lens_dev, width, seq_lens_host=steps[0][0], config=config)
+    for step, (lens, pages) in enumerate(steps[1:]):
+        table.copy_(pages)
+        lens_dev.copy_(torch.from_numpy(lens))
+        graph.replay()
+        torch.testing.assert_close(out, _reference(q, k, v, table, lens_dev), **TOL, msg=lambda m: f"step {step}: {m}")
+
+
+def test_a_graph_flashinfer_wrapper_stays_on_its_inner_wrapper_when_a_plan_takes_the_standard_path(tmp_path):
+    if fi.unavailable():
+        pytest.skip(fi.unavailable())
+    batch, page_size, width = 4, 16, 128  # pages per sequence: room for 2048 tokens
+    # the DB's winner for the first plan is a tensor-core config; the standard path's default
+    # is FlashInfer's CUDA-core one: the plan that switched to it left the graph on a stale plan
+    static = (torch.bfloat16, torch.bfloat16, HEADS, KV_HEADS, DIM, page_size, True, -1, 0.0)
+    db = TuningDB(tmp_path / "fi.db")
+    db.save_record(Problem("flashinfer", fi._static_json(static), attention_run_key(batch, 1, 1024)),
+                   (current_fingerprint_id(), current_fingerprint()),
+                   {k: v for k, v in CONFIGS["flashinfer-tc"].items() if k != "backend"}, median_us=1.0,
+                   spread_us=0.0, samples=3, default_config=dict(fi.DECODE_DEFAULT), default_median_us=2.0,
+                   default_spread_us=0.0, method={})
+    db.close()
+    tuner.configure(db=tmp_path / "fi.db", mode="lookup")
+    k, v = _cache(batch * width, page_size)
+    q = _query(batch)[:, 0].contiguous()
+    table = torch.randperm(batch * width, device="cuda").view(batch, width).int()
+    buffers = dict(paged_kv_indptr_buffer=torch.zeros(batch + 1, dtype=torch.int32, device="cuda"),
+                   paged_kv_indices_buffer=torch.zeros(batch * width, dtype=torch.int32, device="cuda"),
+                   paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device="cuda"))
+    workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, use_cuda_graph=True, **buffers)
+
+    def plan(lens, host):
+        indptr, last = paged_metadata(lens, page_size)
+        indices = torch.cat([table[i, :n] for i, n in enumerate(np.diff(indptr))])
+        indptr_d, last_d = torch.from_numpy(indptr).cuda(), torch.from_numpy(last).cuda()
+        wrapper.plan(indptr_d, indices, last_d, HEADS, KV_HEADS, DIM, page_size, q_data_type=torch.bfloat16,
+                     seq_lens=lens if host else None)
+
+    lens = np.array([300, 800, 50, 1000], dtype=np.int64)
+    plan(lens, host=True)
+    out = wrapper.run(q, (k, v))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = wrapper.run(q, (k, v))
+    for step in range(12):
+        lens = lens + 7
+        plan(lens, host=step % 3 != 1)  # every third plan without host lengths: FlashInfer's standard path
+        graph.replay()
+        ref = _reference(q[:, None], k, v, table, torch.from_numpy(lens).int().cuda())[:, 0]
+        torch.testing.assert_close(out, ref, **TOL, msg=lambda m: f"step {step}: {m}")
+    assert len(wrapper._inners) == 1 and wrapper.standard_plans > 0
+    assert wrapper.use_tensor_cores  # the DB's config, pinned
+
+
+def test_the_fingerprint_names_the_kernel_libraries_versions():
+    fp = current_fingerprint()
+    if fa3_op.unavailable() is None:
+        assert fp["sgl_kernel"]
+    if fi.unavailable() is None:
+        import flashinfer
+
+        assert fp["flashinfer"] == flashinfer.__version__
