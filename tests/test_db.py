@@ -459,3 +459,52 @@ def torch_version():
     from importlib import metadata
 
     return metadata.version("torch")
+
+
+def test_an_undated_import_never_replaces_a_dated_winner(tmp_path, make_db):
+    """An undated record was dated now on import, and so replaced any stored winner."""
+    db = TuningDB(make_db("dst"))
+    p = problem(batch=1)
+    save(db, p, {"c": 2}, median=5.0, default_median=10.0)
+    doc = _doc(tmp_path / "src.db")
+    doc["records"][0].pop("created_at")
+    doc["records"][0]["config"] = {"c": 9}
+    assert import_document(db, doc).kept == 1 and db.record(p, FP[0]).config == {"c": 2}
+    fresh = TuningDB(make_db("fresh"))  # where nothing is stored, it is written, dated the oldest possible
+    import_document(fresh, doc)
+    assert fresh.record(p, FP[0]).created_at.year == 2020
+
+
+def test_prune_keeps_an_environment_a_writer_adds_while_it_runs(tmp_path):
+    """prune read what to keep outside its transaction, then removed every other environment:
+    a server storing a winner under a new (applying) environment meanwhile lost it."""
+    import threading
+
+    import tuner.db.store as store
+
+    path = tmp_path / "p.db"
+    db = TuningDB(path)
+    save(db, problem(batch=2), {"c": 2}, fp=OTHER)  # stale: prune removes it
+    newer_driver = dict(FP[1], driver="999.1")
+    real_applies = store.applies
+    writer_done = threading.Event()
+
+    def write_new_environment():
+        save(TuningDB(path), problem(batch=1), {"c": 1}, fp=(fingerprint_id(newer_driver), newer_driver))
+        writer_done.set()
+
+    def applies_while_a_writer_writes(recorded, current):
+        if not writer_done.is_set() and not hasattr(applies_while_a_writer_writes, "started"):
+            applies_while_a_writer_writes.started = threading.Thread(target=write_new_environment)
+            applies_while_a_writer_writes.started.start()
+            writer_done.wait(0.5)  # the writer blocks on prune's lock (fixed) or finishes (not)
+        return real_applies(recorded, current)
+
+    store.applies = applies_while_a_writer_writes
+    try:
+        removed = db.prune(FP[1])
+    finally:
+        store.applies = real_applies
+    applies_while_a_writer_writes.started.join(10)
+    assert set(removed) == {OTHER[0]}
+    assert [r.config for r in TuningDB(path).records()] == [{"c": 1}]  # the writer's winner survived

@@ -134,3 +134,30 @@ def test_an_empty_batch_gives_an_empty_output():
     out = decode_attention(inputs.q[:0], inputs.k_cache, inputs.v_cache, inputs.page_table[:0],
                            inputs.cache_seqlens[:0], SHAPE.kv_len)
     assert out.shape == (0, 1, SHAPE.num_q_heads, SHAPE.head_dim)
+
+
+def test_calls_whose_key_cannot_be_read_get_the_default_of_their_own_shape():
+    """All such calls shared one memo key, and the first call's default (cut to its length)."""
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, kv_len=64))
+    softcap = torch.tensor(0.0)  # a flag as a tensor: never read to build a key
+    for kv in (64, 20):
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, kv,
+                         softcap=softcap)
+    defaults = [c for k, c in decode_attention.tuner.memo.items() if k[0] is None]
+    assert len(defaults) == 2 and defaults[0] != defaults[1]
+
+
+def test_numpy_flags_reach_flashinfer_as_plain_values_so_its_plan_is_reused(with_fake_flashinfer):
+    inputs = make_decode_inputs(SHAPE)
+    lens = np.array([SHAPE.kv_len] * 2)
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    for _ in range(3):
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                         SHAPE.kv_len, window_size=np.array([-1, -1]), softcap=np.float32(0.0), seq_lens_host=lens,
+                         config=config)
+    wrapper = fi._op_wrapper.cache_info()  # one wrapper, planned once and reused
+    assert wrapper.currsize == 1
+    [w] = [fi._op_wrapper(str(inputs.q.device), True, fi.canonical_json({k: v for k, v in config.items()
+                                                                         if k != "backend"}),
+                          tuple((k, v) for k, v in config.items() if k != "backend"))]
+    assert (w.plans, w.plans_reused) == (1, 2)

@@ -204,3 +204,53 @@ def test_numpy_and_tensor_key_values_never_grow_the_memo(db_path, kernel_calls):
     for _ in range(5):
         call(inputs, softcap=torch.tensor(0.0))  # never read back to build a key: the default
     assert len(memo) == 2 and kernel_calls[-1]["num_splits"] == 0
+
+
+def test_an_sgl_kernel_without_only_qv_is_called_without_it(monkeypatch, db_path):
+    """sgl-kernel 0.4.2.post1 (LightLLM's pin) has no only_qv: passing it always was a TypeError."""
+    import sys
+    import types
+
+    seen = []
+
+    def old_fa3(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                cache_batch_idx=None, cache_leftpad=None, page_table=None, cu_seqlens_q=None, cu_seqlens_k_new=None,
+                max_seqlen_q=None, rotary_seqlens=None, q_descale=None, k_descale=None, v_descale=None,
+                softmax_scale=None, causal=False, window_size=(-1, -1), attention_chunk=None, softcap=0.0,
+                rotary_interleaved=True, scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                return_softmax_lse=False, sinks=None, score_mod=None, aux_tensors=None, ver=3, out=None):
+        seen.append(num_splits)
+        return q
+
+    package = types.ModuleType("sgl_kernel")
+    module = types.ModuleType("sgl_kernel.flash_attn")
+    module.flash_attn_with_kvcache = old_fa3
+    package.flash_attn = module
+    monkeypatch.setitem(sys.modules, "sgl_kernel", package)
+    monkeypatch.setitem(sys.modules, "sgl_kernel.flash_attn", module)
+    fa3._kernel.cache_clear()
+    try:
+        inputs = make_decode_inputs(DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=4, head_dim=16,
+                                                dtype="float32"))
+        tuner.configure(db=db_path, mode="lookup")
+        call(inputs)
+        assert seen == [0]
+        with pytest.raises(TypeError, match="no only_qv"):
+            call(inputs, only_qv=True, qv=torch.zeros(2, 1, 4, 16))
+    finally:
+        fa3._kernel.cache_clear()
+
+
+@pytest.mark.parametrize("fixed", [dict(num_splits=3), dict(pack_gqa=False),
+                                   dict(scheduler_metadata=torch.zeros(17, dtype=torch.int32))])
+def test_tune_mode_never_tunes_a_call_whose_values_the_caller_decided(db_path, kernel_calls, fixed):
+    """Such a call runs the caller's values whatever the config: tune mode timed it once per
+    config, stored the default as a "winner", and that record then kept the library's-choice
+    calls of the key from being tuned."""
+    inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                            dtype="float32"))
+    tuner.configure(db=db_path, mode="tune")
+    call(inputs, **fixed)
+    assert len(kernel_calls) == 1 and not db_path.exists()  # one call, nothing measured or stored
+    call(inputs)  # the library's choice: tuned
+    assert len(kernel_calls) > 2 and len(TuningDB(db_path).records()) == 1

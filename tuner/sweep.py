@@ -131,7 +131,7 @@ def sweep(
                                        note=f"same key as {seen[problem].label()}"))
             continue
         seen[problem] = shape
-        stored_winner = None if force else db.record(problem, fp_id)
+        stored_winner = None if force else db.record(problem, environment=fp)  # one that applies here
         if stored_winner is not None:
             advance(len(configs), label)
             results.append(ShapeResult(

@@ -128,7 +128,8 @@ def _record(raw: Any, where: str, fps: dict[str, Any]) -> Row:
     fp = rec["fingerprint"]
     if not isinstance(fp, str) or fp not in fps:
         raise DocumentError(f"{where}.fingerprint: {fp!r:.40} is not in fingerprints")
-    created_at = None
+    # undated: as old as a record can be, so it never replaces a dated one (as in the shipped layer)
+    created_at = check.EARLIEST
     if rec.get("created_at") is not None:
         created_at = check.created_at(rec["created_at"], f"{where}.created_at")
     problem = Problem(check.text(rec["op"], f"{where}.op"), check.static_key(rec["static_key"], f"{where}.static_key"),
@@ -178,9 +179,9 @@ def parse_document(data: Any) -> list[Row]:
 
 
 def newest_per_key(rows: list[Row]) -> list[Row]:
-    """One row per (problem, environment): the newest measurement (created_at; a row without
-    one counts as oldest), between equally new ones the last. The same rule as the DB's
-    (tuner.db.store) and the shipped layer's."""
+    """One row per (problem, environment): the newest measurement (created_at; a record
+    without one is dated the oldest possible), between equally new ones the last. The same
+    rule as the DB's (tuner.db.store) and the shipped layer's."""
     oldest = datetime.min.replace(tzinfo=timezone.utc)
     chosen: dict[tuple[Problem, str], int] = {}
     for i, (problem, (fp, _), fields) in enumerate(rows):

@@ -46,15 +46,9 @@ class _Keyed:
     fingerprint_id: Mapped[str] = mapped_column(String(32), ForeignKey("fingerprints.id"), index=True)
 
 
-class TuningRecord(_Keyed, Base):
-    """The winner for one (op, static key, run key, environment), with how it won."""
+class _Winner:
+    """A winner's config and how it won."""
 
-    __tablename__ = "records"
-    __table_args__ = (
-        UniqueConstraint("op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     config: Mapped[str] = mapped_column(Text)  # canonical JSON
     median_us: Mapped[float] = mapped_column(Float)
     spread_us: Mapped[float] = mapped_column(Float)
@@ -63,6 +57,17 @@ class TuningRecord(_Keyed, Base):
     default_median_us: Mapped[float | None] = mapped_column(Float, nullable=True)
     default_spread_us: Mapped[float | None] = mapped_column(Float, nullable=True)
     method: Mapped[str] = mapped_column(Text)  # canonical JSON: timer and its settings
+
+
+class TuningRecord(_Keyed, _Winner, Base):
+    """The winner for one (op, static key, run key, environment), with how it won."""
+
+    __tablename__ = "records"
+    __table_args__ = (
+        UniqueConstraint("op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -105,7 +110,7 @@ class Miss(_Keyed, Base):
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-class ReplacedRecord(_Keyed, Base):
+class ReplacedRecord(_Keyed, _Winner, Base):
     """A winner that a newer measurement replaced (a sweep with --force, tune mode, an
     import): kept so no measurement is lost. Added after schema version 1 shipped, like
     misses."""
@@ -113,14 +118,6 @@ class ReplacedRecord(_Keyed, Base):
     __tablename__ = "replaced_records"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    config: Mapped[str] = mapped_column(Text)
-    median_us: Mapped[float] = mapped_column(Float)
-    spread_us: Mapped[float] = mapped_column(Float)
-    samples: Mapped[int] = mapped_column(Integer)
-    default_config: Mapped[str] = mapped_column(Text)
-    default_median_us: Mapped[float | None] = mapped_column(Float, nullable=True)
-    default_spread_us: Mapped[float | None] = mapped_column(Float, nullable=True)
-    method: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     replaced_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -9,7 +9,7 @@ Which records apply: the rule of tuner.db.fingerprint.applies, as for the user's
 GPU, same CUDA, torch, Triton, sgl-kernel and FlashInfer versions; driver and tuner's own
 version may differ). Any other difference, a library upgrade above all, leaves the record
 unused. Records of one key in several files (or twice in one): the newest measurement
-wins (created_at; one without a date counts as oldest), a tie going to the first read.
+wins (created_at; one without a date counts as oldest), a tie going to the one read last.
 """
 
 from __future__ import annotations

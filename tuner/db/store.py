@@ -617,8 +617,8 @@ class TuningDB:
         return {fp for fp, data in fps.items() if applies(data, environment)}
 
     def records(self, *, op: str | None = None, fingerprint_id: str | None = None,
-                environment: dict[str, Any] | None = None) -> list[Record]:
-        """Stored winners (of one op, one environment id, or those that apply in
+                environment: dict[str, Any] | None = None, problem: Problem | None = None) -> list[Record]:
+        """Stored winners (of one op or problem, one environment id, or those that apply in
         `environment`: the newest per problem). MalformedRowsError on a malformed row."""
         query = _raw(TuningRecord).order_by(
             TuningRecord.op, TuningRecord.static_key, TuningRecord.max_q_len,
@@ -626,6 +626,8 @@ class TuningDB:
         )
         if op is not None:
             query = query.where(TuningRecord.op == op)
+        if problem is not None:
+            query = query.where(*(getattr(TuningRecord, k) == v for k, v in problem.columns().items()))
         if fingerprint_id is not None:
             query = query.where(TuningRecord.fingerprint_id == fingerprint_id)
         with self._read() as session:
@@ -652,8 +654,7 @@ class TuningDB:
     def record(self, problem: Problem, fingerprint_id: str | None = None, *,
                environment: dict[str, Any] | None = None) -> Record | None:
         """The winner of a problem in one environment id, or the newest that applies in `environment`."""
-        found = [r for r in self.records(op=problem.op, fingerprint_id=fingerprint_id, environment=environment)
-                 if r.problem == problem]
+        found = self.records(problem=problem, fingerprint_id=fingerprint_id, environment=environment)
         return max(found, key=lambda r: r.created_at) if found else None
 
     def measurements(self, problem: Problem, fingerprint_id: str) -> list[MeasurementRow]:
@@ -773,34 +774,37 @@ class TuningDB:
     def malformed_rows(self) -> list[tuple[type, Any, str]]:
         """(table's model, row id, why) for every row that breaks tuner.db.rows' rules,
         records pointing at no fingerprint included."""
-        out: list[tuple[type, Any, str]] = []
         with self._read() as session:
-            fps, _ = self._fingerprint_rows(session)
-            for row in session.execute(_raw(Fingerprint)):
-                if row.id not in fps:
-                    out.append((Fingerprint, row.id, f"fingerprints id {row.id!r:.40}: data is not a JSON object"))
-            for row in session.execute(_raw(TuningRecord)):
+            return self._malformed_in(session)
+
+    def _malformed_in(self, session: Session) -> list[tuple[type, Any, str]]:
+        out: list[tuple[type, Any, str]] = []
+        fps, _ = self._fingerprint_rows(session)
+        for row in session.execute(_raw(Fingerprint)):
+            if row.id not in fps:
+                out.append((Fingerprint, row.id, f"fingerprints id {row.id!r:.40}: data is not a JSON object"))
+        for row in session.execute(_raw(TuningRecord)):
+            try:
+                _record(row, fps)
+            except check.RowError as e:
+                out.append((TuningRecord, row.id, str(e)))
+        for row in session.execute(_raw(Measurement)):
+            try:
+                _measurement(row)
+                if row.fingerprint_id not in fps:
+                    raise check.RowError(f"measurements id {row.id}: fingerprint {row.fingerprint_id!r} "
+                                         "is not in the DB")
+                _problem(row, f"measurements id {row.id}")
+            except check.RowError as e:
+                out.append((Measurement, row.id, str(e)))
+        if Miss.__tablename__ not in self._missing_optional_tables:
+            for row in session.execute(_raw(Miss)):
                 try:
-                    _record(row, fps)
+                    _problem(row, f"misses id {row.id}")
+                    if row.served not in SERVED or row.fingerprint_id not in fps:
+                        raise check.RowError(f"misses id {row.id}: bad served or fingerprint")
                 except check.RowError as e:
-                    out.append((TuningRecord, row.id, str(e)))
-            for row in session.execute(_raw(Measurement)):
-                try:
-                    _measurement(row)
-                    if row.fingerprint_id not in fps:
-                        raise check.RowError(f"measurements id {row.id}: fingerprint {row.fingerprint_id!r} "
-                                             "is not in the DB")
-                    _problem(row, f"measurements id {row.id}")
-                except check.RowError as e:
-                    out.append((Measurement, row.id, str(e)))
-            if Miss.__tablename__ not in self._missing_optional_tables:
-                for row in session.execute(_raw(Miss)):
-                    try:
-                        _problem(row, f"misses id {row.id}")
-                        if row.served not in SERVED or row.fingerprint_id not in fps:
-                            raise check.RowError(f"misses id {row.id}: bad served or fingerprint")
-                    except check.RowError as e:
-                        out.append((Miss, row.id, str(e)))
+                    out.append((Miss, row.id, str(e)))
         return out
 
     def prune(self, environment: dict[str, Any], *, dry_run: bool = False) -> dict[str, dict[str, int]]:
@@ -808,30 +812,38 @@ class TuningDB:
         measurement, miss and fingerprint of environments whose records never apply here
         (tuner.db.fingerprint.applies: another GPU or kernel-library version; a newer
         driver or tuner does not count), and every malformed row (under the id
-        "malformed"). Returns what was (or, with dry_run, would be) removed."""
-        with self._read() as session:
+        "malformed"). Returns what was (or, with dry_run, would be) removed.
+
+        What to remove is read inside the transaction that removes it (under the write lock
+        for SQLite), and only the environments found stale are removed: a writer adding a
+        new environment meanwhile keeps it."""
+        with (self._read() if dry_run else self._write(action="prune")) as session:
+            if session.bind.dialect.name == "postgresql" and not dry_run:  # writers wait for prune
+                session.execute(text("LOCK TABLE fingerprints IN SHARE ROW EXCLUSIVE MODE"))
             fps, _ = self._fingerprint_rows(session)
-        keep = {fp for fp, data in fps.items() if applies(data, environment)}
-        bad = self.malformed_rows()
-        counts = self.counts()
-        stale = {fp: c for fp, c in counts.items() if fp not in keep}
-        stale.update({fp: {"records": 0, "measurements": 0} for fp in fps if fp not in keep and fp not in stale})
-        bad_records = [rid for model, rid, _ in bad if model is TuningRecord]
-        bad_measurements = [rid for model, rid, _ in bad if model is Measurement]
-        if bad:
-            stale["malformed"] = {"records": len(bad_records), "measurements": len(bad_measurements),
-                                  "rows": len(bad)}
-        if dry_run or not stale:
-            return stale
-        with self._write(action="prune") as session:
+            stale_ids = sorted(str(fp) for fp in session.scalars(select(Fingerprint.id))
+                               if fp not in fps or not applies(fps[fp], environment))
+            bad = self._malformed_in(session)
+            counts: dict[str, dict[str, int]] = {fp: {"records": 0, "measurements": 0} for fp in stale_ids}
+            for model, name in ((TuningRecord, "records"), (Measurement, "measurements")):
+                query = select(model.fingerprint_id, func.count()).group_by(model.fingerprint_id)
+                for fp, n in session.execute(query):
+                    if str(fp) in counts:
+                        counts[str(fp)][name] = n
+            bad_records = sum(model is TuningRecord for model, _, _ in bad)
+            bad_measurements = sum(model is Measurement for model, _, _ in bad)
+            if bad:
+                counts["malformed"] = {"records": bad_records, "measurements": bad_measurements, "rows": len(bad)}
+            if dry_run or not counts:
+                return counts
             for model, rid, _ in bad:
                 session.execute(delete(model).where(model.__table__.c.id == rid))
             models = [Measurement, TuningRecord] + [m for m in (Miss, ReplacedRecord)
                                                     if m.__tablename__ not in self._missing_optional_tables]
             for model in models:
-                session.execute(delete(model).where(~model.fingerprint_id.in_(keep)))
-            session.execute(delete(Fingerprint).where(~Fingerprint.id.in_(keep)))
-        return stale
+                session.execute(delete(model).where(model.fingerprint_id.in_(stale_ids)))
+            session.execute(delete(Fingerprint).where(Fingerprint.id.in_(stale_ids)))
+        return counts
 
     def integrity(self) -> list[str]:
         """Problems found (empty when the DB is sound): SQLite's integrity_check, missing

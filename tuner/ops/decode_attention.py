@@ -14,7 +14,7 @@ import torch
 
 from tuner.keys import kv_len_bucket, static_key_from_parts
 from tuner.ops.base import Config, DecodeInputs, Op
-from tuner.ops.fa3 import FA3, _UNKEYED, _decode_grid, _host_scalar, _host_window, _mtp_grid
+from tuner.ops.fa3 import FA3, _decode_grid, _host_scalar, _host_window, _mtp_grid, host_flags
 from tuner.ops.fa3 import _kernel as _fa3_kernel
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
@@ -102,16 +102,16 @@ DECODE_ATTENTION = Op(
 def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
               softcap=0.0, sinks=None, seq_lens_host=None):
     q_shape = q.shape
-    if type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int:
-        window_size = _host_window(window_size)
-    if type(softcap) is not float and type(softcap) is not int:
-        softcap = _host_scalar(softcap)
-    if type(causal) is not bool:
-        causal = _host_scalar(causal)
     if type(max_kv_len) is not int:
         max_kv_len = _host_scalar(max_kv_len)
-    if window_size is None or softcap is _UNKEYED or causal is _UNKEYED or type(max_kv_len) is not int:
-        return None, 1, 1, 1  # not readable on the host: the default runs
+        if type(max_kv_len) is not int:  # the page table's capacity bounds every length
+            return None, q_shape[0], q_shape[1], page_table.shape[1] * k_cache.shape[1]
+    if (type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int
+            or (type(softcap) is not float and type(softcap) is not int) or type(causal) is not bool):
+        flags = host_flags(window_size, softcap, causal)
+        if flags is None:  # not readable on the host: the default (of this batch and length) runs
+            return None, q_shape[0], q_shape[1], max_kv_len
+        window_size, softcap, causal = flags
     static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[2], k_cache.shape[2], q_shape[3], v_cache.shape[3],
               k_cache.shape[1], causal, window_size, softcap, sinks is not None)
     return static, q_shape[0], q_shape[1], max_kv_len
@@ -128,13 +128,18 @@ def _static_json(static: tuple) -> str:
 
 def _shape_of(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
               softcap=0.0, sinks=None, seq_lens_host=None) -> DecodeShape:
-    """The call as a DecodeShape, for the backends' config spaces and rules (slow path only)."""
+    """The call as a DecodeShape, for the backends' config spaces and rules (slow path only).
+    Reads no device tensor: a length or flag given as one counts as the page table's capacity,
+    no window, no softcap, causal."""
     window = _host_window(window_size) or (-1, -1)
+    kv = _host_scalar(max_kv_len)
+    kv = kv if type(kv) is int else page_table.shape[1] * k_cache.shape[1]
+    softcap, causal = _host_scalar(softcap), _host_scalar(causal)
     return DecodeShape(
-        batch=max(q.shape[0], 1), kv_len=max(int(max_kv_len), q.shape[1], 1), q_len=max(q.shape[1], 1),
+        batch=max(q.shape[0], 1), kv_len=max(kv, q.shape[1], 1), q_len=max(q.shape[1], 1),
         num_q_heads=q.shape[2], num_kv_heads=k_cache.shape[2], head_dim=q.shape[3], page_size=k_cache.shape[1],
-        dtype=str(q.dtype).removeprefix("torch."), causal=bool(causal), window=window,
-        softcap=float(softcap or 0.0), sinks=sinks is not None,
+        dtype=str(q.dtype).removeprefix("torch."), causal=causal if type(causal) is bool else True, window=window,
+        softcap=float(softcap) if type(softcap) in (int, float) and softcap > 0 else 0.0, sinks=sinks is not None,
     )
 
 
@@ -178,10 +183,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         lens = None
         if seq_lens_host is not None and not _capturing():
             lens = host_seq_lens(seq_lens_host, None, None, k_cache.shape[1])
-        if lens is not None:
+        flags = host_flags(window_size, softcap, causal) if lens is not None else None
+        if flags is not None:  # plain host values: numpy ones would keep FlashInfer from reusing its plan
+            (window_left, _), host_softcap, host_causal = flags
             return paged_attention(q, k_cache, v_cache, page_table, lens, {k: v for k, v in config.items()
                                                                           if k != "backend"},
-                                   causal=causal, window_left=tuple(window_size)[0], softcap=softcap or None)
+                                   causal=bool(host_causal), window_left=int(window_left),
+                                   softcap=float(host_softcap) if host_softcap else None)
         static, batch, q_len, kv_len = _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal,
                                                  window_size, softcap, sinks)
         config = _default_for(static, batch, q_len, kv_len_bucket(max(kv_len, 1))) if static is not None else \

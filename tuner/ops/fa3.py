@@ -26,9 +26,22 @@ DEFAULT: Config = {"num_splits": 0, "pack_gqa": None}  # what sgl-kernel does wh
 
 @functools.cache
 def _kernel() -> Any:
+    """sgl-kernel's flash_attn_with_kvcache, taking every argument of the newest signature:
+    releases before 0.4.5 (0.4.2.post1, LightLLM's pin) have no only_qv, which is then
+    dropped while False and refused when set."""
+    import inspect
+
     from sgl_kernel.flash_attn import flash_attn_with_kvcache as fa3
 
-    return fa3
+    if "only_qv" in inspect.signature(fa3).parameters:
+        return fa3
+
+    def without_only_qv(*args: Any, only_qv: bool = False, **kwargs: Any) -> Any:
+        if only_qv:
+            raise TypeError("this sgl-kernel's flash_attn_with_kvcache has no only_qv (sgl-kernel 0.4.5 added it)")
+        return fa3(*args, **kwargs)
+
+    return without_only_qv
 
 
 def unavailable() -> str | None:
@@ -162,6 +175,18 @@ def _host_window(window_size: Any) -> tuple[int, int] | None:
         return None
 
 
+def host_flags(window_size: Any, softcap: Any, causal: Any) -> tuple[tuple[int, int], Any, Any] | None:
+    """(window, softcap, causal) as key values, off the key functions' fast path (which takes
+    a tuple of ints, a float or int and a bool as they are); None when one of them cannot be
+    read without a device tensor."""
+    window = _host_window(window_size)
+    softcap = softcap if type(softcap) is float or type(softcap) is int else _host_scalar(softcap)
+    causal = causal if type(causal) is bool else _host_scalar(causal)
+    if window is None or softcap is _UNKEYED or causal is _UNKEYED:
+        return None
+    return window, softcap, causal
+
+
 def _host_scalar(value: Any) -> Any:
     """A flag or number as a key: host Python values as they are, numpy scalars as Python's;
     _UNKEYED for a tensor (never read back to build a key)."""
@@ -183,11 +208,16 @@ def _call_key(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rot
               return_softmax_lse=False, sinks=None, score_mod=None, aux_tensors=None, ver=3, out=None):
     """(static key tuple, batch, max q len, max kv len) from host-side values only: shapes,
     flags and the page table's width (an upper bound of every sequence's kv length). A static
-    key of None (the default runs): a call whose key cannot be read on the host (q or
-    k_cache None with only_qv, a flag given as a device tensor)."""
+    key of None (the default runs, nothing is looked up or tuned): a call whose key cannot be
+    read on the host (q or k_cache None with only_qv, a flag given as a device tensor), or
+    whose num_splits and pack_gqa the caller decided (scheduler metadata, set values)."""
     if q is None or k_cache is None:
         return None, 1, 1, 1
     q_shape, k_shape = q.shape, k_cache.shape
+    # the caller decided (scheduler metadata, a split count, a pack_gqa): no config is looked
+    # up, tuned or recorded as a miss for this call (the body keeps the caller's values)
+    caller_decided = scheduler_metadata is not None or (pack_gqa is not None and pack_gqa is not TUNED) or (
+        num_splits is not TUNED and (type(num_splits) is not int or num_splits != 0))
     if page_table is None:
         page_size, kv_len = 0, k_shape[1]
     else:
@@ -201,13 +231,13 @@ def _call_key(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rot
             q_len = _host_scalar(q_len)
             if type(q_len) is not int:
                 return None, max(batch, 1), 1, kv_len
-    if type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int:
-        window_size = _host_window(window_size)
-    if type(softcap) is not float and type(softcap) is not int:
-        softcap = _host_scalar(softcap)
-    if type(causal) is not bool:
-        causal = _host_scalar(causal)
-    if window_size is None or softcap is _UNKEYED or causal is _UNKEYED:
+    if (type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int
+            or (type(softcap) is not float and type(softcap) is not int) or type(causal) is not bool):
+        flags = host_flags(window_size, softcap, causal)
+        if flags is None:
+            return None, batch, q_len, kv_len
+        window_size, softcap, causal = flags
+    if caller_decided:
         return None, batch, q_len, kv_len
     extras = ()
     if (k is not None or qv is not None or rotary_cos is not None or score_mod is not None or only_qv
@@ -231,12 +261,6 @@ def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
     return check_config(config) is None
 
 
-def _library_choice(num_splits: Any, pack_gqa: Any) -> bool:
-    """num_splits 0 and pack_gqa None: the caller left both to the library (or to tuner)."""
-    return (num_splits is TUNED or (type(num_splits) is int and num_splits == 0)) and (
-        pack_gqa is TUNED or pack_gqa is None)
-
-
 @autotune(OP_NAME, configs=_call_configs, default=DEFAULT, key=_call_key, static_json=_static_json,
           accepts=_accepts)
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
@@ -252,12 +276,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     tuning DB (nearest run key, else FA3's default); a num_splits > 0 or a pack_gqa the
     caller sets is kept, as are both whenever scheduler_metadata is given (it was built for
     them). config=tuner.ops.fa3.DEFAULT runs FA3's own choice without a lookup."""
-    if num_splits is TUNED:
-        num_splits = 0
-    if pack_gqa is TUNED:
-        pack_gqa = None
-    if scheduler_metadata is None and _library_choice(num_splits, pack_gqa):
+    if scheduler_metadata is None and (pack_gqa is None or pack_gqa is TUNED) and (
+            num_splits is TUNED or (type(num_splits) is int and num_splits == 0)):  # the library's choice
         num_splits, pack_gqa = config["num_splits"], config["pack_gqa"]
+    elif num_splits is TUNED or pack_gqa is TUNED:  # TUNED, the old default, means the library's choice
+        num_splits, pack_gqa = 0 if num_splits is TUNED else num_splits, None if pack_gqa is TUNED else pack_gqa
     return _kernel()(
         q, k_cache, v_cache, k=k, v=v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
         cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
