@@ -6,7 +6,7 @@ sizes between the grid's, against FA3's default config, under CUDA graphs with a
 
 The sweeps time uniform batches at the grid's batch sizes and kv bucket tops; a serving
 batch is neither. A call between grid keys borrows a neighbour's winner only under the
-runtime's rule (tuner.runtime.BORROW_MIN_GAIN); "served" says which way each was found. The tuned config is what tuner's lookup picks for the call (exact or
+runtime's rule (tuner.settings.BORROW_MIN_GAIN); "served" says which way each was found. The tuned config is what tuner's lookup picks for the call (exact or
 nearest run key, from tuning_cache/); both configs are checked against the torch reference.
 FlashInfer winners need host-side lengths (seq_lens_host), which this passes, but a CUDA
 graph cannot capture FlashInfer's planning: such cases are reported, not timed.
@@ -32,7 +32,8 @@ from tuner.ops import DecodeShape, make_decode_inputs
 from tuner.ops.decode_attention import decode_attention
 from tuner.ops.reference import paged_decode_reference
 from tuner.keys import attention_run_key
-from tuner.runtime import BORROW_MIN_GAIN, _stored_config
+from tuner.runtime import _stored_config
+from tuner.settings import BORROW_MIN_GAIN
 from tuner.sweep import kv_copies
 
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache"

@@ -37,9 +37,16 @@ def test_bench_and_ops_know_no_db(package):
     assert not {m for m in imported_modules(package) if m == "tuner.db" or m.startswith("tuner.db.")}
 
 
-def test_keys_import_nothing_but_the_standard_library_and_themselves():
-    allowed = {"__future__", "json", "math", "operator", "dataclasses", "typing"}
+def test_keys_import_nothing_but_the_standard_library_themselves_and_settings():
+    allowed = {"__future__", "json", "math", "operator", "dataclasses", "typing", "tuner"}  # from tuner import settings
     assert {m for m in imported_modules("keys") if not m.startswith("tuner.keys")} <= allowed
+
+
+def test_settings_import_nothing_of_tuner():
+    tree = ast.parse((ROOT / "settings.py").read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not {n for n in names if n == "tuner" or n.startswith("tuner.")}
 
 
 def test_pyproject_packages_every_subpackage_and_the_shipped_tunings():

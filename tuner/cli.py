@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -21,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner import __version__
+from tuner import __version__, settings
 
 try:  # typer from 0.26 on carries its own copy of click
     from typer._click import exceptions as click_exceptions
@@ -67,6 +68,8 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
+
+_SWEEP = settings.TIMERS["sweep-cpu"]  # the sweep's timing options' defaults
 
 DbOption = Annotated[
     Optional[str],
@@ -169,17 +172,17 @@ def sweep_command(
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
     halving: Annotated[bool, typer.Option("--halving", help="Successive halving: time every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = False,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = 2,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = 15,
-    max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = 2.0,
-    min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=_finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = 0.01,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = _SWEEP.warmup,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = _SWEEP.repeats,
+    max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
+    min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=_finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = settings.MIN_GAIN,
 ) -> None:
     """Benchmark every candidate config of OP over a grid of shapes; store the winners.
 
     Resumable: rerun the same command after an interruption and only what is missing is measured. Each candidate is checked against the reference before it is timed; a winner must beat the library default by more than the noise.
     """
     with _user_errors():
-        from tuner.bench import CudaGraphTimer, WallClockTimer
+        from tuner.bench import timer_for
         from tuner.ops import get_grid, get_op, load_shapes
         from tuner.sweep import sweep
 
@@ -210,11 +213,10 @@ def sweep_command(
         else:
             shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
         database = database or _open_db_to_sweep(db, force)
-        if device == "cuda":  # CUDA-graph replay with a cold L2, timed by CUDA events
-            timer = CudaGraphTimer(warmup=max(1, warmup), repeats=repeats)
-        else:
-            timer = WallClockTimer(warmup=warmup, repeats=repeats, min_repeats=min(5, repeats),
-                                   max_seconds=max_seconds)
+        # CUDA-graph replay with a cold L2, timed by CUDA events, on a GPU; the wall clock on a CPU
+        preset = settings.TIMERS["sweep-gpu" if device == "cuda" else "sweep-cpu"]
+        timer = timer_for(dataclasses.replace(preset, warmup=warmup, repeats=repeats, max_seconds=max_seconds),
+                          device)
         from tuner.ranks import ranks_from_launcher
         from tuner.sweep import candidate_configs
 

@@ -19,24 +19,26 @@ from typing import Any, Callable
 
 import torch
 
+from tuner import settings
 from tuner.bench import WallClockTimer, decide, measure_configs, same_config, tolerance_for, with_default_first
-from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.db import MissingDBError, Problem, TuningDB, current_environment, current_fingerprint
 from tuner.db.location import DBError
 from tuner.db.store import winner_gain
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_len_bucket, nearest_run_keys
 from tuner.ranks import Ranks, current_ranks
 
-MODES = ("off", "lookup", "tune", "force")
+MODES = settings.MODES
 Config = dict[str, Any]
 _KEEP: Any = object()  # configure(): a setting not given keeps its value
 
 
 def _mode_from_env() -> str:
-    mode = os.environ.get("TUNER_MODE", "lookup").strip().lower() or "lookup"
+    mode = settings.env_mode()
     if mode not in MODES:
-        warnings.warn(f"TUNER_MODE={mode!r} is not one of {', '.join(MODES)}; using 'lookup'", stacklevel=3)
-        return "lookup"
+        warnings.warn(f"{settings.ENV_MODE}={mode!r} is not one of {', '.join(MODES)}; using "
+                      f"{settings.DEFAULT_MODE!r}", stacklevel=3)
+        return settings.DEFAULT_MODE
     return mode
 
 
@@ -51,7 +53,7 @@ class _Runtime:
         self.db_target: str | os.PathLike | None = None
         self.shipped_source: str | os.PathLike | None = None  # None: $TUNER_SHIPPED, else tuning_cache/
         self.mode = _mode_from_env()
-        self.max_distance = 2.0
+        self.max_distance = settings.MAX_DISTANCE
         self._snapshot: dict[tuple[str, str], dict[AttentionRunKey, Config]] | None = None
         # each snapshot winner's gain over the default at its own key (tuner.db.store.winner_gain)
         self.gains: dict[tuple[str, str], dict[AttentionRunKey, float]] = {}
@@ -168,7 +170,7 @@ def flush_misses() -> int:
     rows = [(Problem(name, static_json, run), served, count) for (name, static_json, run), (served, count)
             in pending.items()]
     try:
-        _runtime.writable_db().save_misses((current_fingerprint_id(), current_fingerprint()), rows)
+        _runtime.writable_db().save_misses(current_environment(), rows)
     except (TunerError, OSError) as e:
         warnings.warn(f"tuner: could not record {len(rows)} missed keys: {e}", stacklevel=2)
         return 0
@@ -197,12 +199,6 @@ def configure(*, db: str | os.PathLike | None = _KEEP, mode: str | None = _KEEP,
         _runtime.max_distance = max_distance
 
 
-# A neighbour's winner is borrowed only if every neighbour at the smallest distance beat its
-# own default by this much: a config tuned for one batch size can lose to the default an
-# octave away (measured: benchmarks/results/h200/mixed_lengths_*.json, tuner.keys.run).
-BORROW_MIN_GAIN = 1.10
-
-
 def _stored_config(name: str, static_json: str, run: AttentionRunKey,
                    accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
     """The snapshot's config for this key and how it was found: "exact", "nearest" (the
@@ -216,7 +212,7 @@ def _stored_config(name: str, static_json: str, run: AttentionRunKey,
         return (config, "exact") if accepts is None or accepts(config) else (None, "default")
     near = nearest_run_keys(run, table, _runtime.max_distance)
     gains = _runtime.gains.get(key, {})
-    if near and all(gains.get(k, 1.0) >= BORROW_MIN_GAIN for k in near):
+    if near and all(gains.get(k, 1.0) >= settings.BORROW_MIN_GAIN for k in near):
         config = table[near[0]]
         if accepts is None or accepts(config):
             return config, "nearest"
@@ -298,8 +294,9 @@ class AutotunedFunction:
         reference = _output(run(default))
         reference = reference.clone() if isinstance(reference, torch.Tensor) else reference
         tolerance = self.tolerance or tolerance_for(getattr(reference, "dtype", None))
-        timer = WallClockTimer(warmup=1, repeats=7, min_repeats=3, max_seconds=0.5,
-                               cuda_sync=torch.cuda.is_available())
+        preset = settings.TIMERS["runtime"]
+        timer = WallClockTimer(warmup=preset.warmup, repeats=preset.repeats, min_repeats=preset.min_repeats,
+                               max_seconds=preset.max_seconds, cuda_sync=torch.cuda.is_available())
         outcomes = measure_configs(run, configs, reference=reference, tolerance=tolerance, timer=timer)
         winner, default_timing = decide(run, outcomes, default, timer=timer)
         if ranks is not None:  # rank 0's choice, as an index into the configs every rank listed alike
@@ -316,7 +313,7 @@ class AutotunedFunction:
             return None
         try:
             _runtime.writable_db().save_winner(
-                problem, (current_fingerprint_id(), current_fingerprint()), winner.config, winner.timing,
+                problem, current_environment(), winner.config, winner.timing,
                 default, default_timing, method=dict(timer.method, source="runtime", kv_len=kv_len),
             )
         except (TunerError, OSError) as e:  # the winner still serves this process

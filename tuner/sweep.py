@@ -15,17 +15,16 @@ from typing import Any, Callable
 import torch
 
 from tuner.bench import (
-    OK, CudaGraphTimer, Outcome, Timing, WallClockTimer, boundary_sync, contenders, decide, measure_config,
-    same_config,
-    one_line, with_default_first,
+    OK, Outcome, Timing, boundary_sync, contenders, decide, measure_config, one_line, same_config, timer_for,
+    with_default_first,
 )
-from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner import settings
+from tuner.db import Problem, TuningDB, current_environment
 from tuner.errors import TunerError
 from tuner.keys import canonical_json
 from tuner.ops import Config, DecodeInputs, DecodeShape, Op
 from tuner.ranks import Ranks
 
-DEFAULT_L2_BYTES = 60 * 2**20  # the H200's, when the device does not say
 
 TUNED, SKIPPED, FAILED, DUPLICATE = "tuned", "skipped", "failed", "duplicate"
 
@@ -56,7 +55,7 @@ def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
     if device != "cuda":
         return 1
     l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-    l2_bytes = l2_bytes or DEFAULT_L2_BYTES
+    l2_bytes = l2_bytes or settings.DEFAULT_L2_BYTES
     return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(inputs.kv_bytes, 1))))
 
 
@@ -92,7 +91,7 @@ def sweep(
     *,
     timer: Any = None,
     force: bool = False,
-    min_gain: float = 0.01,
+    min_gain: float = settings.MIN_GAIN,
     seed: int = 0,
     halving: bool = False,
     on_advance: Callable[[int, str], None] | None = None,
@@ -114,8 +113,9 @@ def sweep(
     if unavailable:
         raise TunerError(f"op {op.name} cannot run here: {unavailable}")
     device = op.device()
-    timer = timer or (CudaGraphTimer() if device == "cuda" else WallClockTimer())
-    fp_id, fp = current_fingerprint_id(), current_fingerprint()
+    timer = timer or timer_for("sweep-gpu" if device == "cuda" else "sweep-cpu", device)
+    env = current_environment()
+    fp_id, fp = env
     method = dict(timer.method, device=device)
     quick_timer = timer.quick() if halving else None
     advance = on_advance or (lambda n, label: None)
@@ -168,8 +168,9 @@ def sweep(
             outcome = measure_config(runs, config, reference=reference, tolerance=tolerance, timer=rung_timer)
             t = outcome.timing
             db.save_measurement(
-                problem, (fp_id, fp), config, kv_len=shape.kv_len, status=outcome.status,
-                method=dict(method, **rung_timer.method, rung=rung) if halving else method,
+                problem, env, config, kv_len=shape.kv_len, status=outcome.status,
+                # the timer's method as of this measurement (a failed capture says so)
+                method=dict(method, **rung_timer.method, **({"rung": rung} if halving else {})),
                 median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
                 max_error=outcome.max_error, error=outcome.error,
             )
@@ -202,7 +203,7 @@ def sweep(
         del inputs, copies, runs, reference  # free the device before the next shape's inputs
         boundary_sync()
         if leader and winner is not None:
-            db.save_winner(problem, (fp_id, fp), winner.config, winner.timing, default, default_timing,
+            db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
                            method=dict(method, min_gain=min_gain, ranks=ranks.world if ranks else 1))
         if ranks is not None:  # every rank takes the one winner rank 0 stored
             ranks.barrier()

@@ -4,11 +4,11 @@ from tuner.bench.check import TOLERANCE, Check, compare, tolerance_for
 from tuner.bench.cuda_timer import CudaGraphTimer
 from tuner.bench.runner import boundary_sync, decide, measure_config, measure_configs, one_line
 from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, contenders, same_config, with_default_first
-from tuner.bench.timer import Timing, WallClockTimer, summarize
+from tuner.bench.timer import Timer, Timing, WallClockTimer, summarize, timer_for
 
 __all__ = [
     "ERROR", "OK", "OOM", "WRONG",
-    "Check", "CudaGraphTimer", "Outcome", "Timing", "WallClockTimer",
+    "Check", "CudaGraphTimer", "Outcome", "Timer", "Timing", "WallClockTimer",
     "beats", "boundary_sync", "contenders", "decide", "compare", "measure_config", "measure_configs", "one_line",
-    "TOLERANCE", "same_config", "summarize", "tolerance_for", "with_default_first",
+    "TOLERANCE", "same_config", "summarize", "timer_for", "tolerance_for", "with_default_first",
 ]

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from tuner import settings
 from tuner.bench.timer import Rotation, Timing, as_rotation, summarize
 
 
@@ -27,16 +28,22 @@ class CudaGraphTimer:
 
     @property
     def method(self) -> dict[str, Any]:
-        return {
+        """How it measured; after a capture that failed (some libraries plan on the host per
+        call), "capture": "failed, timed eagerly" says the last timing was not a replay."""
+        method = {
             "timer": "cuda-graph",
             "warmup": self.warmup,
             "repeats": self.repeats,
             "min_sample_us": self.min_sample_us,
         }
+        if self.last_capture_failed:
+            method["capture"] = "failed, timed eagerly"
+        return method
 
     def quick(self) -> "CudaGraphTimer":
         """A cheaper timer for the first, quick rung of a successive-halving sweep."""
-        return CudaGraphTimer(warmup=1, repeats=min(self.repeats, 5), min_sample_us=self.min_sample_us)
+        return CudaGraphTimer(warmup=1, repeats=min(self.repeats, settings.QUICK_REPEATS_GPU),
+                              min_sample_us=self.min_sample_us)
 
     def _capture(self, rotation: Sequence[Callable[[], Any]]) -> Callable[[], None]:
         """A replay function for the rotation, or eager calls if capture fails."""
@@ -97,7 +104,11 @@ class CudaGraphTimer:
     def interleaved(self, rotations: Sequence[Rotation]) -> list[Timing]:
         """Samples of several rotations taken in turn (a, b, c, a, b, c, ...): one timing each."""
         rots = [as_rotation(fns) for fns in rotations]
-        replays = [self._capture(rot) for rot in rots]
+        replays, failed = [], False
+        for rot in rots:
+            replays.append(self._capture(rot))
+            failed = failed or self.last_capture_failed
+        self.last_capture_failed = failed
         for _ in range(self.warmup):
             for replay in replays:
                 replay()

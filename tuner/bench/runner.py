@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from tuner import settings
 from tuner.bench.check import compare
 from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, same_config
 from tuner.bench.timer import Timing
@@ -91,7 +92,7 @@ def decide(
     default_config: dict[str, Any],
     *,
     timer: Any,
-    min_gain: float = 0.01,
+    min_gain: float = settings.MIN_GAIN,
 ) -> tuple[Outcome | None, Timing | None]:
     """The winner and the default's timing.
 

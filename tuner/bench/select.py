@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import settings
 from tuner.bench.timer import Timing
 from tuner.keys import canonical_json
 
@@ -22,7 +23,7 @@ class Outcome:
     error: str | None = None
 
 
-def beats(candidate: Timing, default: Timing, min_gain: float = 0.01) -> bool:
+def beats(candidate: Timing, default: Timing, min_gain: float = settings.MIN_GAIN) -> bool:
     """candidate is faster than default by more than the noise (mean of the two
     interquartile ranges) and by at least min_gain of the default's median."""
     noise = (candidate.spread_us + default.spread_us) / 2
@@ -48,7 +49,8 @@ def same_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def contenders(
-    outcomes: list[Outcome], default_config: dict[str, Any], keep: float = 0.10, max_keep: int = 6
+    outcomes: list[Outcome], default_config: dict[str, Any], keep: float = settings.HALVING_KEEP,
+    max_keep: int = settings.HALVING_MAX_KEEP,
 ) -> list[Outcome]:
     """What a first, quick pass keeps for a full measurement: the default (when it ran
     right) and the fastest correct configs within `keep` of the fastest, at most max_keep."""

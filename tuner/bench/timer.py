@@ -5,7 +5,9 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
+
+from tuner import settings
 
 # A timer times one call of a config as the mean over a rotation: one callable per copy of
 # the inputs, run in turn, so each call finds its data out of cache as in a real model
@@ -36,6 +38,39 @@ def summarize(samples_us: list[float]) -> Timing:
     else:
         spread = ordered[-1] - ordered[0]
     return Timing(statistics.median(ordered), spread, len(ordered))
+
+
+class Timer(Protocol):
+    """What sweeps, tune mode and verification time configs with."""
+
+    @property
+    def method(self) -> dict[str, Any]:
+        """How it measured (stored with every measurement), as of the last call."""
+        ...
+
+    def __call__(self, fns: Rotation) -> Timing: ...
+
+    def paired(self, fns_a: Rotation, fns_b: Rotation) -> tuple[Timing, Timing]:
+        """Two rotations timed in alternation, for confirming a winner against the default."""
+        ...
+
+    def quick(self) -> "Timer":
+        """A cheaper timer, for successive halving's first rung."""
+        ...
+
+
+def timer_for(preset: str | settings.TimerPreset, device: str) -> Timer:
+    """The timer of a named preset (tuner.settings.TIMERS) or a preset, for a device: CUDA
+    graphs with a cold L2 on a GPU, the wall clock on a CPU."""
+    if isinstance(preset, str):
+        preset = settings.TIMERS[preset]
+    if device == "cuda":
+        from tuner.bench.cuda_timer import CudaGraphTimer
+
+        return CudaGraphTimer(warmup=max(1, preset.warmup), repeats=preset.repeats,
+                              min_sample_us=preset.min_sample_us)
+    return WallClockTimer(warmup=preset.warmup, repeats=preset.repeats,
+                          min_repeats=min(preset.min_repeats, preset.repeats), max_seconds=preset.max_seconds)
 
 
 class WallClockTimer:
@@ -69,7 +104,8 @@ class WallClockTimer:
 
     def quick(self) -> "WallClockTimer":
         """A cheaper timer for the first, quick rung of a successive-halving sweep."""
-        timer = WallClockTimer(warmup=min(self.warmup, 1), repeats=3, min_repeats=3,
+        quick = settings.QUICK_REPEATS_CPU
+        timer = WallClockTimer(warmup=min(self.warmup, 1), repeats=quick, min_repeats=quick,
                                max_seconds=self.max_seconds / 4)
         timer._sync = self._sync
         return timer

@@ -1,6 +1,8 @@
 """The tuning DB: schema, store, environment fingerprint, JSON import/export. No kernel library."""
 
-from tuner.db.fingerprint import applies, current_fingerprint, current_fingerprint_id, fingerprint_id, why_not
+from tuner.db.fingerprint import (
+    Environment, applies, current_environment, current_fingerprint, current_fingerprint_id, fingerprint_id, why_not,
+)
 from tuner.db.jsonio import EXPORT_SCHEMA, EXPORT_VERSION, export_document, import_document, parse_document
 from tuner.db.location import DamagedDBError, DBError, MissingDBError, default_db_path, resolve_db_url, set_aside
 from tuner.db.store import MalformedRowsError, MeasurementRow, Problem, Record, SaveResult, Snapshot, TuningDB
@@ -8,6 +10,7 @@ from tuner.db.store import MalformedRowsError, MeasurementRow, Problem, Record, 
 __all__ = [
     "DBError",
     "DamagedDBError",
+    "Environment",
     "EXPORT_SCHEMA",
     "EXPORT_VERSION",
     "MalformedRowsError",
@@ -19,6 +22,7 @@ __all__ = [
     "Snapshot",
     "TuningDB",
     "applies",
+    "current_environment",
     "current_fingerprint",
     "current_fingerprint_id",
     "default_db_path",

@@ -23,7 +23,7 @@ import re
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuner.keys import canonical_json
 
@@ -134,6 +134,24 @@ def current_fingerprint() -> dict[str, Any]:
 
 def current_fingerprint_id() -> str:
     return fingerprint_id(current_fingerprint())
+
+
+class Environment(NamedTuple):
+    """An environment a measurement is valid for: its fingerprint's data and id (the hash
+    of the data). A pair, so it unpacks as (id, data)."""
+
+    id: str
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> "Environment":
+        return cls(fingerprint_id(data), data)
+
+
+@functools.cache
+def current_environment() -> Environment:
+    """This process's environment (read once)."""
+    return Environment.of(current_fingerprint())
 
 
 # -- which environments' records apply here ------------------------------------------------

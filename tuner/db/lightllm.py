@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner import settings
 from tuner.db.location import DBError
 from tuner.db.store import Record, TuningDB
 from tuner.keys import AttentionStaticKey
@@ -38,7 +39,6 @@ MAX_NAME_BYTES = 255  # a file or directory name, on every filesystem LightLLM r
 # LightLLM's wrapper runs decode (MTP verify included: a few query tokens); the run key's
 # width must stay below 10**7 to keep batch * 10**13 + q * 10**7 + width unambiguous
 MAX_Q_LEN, MAX_WIDTH = 16, 10**7 - 1
-MIN_GAIN = 0.01  # a pack_gqa=None stand-in must beat FA3's default by this much (and the noise)
 # ops whose winners LightLLM has no reader for, and why
 NO_CONSUMER = {
     "decode_attention": "its configs choose a backend (FA3, FlashInfer or tuner's Triton kernel); "
@@ -106,14 +106,14 @@ def _check_name(name: str, what: str) -> None:
 def _without_pack_gqa(db: TuningDB, record: Record) -> dict[str, int] | None:
     """The FA3 config LightLLM can run for a winner that set pack_gqa: the fastest measured
     pack_gqa=None config if it beat FA3's default (num_splits 0) by more than the noise and
-    MIN_GAIN, else num_splits 0; None without measurements of the default."""
+    settings.MIN_GAIN, else num_splits 0; None without measurements of the default."""
     rows = [m for m in db.measurements(record.problem, record.fingerprint_id)
             if m.status == "ok" and m.median_us and m.config.get("pack_gqa") is None]
     default = next((m for m in rows if m.config.get("num_splits") == 0), None)
     if default is None:
         return None
     best = min(rows, key=lambda m: m.median_us)
-    margin = max(((best.spread_us or 0.0) + (default.spread_us or 0.0)) / 2, MIN_GAIN * default.median_us)
+    margin = max(((best.spread_us or 0.0) + (default.spread_us or 0.0)) / 2, settings.MIN_GAIN * default.median_us)
     return {"num_splits": int(best.config["num_splits"]) if best.median_us < default.median_us - margin else 0}
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from tuner import settings
 from tuner.errors import TunerError
 
 DB_FILENAME = "tuner.db"
@@ -39,7 +40,7 @@ def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
     """(URL, is_default) for an explicit target, else $TUNER_DB, else the default file."""
     is_default = False
     if target is None or str(target) == "":
-        target = os.environ.get("TUNER_DB") or None
+        target = settings.env_db()
     if target is None:
         target, is_default = default_db_path(), True
     text = str(target)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner import settings
 from tuner.db.fingerprint import why_not
 from tuner.db.jsonio import load_document, parse_document
 from tuner.db.location import default_db_path
@@ -27,10 +28,10 @@ from tuner.db.store import winner_gain
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 
-SHIPPED_ENV = "TUNER_SHIPPED"
+SHIPPED_ENV = settings.ENV_SHIPPED
 _OLDEST = datetime.min.replace(tzinfo=timezone.utc)
 SHIPPED_GLOB = "*.tunings.json"
-OFF = ("off", "0", "none", "false", "no")
+OFF = settings.SHIPPED_OFF
 
 
 @dataclass
@@ -62,7 +63,7 @@ def shipped_paths(source: str | os.PathLike | None = None) -> list[Path]:
     tuning_cache/ beside the default DB of a checkout. "off" gives none; "" is the default."""
     origin = "shipped tunings"
     if source is None or not str(source).strip():
-        source, origin = os.environ.get(SHIPPED_ENV) or None, SHIPPED_ENV
+        source, origin = settings.env_shipped(), SHIPPED_ENV
     if source is not None and str(source).strip().lower() in OFF:
         return []
     if source is None:

@@ -12,7 +12,7 @@ batch, then the larger kv bucket (the upper bound), so the choice is determinist
 A neighbour farther than ``max_distance`` octaves in batch + kv is not used at all.
 
 Borrowing (tuner.runtime): a neighbour's config is used only when every neighbour at that
-smallest distance beat its own default by at least 10% (BORROW_MIN_GAIN there); else the
+smallest distance beat its own default by at least 10% (tuner.settings.BORROW_MIN_GAIN); else the
 call runs the default. Measured on an H200 (benchmarks/results/h200/mixed_lengths_*.json):
 split-KV configs tuned for one batch size often lose to the default one octave away, most
 of all where the neighbour's own gain was small.
@@ -25,6 +25,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import settings
 from tuner.keys.canonical import canonical_json
 
 # Above this the SQLite/PostgreSQL 64-bit integer columns would overflow.
@@ -80,7 +81,8 @@ def run_key_distance(a: AttentionRunKey, b: AttentionRunKey) -> tuple[float, flo
 
 
 def nearest_run_keys(
-    target: AttentionRunKey, candidates: Any, max_distance: float = 2.0, max_q_distance: float = 1.0
+    target: AttentionRunKey, candidates: Any, max_distance: float = settings.MAX_DISTANCE,
+    max_q_distance: float = settings.MAX_Q_DISTANCE,
 ) -> list[AttentionRunKey]:
     """Every candidate at the smallest distance from target (nearest q len, then fewest
     octaves of batch + kv), the tie rule's choice first; [] when none is near enough.
@@ -100,7 +102,8 @@ def nearest_run_keys(
 
 
 def nearest_run_key(
-    target: AttentionRunKey, candidates: Any, max_distance: float = 2.0, max_q_distance: float = 1.0
+    target: AttentionRunKey, candidates: Any, max_distance: float = settings.MAX_DISTANCE,
+    max_q_distance: float = settings.MAX_Q_DISTANCE,
 ) -> AttentionRunKey | None:
     """The candidate nearest to target by the policy in this module's docstring, or None."""
     near = nearest_run_keys(target, candidates, max_distance, max_q_distance)

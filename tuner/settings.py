@@ -1,0 +1,85 @@
+"""Every knob of tuner and every environment variable it reads, in one place. Imports
+nothing of tuner's: any module may read it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# -- environment variables -------------------------------------------------------------------
+
+ENV_DB = "TUNER_DB"  # SQLAlchemy URL or SQLite path of the tuning DB
+ENV_MODE = "TUNER_MODE"  # one of MODES
+ENV_SHIPPED = "TUNER_SHIPPED"  # a *.tunings.json file or directory, or one of SHIPPED_OFF
+
+MODES = ("off", "lookup", "tune", "force")
+DEFAULT_MODE = "lookup"
+SHIPPED_OFF = ("off", "0", "none", "false", "no")
+
+
+def env_db() -> str | None:
+    """$TUNER_DB, None when unset or empty."""
+    return os.environ.get(ENV_DB) or None
+
+
+def env_mode() -> str:
+    """$TUNER_MODE as given, lower-cased ("" when unset): the runtime checks it against MODES."""
+    return os.environ.get(ENV_MODE, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
+
+
+def env_shipped() -> str | None:
+    """$TUNER_SHIPPED, None when unset or empty."""
+    return os.environ.get(ENV_SHIPPED) or None
+
+
+# -- choosing winners ------------------------------------------------------------------------
+
+# a winner must beat the library default by more than the noise and by this fraction of the
+# default's time (sweep, tune mode, verification, the LightLLM export's pack_gqa stand-in)
+MIN_GAIN = 0.01
+# nearest-key lookup (tuner.keys.run): octaves of batch + kv, and of query length, a stored
+# winner may be from the call
+MAX_DISTANCE = 2.0
+MAX_Q_DISTANCE = 1.0
+# a neighbour's winner is borrowed only if every neighbour at the smallest distance beat its
+# own default by this much: a config tuned for one batch size can lose to the default an
+# octave away (measured: benchmarks/results/h200/mixed_lengths_*.json)
+BORROW_MIN_GAIN = 1.10
+# successive halving: the quick rung keeps the default and the configs within this fraction
+# of the fastest, at most this many, for the full measurement
+HALVING_KEEP = 0.10
+HALVING_MAX_KEEP = 6
+
+
+# -- timers ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimerPreset:
+    """How a timer measures: warm-up calls and timed samples; the CUDA-graph timer takes
+    samples of at least min_sample_us, the wall-clock one stops after max_seconds once
+    min_repeats are in."""
+
+    warmup: int
+    repeats: int
+    min_repeats: int = 1
+    max_seconds: float = 2.0
+    min_sample_us: float = 200.0
+
+
+TIMERS = {
+    # offline sweeps (`tuner sweep`; its --warmup/--repeats/--max-seconds override these)
+    "sweep-gpu": TimerPreset(warmup=2, repeats=15, min_sample_us=200.0),
+    "sweep-cpu": TimerPreset(warmup=2, repeats=15, min_repeats=5, max_seconds=2.0),
+    # tune mode, inside a serving process: short, on wall-clock time
+    "runtime": TimerPreset(warmup=1, repeats=7, min_repeats=3, max_seconds=0.5),
+    # re-checking winners before they ship (benchmarks/verify_shipped.py)
+    "verify-gpu": TimerPreset(warmup=3, repeats=30, min_sample_us=200.0),
+    "verify-cpu": TimerPreset(warmup=1, repeats=5, min_repeats=5, max_seconds=2.0),
+}
+# successive halving's quick rung: at most this many samples (a quarter of the time on the CPU)
+QUICK_REPEATS_GPU = 5
+QUICK_REPEATS_CPU = 3
+
+# the L2 a cold-cache rotation must exceed twice over when the device does not say (H200's)
+DEFAULT_L2_BYTES = 60 * 2**20
