@@ -32,7 +32,7 @@ from tuner.ops import DecodeShape, make_decode_inputs
 from tuner.ops.decode_attention import decode_attention
 from tuner.ops.reference import paged_decode_reference
 from tuner.keys import attention_run_key
-from tuner.runtime import _stored_config
+from tuner.runtime import lookup
 from tuner.settings import BORROW_MIN_GAIN
 from tuner.sweep import kv_copies
 
@@ -65,7 +65,7 @@ def case(label: str, q_heads: int, kv_heads: int, batch: int, kv: int, timer: Cu
     decode_attention(*args(*copies[0]), seq_lens_host=lens_host)
     [tuned] = decode_attention.tuner.memo.values()
     run_key = attention_run_key(batch, 1, kv)
-    served = _stored_config("decode_attention", decode_attention.tuner.static_json(
+    served = lookup("decode_attention", decode_attention.tuner.static_json(
         next(iter(decode_attention.tuner.memo))[0]), run_key)[1]
     default = decode_attention.tuner.default(args(*copies[0]), {})
     row = {"model": label, "batch": batch, "kv_max": kv, "kv_mean": float(lens_host.float().mean()),

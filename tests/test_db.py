@@ -72,9 +72,9 @@ def test_kv_bucket_is_its_own_column_up_to_2_to_40(make_db):
     save(db, problem(batch=2, kv=2**40), {"c": 2})
     save(db, problem(batch=1, kv=2**39), {"c": 3})
     table = db.snapshot(FP[1]).table[("op", '{"h":8}')]
-    assert table[attention_run_key(1, 1, 2**40)] == {"c": 1}
-    assert table[attention_run_key(2, 1, 2**40)] == {"c": 2}
-    assert table[attention_run_key(1, 1, 2**39)] == {"c": 3}
+    assert table[attention_run_key(1, 1, 2**40)].config == {"c": 1}
+    assert table[attention_run_key(2, 1, 2**40)].config == {"c": 2}
+    assert table[attention_run_key(1, 1, 2**39)] == ({"c": 3}, 10.0, 12.0)  # config, its time, the default's
 
 
 def test_snapshot_holds_only_what_applies_in_this_environment(make_db):
@@ -412,7 +412,7 @@ def test_one_key_twice_in_a_file_keeps_the_newest_on_import_and_in_the_shipped_l
     f = tmp_path / "x.tunings.json"
     f.write_text(json.dumps(doc))
     layer = load_shipped(FP[1], f)
-    assert list(layer.table[("op", '{"h":8}')].values()) == [{"c": 42}]
+    assert [t.config for t in layer.table[("op", '{"h":8}')].values()] == [{"c": 42}]
 
 
 def test_prune_keeps_records_that_still_apply_and_removes_malformed_rows(make_db):

@@ -34,7 +34,7 @@ def _entries(layer, op: str, static_filter) -> list[tuple[str, AttentionRunKey, 
     out = []
     for (name, static), runs in sorted(layer.table.items()):
         if name == op and static_filter(json.loads(static)):
-            out += [(static, run, config) for run, config in sorted(runs.items())]
+            out += [(static, run, timed.config) for run, timed in sorted(runs.items())]
     return out
 
 

@@ -5,7 +5,9 @@ from tuner.db.fingerprint import (
 )
 from tuner.db.jsonio import EXPORT_SCHEMA, EXPORT_VERSION, export_document, import_document, parse_document
 from tuner.db.location import DamagedDBError, DBError, MissingDBError, default_db_path, resolve_db_url, set_aside
-from tuner.db.store import MalformedRowsError, MeasurementRow, Problem, Record, SaveResult, Snapshot, TuningDB
+from tuner.db.store import (
+    MalformedRowsError, MeasurementRow, Problem, Record, SaveResult, Snapshot, Timed, TuningDB,
+)
 
 __all__ = [
     "DBError",
@@ -20,6 +22,7 @@ __all__ = [
     "Record",
     "SaveResult",
     "Snapshot",
+    "Timed",
     "TuningDB",
     "applies",
     "current_environment",

@@ -24,7 +24,7 @@ from tuner import settings
 from tuner.db.fingerprint import why_not
 from tuner.db.jsonio import load_document, parse_document
 from tuner.db.location import default_db_path
-from tuner.db.store import winner_gain
+from tuner.db.store import Timed
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 
@@ -45,11 +45,10 @@ class ShippedFile:
 
 @dataclass
 class ShippedLayer:
-    """The winners that apply here, (op, static key JSON) -> {run key: config}, and per file
+    """The winners that apply here, (op, static key JSON) -> {run key: Timed}, and per file
     how many records it held and how many apply."""
 
-    table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = field(default_factory=dict)
-    gains: dict[tuple[str, str], dict[AttentionRunKey, float]] = field(default_factory=dict)  # winner_gain
+    table: dict[tuple[str, str], dict[AttentionRunKey, Timed]] = field(default_factory=dict)
     files: list[ShippedFile] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # files that could not be used, one line each
 
@@ -124,8 +123,8 @@ def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = Non
             if held is not None:
                 held[1].applied -= 1
             dated[(key, run)] = (created, info)
-            layer.table.setdefault(key, {})[run] = fields["config"]
-            layer.gains.setdefault(key, {})[run] = winner_gain(fields["median_us"], fields["default_median_us"])
+            layer.table.setdefault(key, {})[run] = Timed(fields["config"], fields["median_us"],
+                                                          fields["default_median_us"])
             info.applied += 1
         info.mismatches = {k: v for k, v in info.mismatches.items() if v}
         layer.files.append(info)

@@ -11,13 +11,12 @@ when it is at least as new (created_at), unless the writer asks to replace regar
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from filelock import FileLock, Timeout
 from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, type_coerce, update
@@ -97,14 +96,21 @@ class MeasurementRow:
     kv_len: int | None = None  # the kv length actually measured
 
 
+class Timed(NamedTuple):
+    """A winner as the runtime reads it: its config, and its and the default's times at its
+    own key (the default's None when the default did not run right)."""
+
+    config: dict[str, Any]
+    median_us: float
+    default_median_us: float | None
+
+
 @dataclass
 class Snapshot:
     """Every winner that applies in one environment, for the runtime: (op, static key JSON)
-    -> {run key: config}, each winner's gain alike (winner_gain), and the malformed rows
-    left out."""
+    -> {run key: Timed}, and the malformed rows left out."""
 
-    table: dict[tuple[str, str], dict[AttentionRunKey, dict[str, Any]]] = field(default_factory=dict)
-    gains: dict[tuple[str, str], dict[AttentionRunKey, float]] = field(default_factory=dict)
+    table: dict[tuple[str, str], dict[AttentionRunKey, Timed]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)  # one line per malformed row left out
 
 
@@ -125,16 +131,6 @@ class SaveResult:
 
 class MalformedRowsError(DBError):
     """Rows that break tuner.db.rows' rules; one line naming the first."""
-
-
-def winner_gain(median_us: float | None, default_median_us: float | None) -> float:
-    """How much faster a winner ran than the default at its own key: default / winner time;
-    infinite when the default did not run right (nothing to lose), 1.0 when unknown."""
-    if default_median_us is None:
-        return math.inf
-    if not median_us or median_us <= 0:
-        return 1.0
-    return default_median_us / median_us
 
 
 def _raw(model: type, *criteria: Any):
@@ -711,8 +707,7 @@ class TuningDB:
                 if (key, run) in newest and newest[(key, run)] > created:
                     continue
                 newest[(key, run)] = created
-                snap.table.setdefault(key, {})[run] = config
-                snap.gains.setdefault(key, {})[run] = winner_gain(median, default)
+                snap.table.setdefault(key, {})[run] = Timed(config, median, default)
         return snap
 
     def counts(self) -> dict[str, dict[str, int]]:

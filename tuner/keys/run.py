@@ -11,7 +11,7 @@ the smallest ``|log2 batch ratio| + |log2 kv bucket ratio|``; ties go to the lar
 batch, then the larger kv bucket (the upper bound), so the choice is deterministic.
 A neighbour farther than ``max_distance`` octaves in batch + kv is not used at all.
 
-Borrowing (tuner.runtime): a neighbour's config is used only when every neighbour at that
+Borrowing (tuner.runtime.borrowing): a neighbour's config is used only when every neighbour at that
 smallest distance beat its own default by at least 10% (tuner.settings.BORROW_MIN_GAIN); else the
 call runs the default. Measured on an H200 (benchmarks/results/h200/mixed_lengths_*.json):
 split-KV configs tuned for one batch size often lose to the default one octave away, most

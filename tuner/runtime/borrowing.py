@@ -1,0 +1,55 @@
+"""Which stored winner serves a call: its exact run key's, else a neighbour's by the
+borrowing rule, else none (the default runs).
+
+The rule: among the winners of the call's static key, those at the nearest run key
+(tuner.keys.run: nearest query length, then fewest octaves of batch + kv, at most
+settings.MAX_DISTANCE away) are the neighbours; one is borrowed only if every neighbour at
+that distance beat its own default by settings.BORROW_MIN_GAIN. A config tuned for one
+batch size can lose to the default an octave away, most of all where its own gain was
+small (measured: benchmarks/results/h200/mixed_lengths_*.json). A config the call cannot
+run (`accepts` says so) serves no call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+from tuner import settings
+from tuner.keys import AttentionRunKey, nearest_run_keys
+
+Config = dict[str, Any]
+
+
+class Winner(NamedTuple):
+    """A stored winner as the runtime serves it: its config and its gain over the default
+    at its own key (winner_gain)."""
+
+    config: Config
+    gain: float
+
+
+def winner_gain(median_us: float | None, default_median_us: float | None) -> float:
+    """How much faster a winner ran than the default at its own key: default / winner time;
+    infinite when the default did not run right (nothing to lose), 1.0 when unknown."""
+    if default_median_us is None:
+        return math.inf
+    if not median_us or median_us <= 0:
+        return 1.0
+    return default_median_us / median_us
+
+
+def choose(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
+           max_distance: float = settings.MAX_DISTANCE,
+           accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
+    """The config for `run` from one static key's winners and how it was found: "exact",
+    "nearest" (borrowed by the rule above) or "default" (None)."""
+    winner = table.get(run)
+    if winner is not None:
+        return (winner.config, "exact") if accepts is None or accepts(winner.config) else (None, "default")
+    near = nearest_run_keys(run, table, max_distance)
+    if near and all(table[k].gain >= settings.BORROW_MIN_GAIN for k in near):
+        config = table[near[0]].config
+        if accepts is None or accepts(config):
+            return config, "nearest"
+    return None, "default"

@@ -1,0 +1,241 @@
+"""@autotune: the decorator, its generated wrapper (the hot path) and the slow path that
+resolves a key once: the memo, keyed by (static key, batch, max q len, kv bucket), holds the
+config resolved on the first call with that key from the winners table (exact run key,
+else a neighbour's by the borrowing rule, else the default). ConfigLookup is the same
+lookup for callers that choose once per plan (the FlashInfer wrappers)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from tuner.db import Problem
+from tuner.errors import TunerError
+from tuner.keys import attention_run_key, canonical_json, kv_len_bucket
+from tuner.ranks import current_ranks
+from tuner.runtime.borrowing import Config
+from tuner.runtime.state import capturing, runtime
+from tuner.runtime.tune import tune_call
+
+
+def _static_json(value: Any) -> str:
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else canonical_json(value)
+
+
+class AutotunedFunction:
+    """Holds a decorated function's settings and memo; the hot path is the closure
+    built in autotune(), which reads the memo directly."""
+
+    def __init__(self, fn: Callable, name: str, configs: Any, default: Any,
+                 tolerance: tuple[float, float] | None, static_json: Callable[[Any], str] | None = None,
+                 accepts: Callable[..., bool] | None = None) -> None:
+        self.fn, self.name = fn, name
+        self.static_json = static_json or _static_json
+        self._configs, self._default = configs, default
+        self.tolerance = tolerance
+        self._accepts = accepts
+        self.memo: dict[tuple, Config] = {}
+        self.tuned: set[tuple] = set()  # keys tuned by this process (for force mode)
+
+    def configs(self, args: tuple, kwargs: dict) -> list[Config]:
+        return list(self._configs(*args, **kwargs) if callable(self._configs) else self._configs)
+
+    def default(self, args: tuple, kwargs: dict) -> Config:
+        return dict(self._default(*args, **kwargs) if callable(self._default) else self._default)
+
+    def resolve(self, memo_key: tuple, kv_len: int, args: tuple, kwargs: dict) -> Config:
+        """The slow path, once per memo key (static key, batch, max q len, kv bucket bits).
+
+        The default serves, untouched by the DB: mode off; a static key of None (the key
+        function's "not tunable": a feature no config is measured for); a call no run key
+        describes (an empty batch); a key with no canonical form."""
+        mode = runtime.mode
+        default = self.default(args, kwargs)
+        static, batch, q_len, _ = memo_key
+        if mode == "off" or static is None:
+            self.memo[memo_key] = default
+            return default
+        try:
+            static_json = self.static_json(static)
+            run = attention_run_key(batch, q_len, kv_len)
+        except (ValueError, TypeError):
+            self.memo[memo_key] = default
+            return default
+        accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, *args, **kwargs)))
+        stored, served = runtime.lookup(self.name, static_json, run, accepts)
+        config = default if stored is None else stored
+        exact = served == "exact"
+        if not exact and mode == "lookup":  # tune and force modes tune it instead
+            runtime.record_miss(self.name, static_json, run, served)
+        wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
+        ranks = current_ranks() if mode in ("tune", "force") else None
+        if ranks is not None and not capturing():
+            # all ranks make the same calls (tensor parallel): they tune together if any
+            # rank has to, so a rank with a DB hit never leaves another waiting
+            wants_tune = ranks.any(wants_tune)
+        if wants_tune:
+            if capturing():
+                return config  # never tune inside CUDA-graph capture; resolve again later
+            config = tune_call(self, Problem(self.name, static_json, run), kv_len, default, args, kwargs,
+                               ranks) or config
+            self.tuned.add(memo_key)
+        self.memo[memo_key] = config
+        return config
+
+
+class ConfigLookup:
+    """Lookup only, for callers that choose a config once per plan rather than per kernel
+    call (the FlashInfer wrappers): the same snapshot, nearest-key rule, memo and modes as
+    @autotune, except that it never tunes (timing a plan says nothing of its kernel)."""
+
+    def __init__(self, name: str, static_json: Callable[[Any], str],
+                 accepts: Callable[[Config, Any, int], bool] | None = None) -> None:
+        """accepts(config, static key, q_len): whether a stored config is one this lookup's
+        caller can run (else its default serves)."""
+        self.name, self.static_json, self._accepts = name, static_json, accepts
+        self.memo: dict[tuple, Config] = {}
+        self.tuned: set[tuple] = set()  # cleared with the memo by configure(); never filled
+        runtime.functions.add(self)
+
+    def get(self, static: Any, batch: int, q_len: int, kv_len: int, default: Config) -> Config:
+        """The stored config for this key (exact, else nearest), else `default`."""
+        memo_key = (static, batch, q_len, (kv_len - 1).bit_length() if kv_len > 1 else 0)
+        config = self.memo.get(memo_key)
+        if config is None:
+            config = default
+            if runtime.mode != "off" and batch >= 1 and q_len >= 1:
+                static_json = self.static_json(static)
+                run = attention_run_key(batch, q_len, kv_len)
+                accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, static, q_len)))
+                stored, served = runtime.lookup(self.name, static_json, run, accepts)
+                if stored is not None:
+                    config = stored
+                if served != "exact":
+                    runtime.record_miss(self.name, static_json, run, served)
+            self.memo[memo_key] = config
+        return config
+
+
+def autotune(
+    name: str,
+    *,
+    configs: list[Config] | Callable[..., list[Config]],
+    default: Config | Callable[..., Config],
+    static_key: Callable[..., Any] | None = None,
+    run_key: Callable[..., tuple[int, int, int]] | None = None,
+    key: Callable[..., tuple[Any, int, int, int]] | None = None,
+    static_json: Callable[[Any], str] | None = None,
+    tolerance: tuple[float, float] | None = None,
+    accepts: Callable[..., bool] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Decorate a callable that takes a `config` keyword.
+
+    Called with the decorated function's arguments (config excluded):
+      static_key(...) -> a hashable value naming the kernel (a tuple of dtypes and sizes,
+                         or a tuner.keys.AttentionStaticKey);
+      run_key(...)    -> (batch, max_q_len, max_kv_len), host-side values only;
+      or, instead of both, key(...) -> (static key, batch, max_q_len, max_kv_len), which
+      saves a call and lets each tensor's shape be read once.
+    They run on every call: keep them to attribute reads. configs and default may be
+    lists/dicts or functions of the same arguments. A caller's explicit config= always wins.
+    static_json(static key) gives the key's canonical JSON in the DB (default: its
+    to_json(), else tuner.keys.canonical_json); it runs once per new key, off the hot path.
+    A static key of None means "not tunable": the default runs. accepts(config, ...) (the
+    call's arguments after the config) says whether a stored or borrowed config is one this
+    call can run; one it cannot gives the default. Both run once per new key only.
+    """
+    if key is None and (static_key is None or run_key is None):
+        raise TunerError("autotune needs static_key= and run_key=, or key=")
+    if key is not None and (static_key is not None or run_key is not None):
+        raise TunerError("autotune takes key=, or static_key= and run_key=, not both")
+
+    def wrap(fn: Callable) -> Callable:
+        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts)
+        runtime.functions.add(state)
+        keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
+        wrapper = _explicit_wrapper(fn, state, keys) or _generic_wrapper(fn, state, keys)
+        functools.update_wrapper(wrapper, fn)
+        wrapper.tuner = state  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
+# The hot path, as source so it can take the decorated function's own parameter list.
+# Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
+# Its locals start with "_": parameters that do are refused (_explicit_wrapper), so no
+# parameter is ever shadowed. Integer-likes that are not ints (numpy) take the except branch.
+_WRAPPER_SOURCE = """
+def wrapper({params}):
+    if config is None:
+        {keys}
+        try:
+            _memo_key = (_static, _batch, _q_len, (_kv_len - 1).bit_length() if _kv_len > 1 else 0)
+        except AttributeError:
+            _memo_key = (_static, _batch, _q_len, _kv_bits(_kv_len))
+        config = _memo.get(_memo_key)
+        if config is None:
+            config = _resolve(_memo_key, _kv_len, {args}, {kwargs})
+    return _fn({call_with_config})
+"""
+_SEPARATE_KEYS = "_batch, _q_len, _kv_len = _run_key({call})\n        _static = _static_key({call})"
+_COMBINED_KEY = "_static, _batch, _q_len, _kv_len = _key({call})"
+
+
+def _kv_bits(kv_len: Any) -> int:
+    """The memo's kv bucket for integer-likes (numpy ints); a clear ValueError otherwise."""
+    return (kv_len_bucket(kv_len) - 1).bit_length()
+
+
+def _build(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable], params: str, call: str,
+           args: str, kwargs: str, namespace: dict[str, Any] | None = None) -> Callable:
+    namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, _kv_bits=_kv_bits, **keys)
+    key_code = (_COMBINED_KEY if "_key" in keys else _SEPARATE_KEYS).format(call=call)
+    source = _WRAPPER_SOURCE.format(
+        params=params, keys=key_code, args=args, kwargs=kwargs,
+        call_with_config=f"{call}, config=config" if call else "config=config",
+    )
+    exec(compile(source, f"<tuner.autotune wrapper of {state.name}>", "exec"), namespace)
+    return namespace["wrapper"]
+
+
+def _generic_wrapper(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable]) -> Callable:
+    return _build(fn, state, keys, params="*args, config=None, **kwargs", call="*args, **kwargs",
+                  args="args", kwargs="kwargs")
+
+
+def _explicit_wrapper(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable]) -> Callable | None:
+    """A wrapper with fn's own parameter list, so a call packs no *args/**kwargs.
+
+    Taken when fn's parameters are plain (positional-or-keyword, then keyword-only, one of
+    them `config`); it takes a third off the hot path. Other signatures get the generic one.
+    """
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    config = next((p for p in parameters if p.name == "config"), None)
+    if config is None or config.kind is not config.KEYWORD_ONLY or any(p.name.startswith("_") for p in parameters):
+        return None
+    positional = [p for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keyword = [p for p in parameters if p.kind is p.KEYWORD_ONLY and p.name != "config"]
+    if len(positional) + len(keyword) + 1 != len(parameters):
+        return None
+    defaults: dict[str, Any] = {}
+
+    def declare(p: inspect.Parameter) -> str:
+        if p.default is p.empty:
+            return p.name
+        defaults[f"_default_{p.name}"] = p.default
+        return f"{p.name}=_default_{p.name}"
+
+    params = [declare(p) for p in positional] + ["*", "config=None"] + [declare(p) for p in keyword]
+    call = [p.name for p in positional] + [f"{p.name}={p.name}" for p in keyword]
+    return _build(
+        fn, state, keys, params=", ".join(params), call=", ".join(call),
+        args="(" + "".join(f"{p.name}, " for p in positional) + ")",
+        kwargs="{" + ", ".join(f"{p.name!r}: {p.name}" for p in keyword) + "}",
+        namespace=defaults,
+    )

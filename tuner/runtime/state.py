@@ -1,0 +1,151 @@
+"""The runtime's process state: where the DB and the shipped tunings are, the mode, the
+winners table (loaded once, under a lock), the misses not yet written; configure() and
+flush_misses()."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from tuner import settings
+from tuner.db import TuningDB, current_environment
+from tuner.db.location import DBError
+from tuner.errors import TunerError
+from tuner.keys import AttentionRunKey
+from tuner.runtime.borrowing import Config, Winner, choose
+from tuner.runtime.misses import MissLog
+from tuner.runtime.table import Table, load_table
+
+MODES = settings.MODES
+_KEEP: Any = object()  # configure(): a setting not given keeps its value
+
+
+def mode_from_env() -> str:
+    mode = settings.env_mode()
+    if mode not in MODES:
+        warnings.warn(f"{settings.ENV_MODE}={mode!r} is not one of {', '.join(MODES)}; using "
+                      f"{settings.DEFAULT_MODE!r}", stacklevel=3)
+        return settings.DEFAULT_MODE
+    return mode
+
+
+def capturing() -> bool:
+    """Inside CUDA-graph capture (nothing is tuned then)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class Runtime:
+    """Process-wide settings and the winners table, loaded on first need."""
+
+    def __init__(self) -> None:
+        self.db_target: str | os.PathLike | None = None
+        self.shipped_source: str | os.PathLike | None = None  # None: $TUNER_SHIPPED, else tuning_cache/
+        self.mode = mode_from_env()
+        self.max_distance = settings.MAX_DISTANCE
+        self._table: Table | None = None
+        self._db: TuningDB | None = None
+        self.functions: weakref.WeakSet[Any] = weakref.WeakSet()  # what holds a memo (cleared by configure)
+        self.misses = MissLog()
+        self.db_readable = False
+        self._lock = threading.Lock()
+        self._flush_at_exit = False
+
+    def reset(self) -> None:
+        flush_misses()  # they belong to the DB being left
+        with self._lock:
+            self._table = None
+            if self._db is not None:
+                self._db.close()
+            self._db = None
+            for f in list(self.functions):
+                f.memo.clear()
+                f.tuned.clear()
+
+    def writable_db(self) -> TuningDB:
+        """The DB that tune mode and the miss writer write to (created if missing); never one
+        that integrity_check calls malformed, that lacks a core table or holds malformed rows."""
+        if self._db is None:
+            db = TuningDB(self.db_target)
+            try:
+                db.require_sound("write into")
+            except DBError:
+                db.close()
+                raise
+            self._db = db
+        return self._db
+
+    def table(self) -> Table:
+        """Every winner that applies here (tuner.runtime.table), read once, under a lock:
+        threads resolving their first keys at once wait for one load."""
+        table = self._table
+        if table is not None:
+            return table
+        with self._lock:
+            if self._table is None:
+                self._table, self.db_readable = load_table(self.db_target, self.shipped_source)
+            return self._table
+
+    def lookup(self, name: str, static_json: str, run: AttentionRunKey,
+               accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
+        """The config for a key and how it was found (tuner.runtime.borrowing.choose)."""
+        return choose(self.table().get((name, static_json), {}), run, max_distance=self.max_distance,
+                      accepts=accepts)
+
+    def store(self, key: tuple[str, str], run: AttentionRunKey, config: Config, gain: float) -> None:
+        """A winner tuned in this process, served from now on like a stored one."""
+        self.table().setdefault(key, {})[run] = Winner(config, gain)
+
+    def record_miss(self, name: str, static_json: str, run: AttentionRunKey, served: str) -> None:
+        """Off the hot path: once per memo key resolved from the nearest record or the default.
+        Kept only when there is a readable DB to write them to (never a damaged one)."""
+        if not self.db_readable:
+            return
+        self.misses.record(name, static_json, run, served)
+        if not self._flush_at_exit:
+            atexit.register(flush_misses)
+            self._flush_at_exit = True
+
+
+runtime = Runtime()
+
+
+def flush_misses() -> int:
+    """Write the misses recorded so far to the DB (also done at exit and by configure());
+    returns how many keys were written. A DB that cannot be written gives one warning."""
+    rows = runtime.misses.take()
+    if not rows:
+        return 0
+    try:
+        runtime.writable_db().save_misses(current_environment(), rows)
+    except (TunerError, OSError) as e:
+        warnings.warn(f"tuner: could not record {len(rows)} missed keys: {e}", stacklevel=2)
+        return 0
+    return len(rows)
+
+
+def configure(*, db: str | os.PathLike | None = _KEEP, mode: str | None = _KEEP, max_distance: float | None = None,
+              shipped: str | os.PathLike | None = _KEEP) -> None:
+    """Point the runtime at a DB (None: $TUNER_DB, else the default file) and/or set the
+    mode (None: $TUNER_MODE), and choose the shipped tunings beneath the DB: a file, a
+    directory, or "off" (None: $TUNER_SHIPPED, else tuning_cache/ in a checkout). A setting
+    not given keeps its current value.
+
+    Clears the winners table and every memo, so the next call of each function resolves anew.
+    """
+    if mode is not _KEEP and mode is not None and mode not in MODES:
+        raise TunerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    runtime.reset()
+    if db is not _KEEP:
+        runtime.db_target = db
+    if shipped is not _KEEP:
+        runtime.shipped_source = shipped
+    if mode is not _KEEP:
+        runtime.mode = mode if mode is not None else mode_from_env()
+    if max_distance is not None:
+        runtime.max_distance = max_distance
