@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from tuner.db import current_fingerprint
-from tuner.ops.flashinfer import BatchDecodeWithPagedKVCacheWrapper, _flashinfer
+from tuner.ops.flashinfer import BatchDecodeWithPagedKVCacheWrapper, library
 from tuner.ops.flashinfer_plan import paged_metadata
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
@@ -51,7 +51,7 @@ def trace(batch: int, spread: bool, steps: int, page_size: int, seed: int = 0):
 
 
 def time_plans(method: str, config: dict, batch: int, spread: bool, steps: int, page_size: int) -> dict:
-    fi = _flashinfer()
+    fi = library()
     workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
     k = torch.randn(batch * (-(-(8192 + steps) // page_size)), page_size, KV_HEADS, DIM, device="cuda",
                     dtype=torch.bfloat16)

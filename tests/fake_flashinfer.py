@@ -76,6 +76,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self.workspace_resets += 1
 
 
-def module() -> types.SimpleNamespace:
+def module() -> types.ModuleType:
+    """A fresh stand-in module (hashable, as a module is: tuner keys its wrappers by it)."""
     BatchDecodeWithPagedKVCacheWrapper.instances = []
-    return types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=BatchDecodeWithPagedKVCacheWrapper)
+    stand_in = types.ModuleType("fake_flashinfer_module")
+    stand_in.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
+    return stand_in

@@ -16,12 +16,12 @@ SHAPE = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=
 def test_configs_span_every_installed_backend():
     op = get_op("decode_attention")
     configs = op.configs(SHAPE)
-    installed = {name for name, backend in BACKENDS.items() if backend.unavailable() is None}
+    installed = {name for name, backend in BACKENDS.items() if backend.op.unavailable() is None}
     assert {c["backend"] for c in configs} == installed
     assert op.default(SHAPE)["backend"] == next(iter(installed))
     for c in configs:
         backend = BACKENDS[c["backend"]]
-        assert {k: v for k, v in c.items() if k != "backend"} in backend.configs(SHAPE)
+        assert {k: v for k, v in c.items() if k != "backend"} in backend.op.configs(SHAPE)
 
 
 def test_sweep_then_the_entry_point_runs_the_stored_backend_and_config(db_path):
@@ -44,10 +44,14 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import fake_flashinfer  # noqa: E402
-import tuner.ops.decode_attention as da  # noqa: E402
 import tuner.ops.flashinfer as fi  # noqa: E402
 from tuner.db import Problem, current_fingerprint, current_fingerprint_id  # noqa: E402
 from tuner.keys import attention_run_key  # noqa: E402
+
+
+def _with_op(backend, **op_fields):
+    """The backend record with its op's fields replaced: how tests inject a backend."""
+    return dataclasses.replace(backend, op=dataclasses.replace(backend.op, **op_fields))
 
 
 @pytest.fixture
@@ -55,13 +59,9 @@ def with_fake_flashinfer(monkeypatch):
     """FlashInfer "installed": its wrappers replaced by tests/fake_flashinfer.py."""
     module = fake_flashinfer.module()
     module.BatchPrefillWithPagedKVCacheWrapper = module.BatchDecodeWithPagedKVCacheWrapper
-    monkeypatch.setattr(fi, "_flashinfer", lambda: module)
-    monkeypatch.setitem(BACKENDS, "flashinfer", dataclasses.replace(BACKENDS["flashinfer"], unavailable=lambda: None))
-    da._installed_backends.cache_clear()
-    fi._op_wrapper.cache_clear()
-    yield module
-    da._installed_backends.cache_clear()
-    fi._op_wrapper.cache_clear()
+    monkeypatch.setattr(fi, "library", lambda: module)
+    monkeypatch.setitem(BACKENDS, "flashinfer", _with_op(BACKENDS["flashinfer"], unavailable=lambda: None))
+    return module
 
 
 def _store(db_path, shape, config, gain=3.0):
@@ -109,24 +109,20 @@ def test_flashinfer_reads_the_page_table_as_it_is_now(with_fake_flashinfer):
 def test_a_flashinfer_winner_without_host_lengths_probes_the_backends_once(monkeypatch):
     calls = {name: 0 for name in BACKENDS}
 
-    def counting(name, op):
+    def counting(name, backend):
         def unavailable():
             calls[name] += 1
-            return op.unavailable()
-        return dataclasses.replace(op, unavailable=unavailable)
+            return backend.op.unavailable()
+        return _with_op(backend, unavailable=unavailable)
 
-    for name, op in list(BACKENDS.items()):
-        monkeypatch.setitem(BACKENDS, name, counting(name, op))
-    da._installed_backends.cache_clear()
-    try:
-        inputs = make_decode_inputs(SHAPE)
-        config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
-        for _ in range(5):  # no seq_lens_host: the default backend runs, found once
-            decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
-                             SHAPE.kv_len, config=config)
-        assert max(calls.values()) <= 1
-    finally:
-        da._installed_backends.cache_clear()
+    for name, backend in list(BACKENDS.items()):
+        monkeypatch.setitem(BACKENDS, name, counting(name, backend))
+    inputs = make_decode_inputs(SHAPE)
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    for _ in range(5):  # no seq_lens_host: the default backend runs, found once
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                         SHAPE.kv_len, config=config)
+    assert max(calls.values()) <= 1
 
 
 def test_an_empty_batch_gives_an_empty_output():
@@ -155,9 +151,5 @@ def test_numpy_flags_reach_flashinfer_as_plain_values_so_its_plan_is_reused(with
         decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
                          SHAPE.kv_len, window_size=np.array([-1, -1]), softcap=np.float32(0.0), seq_lens_host=lens,
                          config=config)
-    wrapper = fi._op_wrapper.cache_info()  # one wrapper, planned once and reused
-    assert wrapper.currsize == 1
-    [w] = [fi._op_wrapper(str(inputs.q.device), True, fi.canonical_json({k: v for k, v in config.items()
-                                                                         if k != "backend"}),
-                          tuple((k, v) for k, v in config.items() if k != "backend"))]
-    assert (w.plans, w.plans_reused) == (1, 2)
+    [inner] = with_fake_flashinfer.BatchDecodeWithPagedKVCacheWrapper.instances
+    assert len(inner.plan_calls) == 1 and len(inner.runs) == 3  # planned once, reused twice

@@ -10,6 +10,7 @@ import tuner
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import attention_run_key
 from tuner.ops import DecodeShape, get_op, make_decode_inputs
+from tuner.integrations import fa3 as dropin
 from tuner.ops import fa3
 
 
@@ -21,7 +22,7 @@ def kernel_calls(monkeypatch):
         calls.append(kwargs)
         return q
 
-    monkeypatch.setattr(fa3, "_kernel", lambda: fake_kernel)
+    monkeypatch.setattr(fa3, "kernel", lambda: fake_kernel)
     return calls
 
 
@@ -127,14 +128,14 @@ def test_features_no_sweep_measures_do_not_take_a_swept_winner(db_path, kernel_c
 def test_keys_come_from_host_side_values_only():
     inputs = make_decode_inputs(DecodeShape(batch=3, kv_len=100, page_size=16, num_q_heads=8, num_kv_heads=2,
                                             head_dim=16, dtype="float32"))
-    static, batch, q_len, kv_len = fa3._call_key(inputs.q, inputs.k_cache, inputs.v_cache,
+    static, batch, q_len, kv_len = dropin._call_key(inputs.q, inputs.k_cache, inputs.v_cache,
                                                  page_table=inputs.page_table, causal=True)
     assert (batch, q_len, kv_len) == (3, 1, 112)  # the page table's capacity bounds every length
     assert attention_run_key(batch, q_len, kv_len) == attention_run_key(3, 1, 100)  # same bucket
-    assert fa3._static_json(static) == inputs.static_key().to_json()
+    assert dropin._static_json(static) == inputs.static_key().to_json()
     # varlen q: batch from cu_seqlens_q, q len from max_seqlen_q
     cu = torch.tensor([0, 2, 4, 6], dtype=torch.int32)
-    _, batch, q_len, _ = fa3._call_key(torch.zeros(6, 8, 16), inputs.k_cache, inputs.v_cache,
+    _, batch, q_len, _ = dropin._call_key(torch.zeros(6, 8, 16), inputs.k_cache, inputs.v_cache,
                                        page_table=inputs.page_table, cu_seqlens_q=cu, max_seqlen_q=2, causal=True)
     assert (batch, q_len) == (3, 2)
 
@@ -228,7 +229,7 @@ def test_an_sgl_kernel_without_only_qv_is_called_without_it(monkeypatch, db_path
     package.flash_attn = module
     monkeypatch.setitem(sys.modules, "sgl_kernel", package)
     monkeypatch.setitem(sys.modules, "sgl_kernel.flash_attn", module)
-    fa3._kernel.cache_clear()
+    fa3.kernel.cache_clear()
     try:
         inputs = make_decode_inputs(DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=4, head_dim=16,
                                                 dtype="float32"))
@@ -238,7 +239,7 @@ def test_an_sgl_kernel_without_only_qv_is_called_without_it(monkeypatch, db_path
         with pytest.raises(TypeError, match="no only_qv"):
             call(inputs, only_qv=True, qv=torch.zeros(2, 1, 4, 16))
     finally:
-        fa3._kernel.cache_clear()
+        fa3.kernel.cache_clear()
 
 
 @pytest.mark.parametrize("fixed", [dict(num_splits=3), dict(pack_gqa=False),

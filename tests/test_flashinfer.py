@@ -95,7 +95,7 @@ def test_paged_metadata():
 @pytest.fixture
 def fake(monkeypatch):
     module = fake_flashinfer.module()
-    monkeypatch.setattr(fi, "_flashinfer", lambda: module)
+    monkeypatch.setattr(fi, "library", lambda: module)
     return module.BatchDecodeWithPagedKVCacheWrapper
 
 
@@ -168,6 +168,12 @@ def test_indptr_and_last_page_len_on_the_host_count_as_host_lengths(fake):
     assert wrapper.run(None, None)["last_page_len"].tolist() == [2, 5]
 
 
+def _static_json(page_size):
+    """The static key _step's plans make: fp16 (FlashInfer's default), 4 q / 2 kv heads, dim 8."""
+    return DecodeShape(batch=1, kv_len=1, num_q_heads=4, num_kv_heads=2, head_dim=8, page_size=page_size,
+                       dtype="float16").static_key().to_json()
+
+
 def _store(db_path, static_json, run_key, config):
     db = TuningDB(db_path)
     db.save_winner(Problem("flashinfer", static_json, run_key), (current_fingerprint_id(), current_fingerprint()),
@@ -176,9 +182,9 @@ def _store(db_path, static_json, run_key, config):
 
 
 def test_the_db_chooses_the_plan_config_and_an_explicit_argument_wins(fake, db_path):
-    static = (torch.float16, torch.float16, 4, 2, 8, 1, True, -1, 0.0)
+    static = _static_json(page_size=1)
     tc = {"use_tensor_cores": True, "flashinfer_backend": "fa2", "fixed_split_size": 4, "disable_split_kv": False}
-    _store(db_path, fi._static_json(static), attention_run_key(2, 1, 16), tc)
+    _store(db_path, static, attention_run_key(2, 1, 16), tc)
     tuner.configure(db=db_path, mode="lookup")
     wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(wrapper, np.array([12, 16]))
@@ -197,8 +203,7 @@ def test_the_db_chooses_the_plan_config_and_an_explicit_argument_wins(fake, db_p
 
 
 def test_a_prefill_record_never_configures_the_decode_wrapper(fake, db_path):
-    static = (torch.float16, torch.float16, 4, 2, 8, 1, True, -1, 0.0)
-    _store(db_path, fi._static_json(static), attention_run_key(2, 2, 16),
+    _store(db_path, _static_json(page_size=1), attention_run_key(2, 2, 16),
            {"flashinfer_backend": "fa3", "fixed_split_size": None, "disable_split_kv": False})
     tuner.configure(db=db_path, mode="lookup")
     wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
@@ -224,8 +229,8 @@ def test_no_backend_config_names_a_backend_key(shape):
     """decode_attention's configs are {"backend": library, **that library's config}: a
     library config with its own "backend" key would overwrite the library's name (FlashInfer
     once did, and every FlashInfer config of decode_attention failed)."""
-    for name, op in BACKENDS.items():
-        assert all("backend" not in c for c in op.configs(shape)), name
+    for name, backend in BACKENDS.items():
+        assert all("backend" not in c for c in backend.op.configs(shape)), name
 
 
 # -- issue 10: the wrappers as a server drives them ------------------------------------------
@@ -241,9 +246,8 @@ def _graph_wrapper():
 def test_under_cuda_graphs_every_plan_stays_on_the_captured_inner_wrapper(fake, db_path):
     """A plan on the standard path (no host lengths, or a keyword tuner once did not forward)
     switched to another inner wrapper, and the captured graph replayed a stale plan."""
-    static = (torch.float16, torch.float16, 4, 2, 8, 16, True, -1, 0.0)
     tc = {"use_tensor_cores": True, "flashinfer_backend": "fa2", "fixed_split_size": None, "disable_split_kv": False}
-    _store(db_path, fi._static_json(static), attention_run_key(2, 1, 32), tc)
+    _store(db_path, _static_json(page_size=16), attention_run_key(2, 1, 32), tc)
     tuner.configure(db=db_path, mode="lookup")
     wrapper = _graph_wrapper()
     _step(wrapper, np.array([17, 20]), page_size=16)  # host lengths: the DB's tensor-core config

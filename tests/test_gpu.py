@@ -82,7 +82,7 @@ def test_decode_attention_sweeps_across_backends_and_dispatches(tmp_path):
     assert result.status == TUNED and result.failures == 0
     backends = {m.config["backend"] for m in TuningDB(db_path).measurements(
         TuningDB(db_path).records()[0].problem, TuningDB(db_path).records()[0].fingerprint_id)}
-    assert backends == {name for name, backend in BACKENDS.items() if backend.unavailable() is None}
+    assert backends == {name for name, backend in BACKENDS.items() if backend.op.unavailable() is None}
     tuner.configure(db=db_path, mode="lookup")
     inputs = make_decode_inputs(shape, device="cuda")
     out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,

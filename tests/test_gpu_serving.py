@@ -10,7 +10,7 @@ import torch
 import tuner
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import attention_run_key
-from tuner.ops import paged_decode_reference
+from tuner.ops import DecodeShape, paged_decode_reference
 from tuner.ops import fa3 as fa3_op
 from tuner.ops import flashinfer as fi
 from tuner.ops.decode_attention import decode_attention
@@ -160,9 +160,10 @@ def test_a_graph_flashinfer_wrapper_stays_on_its_inner_wrapper_when_a_plan_takes
     batch, page_size, width = 4, 16, 128  # pages per sequence: room for 2048 tokens
     # the DB's winner for the first plan is a tensor-core config; the standard path's default
     # is FlashInfer's CUDA-core one: the plan that switched to it left the graph on a stale plan
-    static = (torch.bfloat16, torch.bfloat16, HEADS, KV_HEADS, DIM, page_size, True, -1, 0.0)
+    static = DecodeShape(batch=batch, kv_len=1024, num_q_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM,
+                         page_size=page_size).static_key().to_json()
     db = TuningDB(tmp_path / "fi.db")
-    db.save_record(Problem("flashinfer", fi._static_json(static), attention_run_key(batch, 1, 1024)),
+    db.save_record(Problem("flashinfer", static, attention_run_key(batch, 1, 1024)),
                    (current_fingerprint_id(), current_fingerprint()),
                    {k: v for k, v in CONFIGS["flashinfer-tc"].items() if k != "backend"}, median_us=1.0,
                    spread_us=0.0, samples=3, default_config=dict(fi.DECODE_DEFAULT), default_median_us=2.0,

@@ -1,5 +1,6 @@
-"""DESIGN.md's dependency rules, checked: keys and db import no kernel library; bench and
-ops know no DB."""
+"""The dependency rules (README, "Architecture"), checked on the source and on what an import
+really loads: keys and db import no kernel library; keys, bench and ops know no DB, no
+SQLAlchemy and no runtime (the integrations compose them)."""
 
 import ast
 import subprocess
@@ -35,6 +36,29 @@ def test_keys_and_db_import_no_kernel_library(package):
 @pytest.mark.parametrize("package", ["bench", "ops"])
 def test_bench_and_ops_know_no_db(package):
     assert not {m for m in imported_modules(package) if m == "tuner.db" or m.startswith("tuner.db.")}
+
+
+@pytest.mark.parametrize("package", ["keys", "bench", "ops"])
+def test_importing_keys_bench_or_ops_loads_no_db_runtime_or_sqlalchemy(package):
+    """Transitively, in a fresh process: a direct-import check let `import tuner.ops` load the
+    runtime and, through it, the DB layer and SQLAlchemy."""
+    code = (f"import sys, tuner.{package}; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy' "
+            "or m.startswith(('tuner.db', 'tuner.runtime', 'tuner.integrations'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_drop_ins_old_import_paths_still_work():
+    code = ("from tuner.ops.fa3 import flash_attn_with_kvcache; "
+            "from tuner.ops.flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper; "
+            "from tuner.ops.decode_attention import decode_attention; "
+            "import tuner.integrations.fa3 as a, tuner.integrations.flashinfer as b, "
+            "tuner.integrations.decode_attention as c; "
+            "assert flash_attn_with_kvcache is a.flash_attn_with_kvcache and decode_attention is c.decode_attention; "
+            "assert BatchDecodeWithPagedKVCacheWrapper is b.BatchDecodeWithPagedKVCacheWrapper; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "ok"
 
 
 def test_keys_import_nothing_but_the_standard_library_themselves_and_settings():

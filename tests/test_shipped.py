@@ -227,7 +227,7 @@ def _config_keys(op_name: str, config: dict, shape) -> set:
     """The config keys the op's own default has for this shape (decode_attention: the
     named backend's, plus "backend")."""
     if op_name == "decode_attention":
-        return {"backend"} | set(BACKENDS[config["backend"]].default(shape))
+        return {"backend"} | set(BACKENDS[config["backend"]].op.default(shape))
     return set(get_op(op_name).default(shape))
 
 
@@ -237,6 +237,7 @@ def test_shipped_files_are_valid_and_every_config_fits_its_op(path):
     """Every record parses, names an op tuner has, keys a shape a sweep can build, and holds
     exactly the config keys that op runs with (a renamed knob would fail here, not at run time)."""
     from tuner.db.jsonio import load_document, parse_document
+    from tuner.ops import check_record
 
     rows = parse_document(load_document(path))
     assert rows
@@ -247,4 +248,5 @@ def test_shipped_files_are_valid_and_every_config_fits_its_op(path):
         assert isinstance(problem.run_key, AttentionRunKey)
         config = fields["config"]
         assert set(config) == _config_keys(problem.op, config, shape), (problem.op, config)
+        assert check_record(problem.op, problem.static_key, problem.run_key, config) is None, (problem.op, config)
         assert fields["default_config"] == get_op(problem.op).default(shape) or problem.op == "decode_attention"

@@ -1,5 +1,6 @@
 """Static and run keys: pure functions, canonical and collision-free. No kernel library."""
 
+from tuner.keys.call import STATIC_FIELDS, UNKEYED, host_flags, host_scalar, host_window, static_key_from_tuple
 from tuner.keys.canonical import canonical_json
 from tuner.keys.run import (
     KV_BUCKET_MAX,
@@ -14,15 +15,21 @@ from tuner.keys.static import AttentionStaticKey, attention_static_key, normaliz
 
 __all__ = [
     "KV_BUCKET_MAX",
+    "STATIC_FIELDS",
+    "UNKEYED",
     "AttentionRunKey",
     "AttentionStaticKey",
     "attention_run_key",
     "attention_static_key",
     "canonical_json",
+    "host_flags",
+    "host_scalar",
+    "host_window",
     "kv_len_bucket",
     "nearest_run_key",
     "nearest_run_keys",
     "normalize_window",
     "run_key_distance",
     "static_key_from_parts",
+    "static_key_from_tuple",
 ]

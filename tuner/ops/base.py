@@ -15,6 +15,17 @@ from tuner.ops.shapes import DecodeShape
 
 Config = dict[str, Any]
 
+
+class _Tuned:
+    """An argument left to tuner: the FlashInfer wrappers' default for plan arguments (and
+    FA3's drop-in's old default for num_splits and pack_gqa, taken as the library's choice)."""
+
+    def __repr__(self) -> str:
+        return "TUNED"
+
+
+TUNED: Any = _Tuned()
+
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

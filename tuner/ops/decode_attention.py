@@ -2,52 +2,138 @@
 (FA3, FlashInfer or our Triton kernel) with that backend's fastest config, as the sweep measured.
 
 A config is {"backend": name, **that backend's config}; the sweep measures the union of
-the backends' spaces, so the winner is chosen across backends and knobs at once.
+the backends' spaces, so the winner is chosen across backends and knobs at once. Each
+backend is a record (Backend): its op (configs, default, rules, run on a sweep's inputs),
+how to run a caller's call with a config, and what a call must offer it (host lengths,
+no CUDA-graph capture). The sweep and the serving entry point
+(tuner.integrations.decode_attention) both go through BACKENDS; tests replace entries.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 
-from tuner.keys import kv_len_bucket, static_key_from_parts
+from tuner.keys import host_flags, host_scalar, host_window
+from tuner.ops import fa3 as fa3_op
 from tuner.ops.base import Config, DecodeInputs, Op
-from tuner.ops.fa3 import FA3, _decode_grid, _host_scalar, _host_window, _mtp_grid, host_flags
-from tuner.ops.fa3 import _kernel as _fa3_kernel
+from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
 from tuner.ops.shapes import DecodeShape
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
-from tuner.runtime import autotune
 
 OP_NAME = "decode_attention"
-# the default's preference order; the default never needs host lengths (FlashInfer does)
-BACKENDS: dict[str, Op] = {"fa3": FA3, "triton_decode": TRITON_DECODE, "flashinfer": FLASHINFER}
 
 
-@functools.cache
-def _installed_backends() -> tuple[Op, ...]:
-    """The backends that run here, found once per process (probing imports costs
-    milliseconds, and an install does not change under a running server)."""
-    return tuple(op for op in BACKENDS.values() if op.unavailable() is None)
+class Call(NamedTuple):  # a tuple: made on every call, it must cost next to nothing
+    """A caller's decode_attention call, as the backends take it."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    page_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    max_kv_len: int
+    causal: Any = True
+    window_size: Any = (-1, -1)
+    softcap: Any = 0.0
+    sinks: torch.Tensor | None = None
+    seq_lens_host: np.ndarray | None = None  # each sequence's kv length, on the host, when known
 
 
-def _installed() -> list[Op]:
-    return list(_installed_backends())
+@dataclass(frozen=True, eq=False)  # hashed by identity (its op holds dicts)
+class Backend:
+    """One library decode_attention can run on."""
+
+    op: Op  # its configs, default, rules; how a sweep runs it
+    # a caller's call with a config (its "backend" key too): call(config, *Call's fields)
+    call: Callable[..., torch.Tensor]
+    takes: Callable[..., bool] | None = None  # what a call must offer it (host lengths, ...): takes(*Call)
+    graph_capturable: bool = True  # its kernels read the live tensors on every replay
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @functools.cached_property
+    def runs_any_call(self) -> bool:
+        """It takes every call, captured or not (the hot path then asks nothing more)."""
+        return self.takes is None and self.graph_capturable
+
+    def runs(self, *call: Any) -> bool:
+        """Whether this backend can run this call (Call's fields) now (else the default runs)."""
+        return (self.takes is None or self.takes(*call)) and (self.graph_capturable or not _capturing())
+
+
+# the backends' calls take the config and Call's fields, positionally (no object per call)
+def _fa3_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
+              sinks, seq_lens_host):
+    return fa3_op.kernel()(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
+        window_size=window_size, softcap=softcap or 0.0, sinks=sinks,
+        num_splits=config["num_splits"], pack_gqa=config["pack_gqa"],
+    )
+
+
+def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
+                 sinks, seq_lens_host):
+    return triton_paged_decode(
+        q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len=max_kv_len, causal=causal,
+        window=tuple(window_size), softcap=softcap or None, sinks=sinks,
+        block_n=config["block_n"], num_kv_splits=config["num_kv_splits"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+
+
+def _flashinfer_takes(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
+                      sinks, seq_lens_host):
+    """FlashInfer plans on the host: from each sequence's length and host flags."""
+    return seq_lens_host is not None and host_flags(window_size, softcap, causal) is not None
+
+
+def _flashinfer_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                     softcap, sinks, seq_lens_host):
+    # plain host values: numpy ones would keep FlashInfer from reusing its plan
+    (window_left, _), softcap, causal = host_flags(window_size, softcap, causal)
+    return paged_attention(q, k_cache, v_cache, page_table, seq_lens_host, _rest(config), causal=bool(causal),
+                           window_left=int(window_left), softcap=float(softcap) if softcap else None)
+
+
+# in the default's preference order: the default never needs host lengths (FlashInfer does)
+# and is always graph-capturable (FlashInfer's plan would freeze the capture-time pages)
+BACKENDS: dict[str, Backend] = {
+    "fa3": Backend(FA3, _fa3_call),
+    "triton_decode": Backend(TRITON_DECODE, _triton_call),
+    "flashinfer": Backend(FLASHINFER, _flashinfer_call, takes=_flashinfer_takes, graph_capturable=False),
+}
+
+
+def installed() -> tuple[Backend, ...]:
+    """The backends that run here, in BACKENDS' order (probed once per set of backends:
+    probing imports costs milliseconds, and an install does not change under a server)."""
+    return _installed(tuple(BACKENDS.values()))
+
+
+@functools.lru_cache(maxsize=8)
+def _installed(backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
+    return tuple(b for b in backends if b.op.unavailable() is None)
 
 
 def _configs(shape: DecodeShape) -> list[Config]:
-    return [{"backend": op.name, **c} for op in _installed() for c in op.configs(shape)]
+    return [{"backend": b.name, **c} for b in installed() for c in b.op.configs(shape)]
 
 
 def _default(shape: DecodeShape) -> Config:
     """The first installed backend's own default: what a caller gets without tuner."""
-    installed = _installed()
-    if not installed:
+    backends = installed()
+    if not backends:
         return {"backend": "none"}
-    return {"backend": installed[0].name, **installed[0].default(shape)}
+    return {"backend": backends[0].name, **backends[0].op.default(shape)}
 
 
 def check_config(config: Config, shape: DecodeShape) -> str | None:
@@ -57,23 +143,21 @@ def check_config(config: Config, shape: DecodeShape) -> str | None:
     backend = config.get("backend")
     if backend not in BACKENDS:
         return f"backend={backend!r:.40} is not one of {', '.join(BACKENDS)}"
-    return BACKENDS[backend].check({k: v for k, v in config.items() if k != "backend"}, shape)
+    return BACKENDS[backend].op.check(_rest(config), shape)
 
 
-def _split(config: Config) -> tuple[Op, Config]:
-    rest = {k: v for k, v in config.items() if k != "backend"}
-    return BACKENDS[config["backend"]], rest
+def _rest(config: Config) -> Config:
+    return {k: v for k, v in config.items() if k != "backend"}
 
 
 def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
-    op, rest = _split(config)
-    return op.run(inputs, rest)
+    return BACKENDS[config["backend"]].op.run(inputs, _rest(config))
 
 
 def _unavailable() -> str | None:
-    if _installed():
+    if installed():
         return None
-    return "; ".join(f"{name}: {op.unavailable()}" for name, op in BACKENDS.items())
+    return "; ".join(f"{name}: {b.op.unavailable()}" for name, b in BACKENDS.items())
 
 
 DECODE_ATTENTION = Op(
@@ -89,123 +173,78 @@ DECODE_ATTENTION = Op(
 )
 
 
-# -- the runtime entry point ---------------------------------------------------------------
-#
-# Every call reads the caller's live tensors: page_table and cache_seqlens are usually
-# persistent buffers updated in place between steps, so nothing here is cached by a
-# tensor's identity. FlashInfer plans on the host for each call (its page layout is
-# gathered from the live page table); under CUDA-graph capture, where a plan would freeze
-# the capture-time pages, a FlashInfer winner is replaced by the default backend (FA3 or
-# Triton), whose kernels read page_table and cache_seqlens on every replay.
+# -- a caller's call ---------------------------------------------------------------------
 
 
-def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
-              softcap=0.0, sinks=None, seq_lens_host=None):
-    q_shape = q.shape
-    if type(max_kv_len) is not int:
-        max_kv_len = _host_scalar(max_kv_len)
-        if type(max_kv_len) is not int:  # the page table's capacity bounds every length
-            return None, q_shape[0], q_shape[1], page_table.shape[1] * k_cache.shape[1]
-    if (type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int
-            or (type(softcap) is not float and type(softcap) is not int) or type(causal) is not bool):
-        flags = host_flags(window_size, softcap, causal)
-        if flags is None:  # not readable on the host: the default (of this batch and length) runs
-            return None, q_shape[0], q_shape[1], max_kv_len
-        window_size, softcap, causal = flags
-    static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[2], k_cache.shape[2], q_shape[3], v_cache.shape[3],
-              k_cache.shape[1], causal, window_size, softcap, sinks is not None)
-    return static, q_shape[0], q_shape[1], max_kv_len
-
-
-def _static_json(static: tuple) -> str:
-    q_dtype, k_dtype, v_dtype, q_heads, kv_heads, d_qk, d_v, page_size, causal, window, softcap, sinks = static
-    return static_key_from_parts(
-        q_dtype=q_dtype, k_dtype=k_dtype, v_dtype=v_dtype, num_q_heads=q_heads, num_kv_heads=kv_heads,
-        head_dim_qk=d_qk, head_dim_v=d_v, page_size=page_size, causal=bool(causal), window_size=window,
-        softcap=softcap or None, sinks=sinks, k_descale=False, v_descale=False,
-    ).to_json()
-
-
-def _shape_of(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
-              softcap=0.0, sinks=None, seq_lens_host=None) -> DecodeShape:
+def call_shape(c: Call) -> DecodeShape:
     """The call as a DecodeShape, for the backends' config spaces and rules (slow path only).
     Reads no device tensor: a length or flag given as one counts as the page table's capacity,
     no window, no softcap, causal."""
-    window = _host_window(window_size) or (-1, -1)
-    kv = _host_scalar(max_kv_len)
-    kv = kv if type(kv) is int else page_table.shape[1] * k_cache.shape[1]
-    softcap, causal = _host_scalar(softcap), _host_scalar(causal)
+    window = host_window(c.window_size) or (-1, -1)
+    kv = host_scalar(c.max_kv_len)
+    kv = kv if type(kv) is int else c.page_table.shape[1] * c.k_cache.shape[1]
+    softcap, causal = host_scalar(c.softcap), host_scalar(c.causal)
     return DecodeShape(
-        batch=max(q.shape[0], 1), kv_len=max(kv, q.shape[1], 1), q_len=max(q.shape[1], 1),
-        num_q_heads=q.shape[2], num_kv_heads=k_cache.shape[2], head_dim=q.shape[3], page_size=k_cache.shape[1],
-        dtype=str(q.dtype).removeprefix("torch."), causal=causal if type(causal) is bool else True, window=window,
-        softcap=float(softcap) if type(softcap) in (int, float) and softcap > 0 else 0.0, sinks=sinks is not None,
+        batch=max(c.q.shape[0], 1), kv_len=max(kv, c.q.shape[1], 1), q_len=max(c.q.shape[1], 1),
+        num_q_heads=c.q.shape[2], num_kv_heads=c.k_cache.shape[2], head_dim=c.q.shape[3],
+        page_size=c.k_cache.shape[1], dtype=str(c.q.dtype).removeprefix("torch."),
+        causal=causal if type(causal) is bool else True, window=window,
+        softcap=float(softcap) if type(softcap) in (int, float) and softcap > 0 else 0.0, sinks=c.sinks is not None,
     )
 
 
-def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
+def can_run(config: Config, c: Call) -> bool:
     """A stored or borrowed config this call can run: its backend is installed here and the
-    config passes that backend's rules for this very shape (a q_len-2 FlashInfer winner is a
-    prefill config, which a q_len-1 call cannot run)."""
-    if config.get("backend") not in {op.name for op in _installed_backends()}:
+    config passes that backend's rules for this very call's shape (a q_len-2 FlashInfer
+    winner is a prefill config, which a q_len-1 call cannot run)."""
+    if config.get("backend") not in {b.name for b in installed()}:
         return False
-    return check_config(config, _shape_of(*args, **kwargs)) is None
+    return check_config(config, call_shape(c)) is None
 
 
 @functools.lru_cache(maxsize=4096)
-def _default_for(static: tuple, batch: int, q_len: int, kv_bucket: int) -> Config:
-    """The default backend's config for a key (a FlashInfer winner's fallback), found once."""
-    (_, _, _, q_heads, kv_heads, head_dim, _, page_size, causal, window, softcap, sinks) = static
-    return _default(DecodeShape(batch=max(batch, 1), kv_len=max(kv_bucket, q_len, 1), q_len=max(q_len, 1),
-                                num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, page_size=page_size,
-                                dtype=str(static[0]).removeprefix("torch."), causal=bool(causal), window=window,
-                                softcap=float(softcap or 0.0), sinks=bool(sinks)))
+def _default_for(backends: tuple[Backend, ...], shape: DecodeShape) -> Config:
+    return _default(shape)
 
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-@autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts,
-          configs=lambda *a, **k: _configs(_shape_of(*a, **k)), default=lambda *a, **k: _default(_shape_of(*a, **k)))
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-                     cache_seqlens: torch.Tensor, max_kv_len: int, causal: bool = True,
-                     window_size: Any = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                     seq_lens_host: Any = None, *, config: Config) -> torch.Tensor:
-    """Paged decode attention (layouts as tuner.ops.paged_decode_reference) on the backend
-    and config the DB holds for this shape. max_kv_len is a host-side upper bound of
-    cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
-    a CPU tensor or array) lets FlashInfer run where it won; without it, and under CUDA-graph
-    capture, those shapes run the default backend. An empty batch gives an empty output."""
+def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             page_table: torch.Tensor, cache_seqlens: torch.Tensor, max_kv_len: int, causal: Any, window_size: Any,
+             softcap: Any, sinks: torch.Tensor | None, seq_lens_host: np.ndarray | None) -> torch.Tensor:
+    """Run a caller's call (Call's fields) with a config on its backend; where that backend
+    cannot run this call (no host lengths for FlashInfer, or CUDA-graph capture, which would
+    freeze its plan and pages), the default backend's config for the call's shape runs
+    instead. An empty batch gives an empty output."""
     if q.shape[0] == 0:
         return q.new_empty(*q.shape[:3], v_cache.shape[-1])
-    if config["backend"] == "flashinfer":
-        lens = None
-        if seq_lens_host is not None and not _capturing():
-            lens = host_seq_lens(seq_lens_host, None, None, k_cache.shape[1])
-        flags = host_flags(window_size, softcap, causal) if lens is not None else None
-        if flags is not None:  # plain host values: numpy ones would keep FlashInfer from reusing its plan
-            (window_left, _), host_softcap, host_causal = flags
-            return paged_attention(q, k_cache, v_cache, page_table, lens, {k: v for k, v in config.items()
-                                                                          if k != "backend"},
-                                   causal=bool(host_causal), window_left=int(window_left),
-                                   softcap=float(host_softcap) if host_softcap else None)
-        static, batch, q_len, kv_len = _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal,
-                                                 window_size, softcap, sinks)
-        config = _default_for(static, batch, q_len, kv_len_bucket(max(kv_len, 1))) if static is not None else \
-            _default(_shape_of(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
-                               softcap, sinks))
-    if config["backend"] == "fa3":
-        return _fa3_kernel()(
-            q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
-            window_size=window_size, softcap=softcap or 0.0, sinks=sinks,
-            num_splits=config["num_splits"], pack_gqa=config["pack_gqa"],
-        )
-    if config["backend"] == "triton_decode":
-        return triton_paged_decode(
-            q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len=max_kv_len, causal=causal,
-            window=tuple(window_size), softcap=softcap or None, sinks=sinks,
-            block_n=config["block_n"], num_kv_splits=config["num_kv_splits"],
-            num_warps=config["num_warps"], num_stages=config["num_stages"],
-        )
-    raise RuntimeError(f"decode_attention: no backend can run here ({_unavailable()})")
+    backend = BACKENDS.get(config["backend"])
+    if backend is None or not (backend.runs_any_call or backend.runs(
+            q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
+            seq_lens_host)):
+        call = Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
+                    seq_lens_host)
+        config = _default_for(installed(), call_shape(call))
+        backend = BACKENDS.get(config["backend"])
+        if backend is None:
+            raise RuntimeError(f"decode_attention: no backend can run here ({_unavailable()})")
+    return backend.call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                        softcap, sinks, seq_lens_host)
+
+
+def host_lengths(seq_lens_host: Any, page_size: int) -> np.ndarray | None:
+    """The call's host-side kv lengths as an int64 array, or None (on the device: not read)."""
+    return None if seq_lens_host is None else host_seq_lens(seq_lens_host, None, None, page_size)
+
+
+def __getattr__(name: str) -> Any:
+    """tuner.ops.decode_attention.decode_attention, the DB-tuned entry point, as before it
+    moved to tuner.integrations.decode_attention (loaded on first use)."""
+    if name == "decode_attention":
+        from tuner.integrations.decode_attention import decode_attention
+
+        globals()[name] = decode_attention  # later reads find it directly
+        return decode_attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

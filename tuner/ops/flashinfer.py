@@ -1,6 +1,7 @@
-"""FlashInfer's paged decode and prefill wrappers, tuned: the plan arguments
-(use_tensor_cores, backend, fixed_split_size, disable_split_kv) come from the tuning DB,
-and planning costs little host time.
+"""FlashInfer's paged decode and prefill wrappers with cheap plans and chosen plan arguments
+(use_tensor_cores, backend, fixed_split_size, disable_split_kv): whoever builds one passes a
+`choose` callable (tuner.integrations.flashinfer passes the tuning DB's lookup); without it
+a wrapper plans with FlashInfer's defaults, or the config it was given.
 
 The wrappers here take FlashInfer's own arguments. Given kv lengths on the host (`seq_lens`
 as a CPU tensor or array, or indptr and last_page_len on the CPU), a plan:
@@ -19,19 +20,19 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from tuner.keys import canonical_json, static_key_from_parts
+from tuner.keys import canonical_json
 from tuner.ops.base import Config, DecodeInputs, Op
 from tuner.ops.rules import IS_BOOL, config_error, is_int, one_of, optional
-from tuner.ops.fa3 import TUNED, _decode_grid, _mtp_grid  # TUNED: an argument left to tuner
+from tuner.ops.base import TUNED
+from tuner.ops.fa3 import _decode_grid, _mtp_grid
 from tuner.ops.flashinfer_plan import coverage_from_plan, host_seq_lens, paged_metadata, valid_bounds
 from tuner.keys import kv_len_bucket
 from tuner.ops.shapes import DecodeShape, grid
-from tuner.runtime import ConfigLookup
 
 OP_NAME = "flashinfer"
 WORKSPACE_BYTES = 512 * 2**20
@@ -45,7 +46,8 @@ SPLIT_COUNTS = (2, 4, 8, 16, 32)  # fixed_split_size candidates: kv split into t
 
 
 @functools.cache
-def _flashinfer() -> Any:
+def library() -> Any:
+    """The flashinfer module, imported on first use (tests put a stand-in in its place)."""
     import flashinfer
 
     return flashinfer
@@ -105,23 +107,14 @@ def _dtype(value: Any, fallback: torch.dtype) -> torch.dtype:
     return getattr(torch, value) if isinstance(value, str) else value
 
 
-def _static_json(static: tuple) -> str:
-    q_dtype, kv_dtype, q_heads, kv_heads, head_dim, page_size, causal, window_left, softcap = static
-    return static_key_from_parts(
-        q_dtype=q_dtype, k_dtype=kv_dtype, v_dtype=kv_dtype, num_q_heads=q_heads, num_kv_heads=kv_heads,
-        head_dim_qk=head_dim, head_dim_v=head_dim, page_size=page_size, causal=causal,
-        window_size=(-1, -1) if window_left < 0 else (window_left, 0), softcap=softcap or None,
-        sinks=False, k_descale=False, v_descale=False,
-    ).to_json()
+def _window(window_left: int) -> tuple[int, int]:
+    """FlashInfer's window_left as the static key's window: a sliding window looks back only."""
+    return (-1, -1) if window_left < 0 else (window_left, 0)
 
 
-def _accepts(config: Config, static: Any, q_len: int) -> bool:
-    """A stored config the wrapper can plan: a decode config for one query token, a prefill
-    config for more (a borrowed q_len-2 record is a prefill config)."""
-    return config_error(config, DECODE_RULES if q_len == 1 else PREFILL_RULES) is None
+# chooses a plan's config: (static tuple, batch, q len, kv len, default) -> config
+Choose = Callable[[tuple, int, int, int, Config], Config]
 
-
-_LOOKUP = ConfigLookup(OP_NAME, _static_json, accepts=_accepts)
 
 # FlashInfer's plan() arguments, in its positional order (decode: its deprecated positional
 # optionals, FlashInfer's _BATCH_DECODE_PLAN_LEGACY_POS_ARGS; prefill: its signature). Every
@@ -178,7 +171,7 @@ class _Plan:
                 and bool((seq_lens > self.lo).all()) and bool((seq_lens <= self.hi).all()))
 
 
-class _TunedWrapper:
+class _PlanReuseWrapper:
     """What the decode and prefill wrappers share: inner FlashInfer wrappers per config,
     plan reuse, the buffers a CUDA graph reads, and FlashInfer's run-side methods.
 
@@ -191,7 +184,8 @@ class _TunedWrapper:
     _config_keys: tuple[str, ...]
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str, use_cuda_graph: bool,
-                 buffers: dict[str, torch.Tensor | None], config: Config | None) -> None:
+                 buffers: dict[str, torch.Tensor | None], config: Config | None, choose: Choose | None) -> None:
+        self._choose = choose
         self._workspace = float_workspace_buffer
         self._int_workspace: torch.Tensor | None = None
         self._kv_layout = kv_layout
@@ -234,11 +228,11 @@ class _TunedWrapper:
 
     def _config_for(self, lookup: tuple | None, default: Config, explicit: Config) -> Config:
         """The config of this plan: the wrapper's fixed (or, under CUDA graphs, pinned) one,
-        else the DB's for `lookup` (static key, batch, q len, kv len), else `default`; the
-        caller's explicit arguments on top."""
+        else the chosen one for `lookup` (static tuple, batch, q len, kv len), else `default`;
+        the caller's explicit arguments on top."""
         if self._config is not None:
             return {**self._config, **explicit}
-        config = default if lookup is None else _LOOKUP.get(*lookup, default)
+        config = default if lookup is None or self._choose is None else self._choose(*lookup, default)
         config = {**config, **explicit}
         if self._use_cuda_graph:
             # FlashInfer does not promise a fixed split size under graphs, unless asked for
@@ -346,12 +340,12 @@ class _TunedWrapper:
             "run/forward, run_return_lse/forward_return_lse, reset_workspace_buffer and end_forward")
 
 
-class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
-    """flashinfer.BatchDecodeWithPagedKVCacheWrapper with tuned plan arguments.
+class PlanReuseDecodeWrapper(_PlanReuseWrapper):
+    """flashinfer.BatchDecodeWithPagedKVCacheWrapper with chosen plan arguments.
 
-    use_tensor_cores and backend left as TUNED come from the DB per plan (per kv-length
-    bucket), as do fixed_split_size and disable_split_kv in plan(); a value the caller
-    passes wins. Under use_cuda_graph the config is fixed by the first plan.
+    use_tensor_cores and backend left as TUNED are chosen per plan (per kv-length bucket),
+    as are fixed_split_size and disable_split_kv in plan(); a value the caller passes wins.
+    Under use_cuda_graph the config is fixed by the first plan.
     """
 
     _required, _optional = DECODE_REQUIRED, DECODE_OPTIONAL
@@ -361,10 +355,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
                  use_tensor_cores: Any = TUNED, paged_kv_indptr_buffer: torch.Tensor | None = None,
                  paged_kv_indices_buffer: torch.Tensor | None = None,
                  paged_kv_last_page_len_buffer: torch.Tensor | None = None, backend: Any = TUNED,
-                 *, config: Config | None = None) -> None:
+                 *, config: Config | None = None, choose: Choose | None = None) -> None:
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, {
             "paged_kv_indptr_buffer": paged_kv_indptr_buffer, "paged_kv_indices_buffer": paged_kv_indices_buffer,
-            "paged_kv_last_page_len_buffer": paged_kv_last_page_len_buffer}, config)
+            "paged_kv_last_page_len_buffer": paged_kv_last_page_len_buffer}, config, choose)
         self._explicit = {k: v for k, v in (("use_tensor_cores", use_tensor_cores), ("flashinfer_backend", backend))
                           if v is not TUNED}
 
@@ -372,7 +366,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
         key = (use_tensor_cores, backend)
         inner = self._inners.get(key)
         if inner is None:
-            inner = self._inners[key] = self._new_inner(_flashinfer().BatchDecodeWithPagedKVCacheWrapper(
+            inner = self._inners[key] = self._new_inner(library().BatchDecodeWithPagedKVCacheWrapper(
                 self._workspace, self._kv_layout, use_cuda_graph=self._use_cuda_graph,
                 use_tensor_cores=use_tensor_cores, backend=backend, **self._buffers))
         return inner
@@ -408,8 +402,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
         kv_max = int(lens.max()) if len(lens) else 0
         lookup = None
         if _measured(rest, DECODE_MEASURED) and len(lens) and isinstance(window_left, int):
-            static = (q_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim, page_size, True, window_left,
-                      rest.get("logits_soft_cap") or 0.0)
+            static = (q_dtype, kv_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim, head_dim, page_size, True,
+                      _window(window_left), rest.get("logits_soft_cap") or 0.0, False, False, False)
             lookup = (static, len(lens), 1, kv_max)
         config = self._config_for(lookup, DECODE_DEFAULT, explicit)
         inner = self._inner(config["use_tensor_cores"], config["flashinfer_backend"])
@@ -426,8 +420,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_TunedWrapper):
         return {"fixed_split_size": config["fixed_split_size"], "disable_split_kv": config["disable_split_kv"]}
 
 
-class BatchPrefillWithPagedKVCacheWrapper(_TunedWrapper):
-    """flashinfer.BatchPrefillWithPagedKVCacheWrapper with tuned plan arguments (backend,
+class PlanReusePrefillWrapper(_PlanReuseWrapper):
+    """flashinfer.BatchPrefillWithPagedKVCacheWrapper with chosen plan arguments (backend,
     fixed_split_size, disable_split_kv), for few query tokens per request over a paged kv
     cache, e.g. speculative-decoding verification. Host lengths: seq_lens (kv) and
     qo_indptr on the CPU."""
@@ -439,19 +433,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_TunedWrapper):
                  qo_indptr_buf: torch.Tensor | None = None, paged_kv_indptr_buf: torch.Tensor | None = None,
                  paged_kv_indices_buf: torch.Tensor | None = None,
                  paged_kv_last_page_len_buf: torch.Tensor | None = None, backend: Any = TUNED,
-                 *, config: Config | None = None, **flashinfer_kwargs: Any) -> None:
+                 *, config: Config | None = None, choose: Choose | None = None, **flashinfer_kwargs: Any) -> None:
         """FlashInfer's constructor arguments; others it takes (custom_mask_buf, jit_args,
         ...) are passed on as given."""
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, {
             "qo_indptr_buf": qo_indptr_buf, "paged_kv_indptr_buf": paged_kv_indptr_buf,
             "paged_kv_indices_buf": paged_kv_indices_buf, "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf,
-            **flashinfer_kwargs}, config)
+            **flashinfer_kwargs}, config, choose)
         self._explicit = {} if backend is TUNED else {"flashinfer_backend": backend}
 
     def _inner(self, backend: str) -> Any:
         inner = self._inners.get(backend)
         if inner is None:
-            inner = self._inners[backend] = self._new_inner(_flashinfer().BatchPrefillWithPagedKVCacheWrapper(
+            inner = self._inners[backend] = self._new_inner(library().BatchPrefillWithPagedKVCacheWrapper(
                 self._workspace, self._kv_layout, use_cuda_graph=self._use_cuda_graph, backend=backend,
                 **self._buffers))
         return inner
@@ -487,8 +481,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_TunedWrapper):
         lookup = None
         if (_measured(rest, PREFILL_MEASURED) and rest.get("head_dim_vo") in (None, head_dim_qk) and len(lens)
                 and isinstance(window_left, int) and isinstance(causal, bool) and q_max >= 1):
-            static = (q_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal, window_left,
-                      rest.get("logits_soft_cap") or 0.0)
+            static = (q_dtype, kv_dtype, kv_dtype, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_qk, page_size,
+                      causal, _window(window_left), rest.get("logits_soft_cap") or 0.0, False, False, False)
             lookup = (static, len(lens), q_max, kv_max)
         config = self._config_for(lookup, PREFILL_DEFAULT, explicit)
         inner = self._inner(config["flashinfer_backend"])
@@ -509,8 +503,10 @@ def _workspace(device: str) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _op_wrapper(device: str, q_len_is_one: bool, config_json: str, config_items: tuple) -> _TunedWrapper:
-    cls = BatchDecodeWithPagedKVCacheWrapper if q_len_is_one else BatchPrefillWithPagedKVCacheWrapper
+def _op_wrapper(lib: Any, device: str, q_len_is_one: bool, config_json: str, config_items: tuple
+                ) -> _PlanReuseWrapper:
+    """One wrapper per config, device and flashinfer module (whose wrappers it holds)."""
+    cls = PlanReuseDecodeWrapper if q_len_is_one else PlanReusePrefillWrapper
     return cls(_workspace(device), "NHD", config=dict(config_items))
 
 
@@ -580,7 +576,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     explicit config; seq_lens: each request's kv length, on the host."""
     batch, q_len, heads, dim = q.shape
     layout = _layout(page_table, seq_lens, k_cache.shape[1], q_len)
-    wrapper = _op_wrapper(str(q.device), q_len == 1, canonical_json(config), tuple(config.items()))
+    wrapper = _op_wrapper(library(), str(q.device), q_len == 1, canonical_json(config), tuple(config.items()))
     common = dict(window_left=window_left, logits_soft_cap=softcap or None, q_data_type=q.dtype,
                   kv_data_type=k_cache.dtype, seq_lens=layout.seq_lens)
     if q_len == 1:
@@ -616,3 +612,15 @@ FLASHINFER = Op(
     device=lambda: "cuda",
     check=check_config,
 )
+
+
+def __getattr__(name: str) -> Any:
+    """tuner.ops.flashinfer.BatchDecodeWithPagedKVCacheWrapper and ...Prefill..., the
+    DB-tuned wrappers, as before they moved to tuner.integrations.flashinfer (loaded on
+    first use: importing the ops loads no runtime or DB)."""
+    if name in ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"):
+        from tuner.integrations import flashinfer as integration
+
+        value = globals()[name] = getattr(integration, name)  # later reads find it directly
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

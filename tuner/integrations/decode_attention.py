@@ -1,0 +1,72 @@
+"""decode_attention's entry point: one paged decode that runs each call on the backend and
+config the tuning DB holds for its shape (also importable as
+tuner.ops.decode_attention.decode_attention).
+
+Every call reads the caller's live tensors: page_table and cache_seqlens are usually
+persistent buffers updated in place between steps, so nothing here is cached by a
+tensor's identity. FlashInfer plans on the host for each call (its page layout is
+gathered from the live page table); under CUDA-graph capture, where a plan would freeze
+the capture-time pages, a FlashInfer winner is replaced by the default backend (FA3 or
+Triton), whose kernels read page_table and cache_seqlens on every replay
+(tuner.ops.decode_attention.run_call).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tuner.keys import host_flags, host_scalar, static_key_from_tuple
+from tuner.ops.base import Config
+from tuner.ops.decode_attention import OP_NAME, Call, _configs, _default, call_shape, can_run, host_lengths, run_call
+from tuner.runtime import autotune
+
+
+def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
+              softcap=0.0, sinks=None, seq_lens_host=None):
+    q_shape = q.shape
+    if type(max_kv_len) is not int:
+        max_kv_len = host_scalar(max_kv_len)
+        if type(max_kv_len) is not int:  # the page table's capacity bounds every length
+            return None, q_shape[0], q_shape[1], page_table.shape[1] * k_cache.shape[1]
+    if (type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int
+            or (type(softcap) is not float and type(softcap) is not int) or type(causal) is not bool):
+        flags = host_flags(window_size, softcap, causal)
+        if flags is None:  # not readable on the host: the default (of this batch and length) runs
+            return None, q_shape[0], q_shape[1], max_kv_len
+        window_size, softcap, causal = flags
+    static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[2], k_cache.shape[2], q_shape[3], v_cache.shape[3],
+              k_cache.shape[1], causal, window_size, softcap, sinks is not None, False, False)
+    return static, q_shape[0], q_shape[1], max_kv_len
+
+
+def _static_json(static: tuple) -> str:
+    return static_key_from_tuple(static).to_json()
+
+
+def _call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
+          softcap=0.0, sinks=None, seq_lens_host=None) -> Call:
+    return Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
+                host_lengths(seq_lens_host, k_cache.shape[1]))
+
+
+def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
+    return can_run(config, _call(*args, **kwargs))
+
+
+@autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts,
+          configs=lambda *a, **k: _configs(call_shape(_call(*a, **k))),
+          default=lambda *a, **k: _default(call_shape(_call(*a, **k))))
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                     cache_seqlens: torch.Tensor, max_kv_len: int, causal: bool = True,
+                     window_size: Any = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                     seq_lens_host: Any = None, *, config: Config) -> torch.Tensor:
+    """Paged decode attention (layouts as tuner.ops.paged_decode_reference) on the backend
+    and config the DB holds for this shape. max_kv_len is a host-side upper bound of
+    cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
+    a CPU tensor or array) lets FlashInfer run where it won; without it, and under CUDA-graph
+    capture, those shapes run the default backend. An empty batch gives an empty output."""
+    lens = None if seq_lens_host is None else host_lengths(seq_lens_host, k_cache.shape[1])
+    return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
+                    sinks, lens)
