@@ -31,18 +31,20 @@ def _records(path: Path) -> list[dict]:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from tuner.bench import CudaGraphTimer, WallClockTimer, boundary_sync, decide, measure_configs, same_config
-    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+    from tuner import settings
+    from tuner.bench import boundary_sync, same_config, timer_for
+    from tuner.db import Problem, TuningDB, current_environment
     from tuner.keys import AttentionRunKey, canonical_json
-    from tuner.ops import get_op, make_decode_inputs
+    from tuner.ops import get_op
     from tuner.ops.shapes import shape_from_keys
-    from tuner.sweep import kv_copies
+    from tuner.ops.trial import build_trial
+    from tuner.search.pipeline import measure
 
     deadline = time.monotonic() + args.seconds
     records = _records(args.tunings)[args.part::args.parts]
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only to try this script out
-    timer = CudaGraphTimer(warmup=3, repeats=30) if device == "cuda" else WallClockTimer(warmup=1, repeats=5)
-    fp_id, fp = current_fingerprint_id(), current_fingerprint()
+    timer = timer_for("verify-gpu" if device == "cuda" else "verify-cpu", device)
+    env = current_environment()
     rows = []
     with TuningDB(args.db) as db:
         for r in records:
@@ -51,32 +53,27 @@ def worker(args: argparse.Namespace) -> None:
             static_json = canonical_json(r["static_key"])
             run = AttentionRunKey(**r["run_key"])
             problem = Problem(r["op"], static_json, run)
-            if db.record(problem, fp_id) is not None:
+            if db.record(problem, env.id) is not None:
                 continue
             op = get_op(r["op"])
             shape = shape_from_keys(static_json, run)
             default = op.default(shape)
             configs = [default] if same_config(default, r["config"]) else [default, r["config"]]
-            inputs = make_decode_inputs(shape, device=device)
-            reference = inputs.reference()
-            copies = [inputs] + [inputs.with_kv_copy() for _ in range(kv_copies(inputs, device) - 1)]
-            runs = [lambda c, i=i: op.run(i, c) for i in copies]
-            tolerance = op.tolerance[shape.dtype]
-            outcomes = measure_configs(runs, configs, reference=reference, tolerance=tolerance, timer=timer)
-            winner, default_timing = decide(runs, outcomes, default, timer=timer, min_gain=0.01)
-            del inputs, copies, runs, reference
+            # the sweep's own trial and pipeline: each checked against the reference, re-timed side by side
+            result = measure(build_trial(op, shape, device), configs, default, timer)
+            winner, default_timing = result.winner, result.default_timing
             boundary_sync()
             row = {
                 "op": r["op"], "shape": shape.label(), "run_key": r["run_key"],
                 "sweep_winner": r["config"], "sweep_us": r["timing"]["median_us"],
                 "sweep_default_us": r["default"]["median_us"],
                 "default_matches_sweep": same_config(default, r["default"]["config"]),
-                "outcomes": [{"config": o.config, "status": o.status, "error": o.error} for o in outcomes],
+                "outcomes": [{"config": o.config, "status": o.status, "error": o.error} for o in result.outcomes],
             }
             if winner is not None:
-                db.save_winner(problem, (fp_id, fp), winner.config, winner.timing, default, default_timing,
-                               method=dict(timer.method, device=device, min_gain=0.01, kv_len=shape.kv_len,
-                                           verified_from=r["method"]))
+                db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
+                               method=dict(timer.method, device=device, min_gain=settings.MIN_GAIN,
+                                           kv_len=shape.kv_len, verified_from=r["method"]))
                 row.update(winner=winner.config, winner_us=winner.timing.median_us,
                            default_us=default_timing and default_timing.median_us,
                            kept_sweep_winner=same_config(winner.config, r["config"]))

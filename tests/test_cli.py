@@ -82,10 +82,13 @@ def test_sweep_with_successive_halving(db_path, tiny_shapes):
     assert len(db.records()) == 2
     for record in db.records():
         rows = db.measurements(record.problem, record.fingerprint_id)
-        assert all(m.method["rung"] in (0, 1) for m in rows)
+        assert all(m.rung in (0, 1) for m in rows)
         # the default and the winner were measured fully
-        full = [m.config for m in rows if m.method["rung"] == 1]
+        full = [m.config for m in rows if m.rung == 1]
         assert record.default_config in full and record.config in full
+    again = sweep(db_path, tiny_shapes, "--search", "halving", "--force")
+    assert again.exit_code == 0, again.output
+    one_line_error(sweep(db_path, tiny_shapes, "--search", "no-such-search"), "no-such-search")
 
 
 def test_sweep_a_named_grid(db_path):

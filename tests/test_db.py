@@ -508,3 +508,26 @@ def test_prune_keeps_an_environment_a_writer_adds_while_it_runs(tmp_path):
     applies_while_a_writer_writes.started.join(10)
     assert set(removed) == {OTHER[0]}
     assert [r.config for r in TuningDB(path).records()] == [{"c": 1}]  # the writer's winner survived
+
+
+def test_a_db_from_before_the_rung_column_reads_and_gains_it_when_written(db_path):
+    """Successive halving's rung was a key inside `method`; it is a column now. A DB made
+    before it reads (the rung from the method) and gains the column when opened to write."""
+    import sqlite3
+
+    db = TuningDB(db_path)
+    p = problem()
+    db.save_measurement(p, FP, {"c": 1}, kv_len=1000, status="ok", method={"rung": 0}, median_us=5.0, spread_us=1.0,
+                        samples=3)
+    db.close()
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("ALTER TABLE measurements DROP COLUMN rung")
+        conn.execute("""UPDATE measurements SET method = '{"rung":0}'""")
+    reader = TuningDB(db_path, create=False)
+    assert [m.rung for m in reader.measurements(p, FP[0])] == [0] and reader.integrity() == []
+    with sqlite3.connect(db_path) as conn:
+        assert "rung" not in {r[1] for r in conn.execute("PRAGMA table_info(measurements)")}  # reading wrote nothing
+    writer = TuningDB(db_path)
+    writer.save_measurement(p, FP, {"c": 2}, kv_len=1000, status="ok", method={}, median_us=4.0, spread_us=1.0,
+                            samples=3, rung=1)
+    assert [(m.config, m.rung) for m in writer.measurements(p, FP[0])] == [({"c": 1}, 0), ({"c": 2}, 1)]

@@ -8,7 +8,7 @@ from tuner.bench import WallClockTimer
 from tuner.db import TuningDB
 from tuner.ops import DecodeShape, get_op, make_decode_inputs
 from tuner.ops.decode_attention import BACKENDS, decode_attention
-from tuner.sweep import TUNED, sweep
+from tuner.sweep import MEASURED, sweep
 
 SHAPE = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")
 
@@ -27,7 +27,7 @@ def test_configs_span_every_installed_backend():
 def test_sweep_then_the_entry_point_runs_the_stored_backend_and_config(db_path):
     op = get_op("decode_attention")
     [result] = sweep(op, [SHAPE], TuningDB(db_path), timer=WallClockTimer(warmup=0, repeats=2, min_repeats=2))
-    assert result.status == TUNED and result.failures == 0
+    assert result.status == MEASURED and result.failures == 0
     tuner.configure(db=db_path, mode="lookup")
     inputs = make_decode_inputs(SHAPE, device=op.device())
     out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
@@ -43,7 +43,7 @@ import dataclasses  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-import fake_flashinfer  # noqa: E402
+from support import fake_flashinfer  # noqa: E402
 import tuner.ops.flashinfer as fi  # noqa: E402
 from tuner.db import Problem, current_fingerprint, current_fingerprint_id  # noqa: E402
 from tuner.keys import attention_run_key  # noqa: E402

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-import fake_flashinfer
+from support import fake_flashinfer
 import tuner
 import tuner.ops.flashinfer as fi
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id

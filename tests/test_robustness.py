@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from robustness_report import report
+from support.robustness_report import report
 from tuner.bench import WallClockTimer
 from tuner.db import Problem, TuningDB, current_fingerprint_id
 from tuner.ops import DecodeShape, get_op
-from tuner.sweep import SKIPPED, TUNED, candidate_configs, sweep
+from tuner.sweep import SKIPPED, MEASURED, candidate_configs, sweep
 
 SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
 OP = get_op("torch_split_decode")
@@ -37,7 +37,7 @@ def _sweep_in_child(db_path, shapes, barrier=None):
         barrier.wait()
     db = TuningDB(db_path)
     results = sweep(OP, shapes, db, timer=_timer())
-    os._exit(0 if all(r.status in (TUNED, SKIPPED) for r in results) else 3)
+    os._exit(0 if all(r.status in (MEASURED, SKIPPED) for r in results) else 3)
 
 
 def _problem(shape):
@@ -120,7 +120,7 @@ def test_sigkill_at_random_points_leaves_a_sound_db_that_resumes(tmp_path):
             if p in had_winner:
                 assert result.status == SKIPPED
                 continue
-            assert result.status == TUNED, f"trial {trial}: {result}"
+            assert result.status == MEASURED, f"trial {trial}: {result}"
             assert result.resumed == done[p] and result.measured == total[p] - done[p], f"trial {trial}: {result}"
             stats["measurements_resumed"] += result.resumed
             stats["measurements_remeasured"] += result.measured

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from tuner.bench import ERROR, OK, OOM, WRONG, Outcome, Timing, beats, decide, summarize
+from tuner.bench import ERROR, OK, OOM, WRONG, Outcome, Timing
 from tuner.db import TuningDB, current_fingerprint_id
 from tuner.ops import DecodeShape, Op, get_op
 from tuner.ops.torch_split import split_kv_decode
-from tuner.sweep import FAILED, SKIPPED, TUNED, candidate_configs, sweep
+from tuner.sweep import FAILED, SKIPPED, MEASURED, candidate_configs, sweep
 
 SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
 
@@ -86,7 +86,7 @@ def test_winner_rule_and_failures_never_chosen(db_path):
     op = fake_op(timer, COSTS)
     db = TuningDB(db_path)
     results = sweep(op, op.grids["g"], db, timer=timer)
-    assert [r.status for r in results] == [TUNED, TUNED]
+    assert [r.status for r in results] == [MEASURED, MEASURED]
     assert all(r.winner == {"name": "fast"} and r.speedup == pytest.approx(2.0) for r in results)
     assert all(r.failures == 3 and r.measured == 6 for r in results)
     rows = db.measurements(db.records()[0].problem, current_fingerprint_id())
@@ -153,7 +153,7 @@ def test_force_measures_again(db_path):
     op = fake_op(timer, COSTS)
     sweep(op, op.grids["g"], db, timer=timer)
     results = sweep(fake_op(timer, dict(COSTS, fast=200.0)), op.grids["g"], db, timer=timer, force=True)
-    assert all(r.status == TUNED and r.winner == {"name": "default"} and r.measured == 6 for r in results)
+    assert all(r.status == MEASURED and r.winner == {"name": "default"} and r.measured == 6 for r in results)
     assert all(r.config == {"name": "default"} for r in db.records())
 
 
@@ -172,7 +172,7 @@ def test_real_cpu_sweep_stores_a_checked_winner_per_shape(db_path):
 
     db = TuningDB(db_path)
     results = sweep(op, shapes, db, timer=WallClockTimer(warmup=1, repeats=3, min_repeats=3))
-    assert [r.status for r in results] == [TUNED, TUNED]
+    assert [r.status for r in results] == [MEASURED, MEASURED]
     records = db.records(fingerprint_id=current_fingerprint_id())
     assert len(records) == 2
     for r, shape in zip(records, shapes):
@@ -181,40 +181,12 @@ def test_real_cpu_sweep_stores_a_checked_winner_per_shape(db_path):
     assert all(m.status == OK for m in db.measurements(records[0].problem, current_fingerprint_id()))
 
 
-def t(median, spread=0.0):
-    return Timing(median, spread, 5)
-
-
-def test_beats_needs_more_than_noise_and_min_gain():
-    assert beats(t(80, 2), t(100, 2))
-    assert not beats(t(95, 20), t(100, 20))  # within the noise
-    assert not beats(t(99.5), t(100.0))  # under the 1% minimum gain
-    assert beats(t(99.5), t(100.0), min_gain=0.0)
-
-
-def test_decide_when_the_default_failed_or_everything_failed():
-    fast, slow = Outcome({"c": 1}, OK, t(10)), Outcome({"c": 2}, OK, t(20))
-    no_timer = None  # nothing may be re-timed without a correct default
-    assert decide(None, [Outcome({"c": 0}, ERROR), slow, fast], {"c": 0}, timer=no_timer) == (fast, None)
-    assert decide(None, [Outcome({"c": 0}, ERROR), Outcome({"c": 1}, WRONG)], {"c": 0}, timer=no_timer) == (None, None)
-
-
-def test_decide_keeps_a_default_no_challenger_looked_faster_than_without_retiming():
-    default = Outcome({"c": 0}, OK, t(10))
-    assert decide(None, [default, Outcome({"c": 1}, OK, t(11))], {"c": 0}, timer=None) == (default, default.timing)
-
-
-def test_summarize_median_and_iqr():
-    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
-    assert s.median_us == 3.0 and s.samples == 5 and s.spread_us == pytest.approx(2.0)
-
-
 def test_shapes_sharing_a_key_are_measured_once(db_path):
     timer = FakeTimer()
     op = fake_op(timer, COSTS)
     shapes = [DecodeShape(batch=1, kv_len=300, **SMALL), DecodeShape(batch=1, kv_len=500, **SMALL)]
     results = sweep(op, shapes, TuningDB(db_path), timer=timer)
-    assert [r.status for r in results] == [TUNED, "duplicate"]
+    assert [r.status for r in results] == [MEASURED, "duplicate"]
     assert "kv300" in results[1].note and results[1].measured == 0
 
 
@@ -224,7 +196,7 @@ def test_a_shape_too_big_for_memory_fails_alone(db_path):
     huge = DecodeShape(batch=2**20, kv_len=2**30, **SMALL)
     results = sweep(op, [huge, op.grids["g"][0]], TuningDB(db_path), timer=timer)
     assert results[0].status == FAILED and "GiB" in results[0].note
-    assert results[1].status == TUNED
+    assert results[1].status == MEASURED
 
 
 def test_halving_measures_only_the_contenders_fully(db_path):
@@ -234,8 +206,9 @@ def test_halving_measures_only_the_contenders_fully(db_path):
     results = sweep(op, op.grids["g"][:1], db, timer=timer, halving=True)
     assert results[0].winner == {"name": "fast"} and results[0].failures == 3
     rows = {m.config["name"]: m for m in db.measurements(db.records()[0].problem, current_fingerprint_id())}
-    assert {name: m.method["rung"] for name, m in rows.items()} == {
+    assert {name: m.rung for name, m in rows.items()} == {  # the rung is a column of its own
         "default": 1, "fast": 1, "slightly": 0, "crash": 0, "wrong": 0, "oom": 0}
+    assert {m.method["search"] for m in rows.values()} == {"halving"} and "rung" not in rows["fast"].method
     assert rows["fast"].samples == 7 and rows["slightly"].samples == 3
 
 

@@ -171,7 +171,8 @@ def sweep_command(
     from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket.")] = False,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
-    halving: Annotated[bool, typer.Option("--halving", help="Successive halving: time every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = False,
+    search: Annotated[str, typer.Option("--search", help="Search strategy (tuner.search): exhaustive times every config fully; halving times every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = "exhaustive",
+    halving: Annotated[bool, typer.Option("--halving", help="The same as --search halving.")] = False,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = _SWEEP.warmup,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = _SWEEP.repeats,
     max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
@@ -187,6 +188,9 @@ def sweep_command(
         from tuner.sweep import sweep
 
         op = get_op(op_name)
+        from tuner.search import get_strategy
+
+        strategy = get_strategy("halving" if halving else search).name
         if sum(x is not None and x is not False for x in (grid, shapes_file, from_misses)) > 1:
             raise TunerError("give one of --grid, --shapes, --from-misses")
         why = op.unavailable()
@@ -232,7 +236,7 @@ def sweep_command(
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, disable=not leader,
         ) as progress:
             task = progress.add_task(op.name, total=total)
-            results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain, halving=halving,
+            results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain, strategy=strategy,
                             on_advance=lambda n, label: progress.update(task, advance=n, description=label),
                             ranks=ranks)
             progress.update(task, description=op.name)

@@ -92,6 +92,9 @@ class Measurement(_Keyed, Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     method: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # the search's rung it was measured at (successive halving: 0 quick, 1 full); added after
+    # schema version 1: null in older rows, which kept it in method
+    rung: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Miss(_Keyed, Base):
@@ -124,6 +127,7 @@ class ReplacedRecord(_Keyed, _Winner, Base):
 
 # may be absent from a version-1 DB; a DB opened for writing gains them
 OPTIONAL_TABLES = {Miss.__tablename__, ReplacedRecord.__tablename__}
+OPTIONAL_COLUMNS = {Measurement.__tablename__: ("rung",)}
 # the fields a record carries besides its key
 RECORD_FIELDS = ("config", "median_us", "spread_us", "samples", "default_config", "default_median_us",
                  "default_spread_us", "method", "created_at")

@@ -29,8 +29,8 @@ from tuner.db import rows as check
 from tuner.db.fingerprint import applies
 from tuner.db.location import DamagedDBError, DBError, MissingDBError, resolve_db_url
 from tuner.db.schema import (
-    OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss, ReplacedRecord,
-    TuningRecord, utcnow,
+    OPTIONAL_COLUMNS, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
+    ReplacedRecord, TuningRecord, utcnow,
 )
 from tuner.keys import AttentionRunKey, canonical_json
 
@@ -94,6 +94,7 @@ class MeasurementRow:
     error: str | None
     method: dict[str, Any] = field(default_factory=dict)
     kv_len: int | None = None  # the kv length actually measured
+    rung: int = 1  # the search's rung it was measured at (tuner.search)
 
 
 class Timed(NamedTuple):
@@ -133,10 +134,11 @@ class MalformedRowsError(DBError):
     """Rows that break tuner.db.rows' rules; one line naming the first."""
 
 
-def _raw(model: type, *criteria: Any):
-    """SELECT every column of model without SQLAlchemy's result processing (a bad date
-    in one row must not fail the whole query), rows checked by the caller."""
-    columns = [type_coerce(c, NullType()).label(c.name) for c in model.__table__.columns]
+def _raw(model: type, *criteria: Any, missing: frozenset[str] = frozenset()):
+    """SELECT every column of model (but the optional ones the DB lacks) without
+    SQLAlchemy's result processing (a bad date in one row must not fail the whole query),
+    rows checked by the caller."""
+    columns = [type_coerce(c, NullType()).label(c.name) for c in model.__table__.columns if c.name not in missing]
     return select(*columns).where(*criteria)
 
 
@@ -171,6 +173,8 @@ def _record(row: Any, fingerprint_ids: set[str] | dict[str, Any]) -> Record:
 def _measurement(row: Any) -> MeasurementRow:
     where = f"measurements id {row.id}"
     status = row.status
+    method = check.json_object(row.method, f"{where}.method")
+    rung = getattr(row, "rung", None)
     if status not in STATUSES:
         raise check.RowError(f"{where}.status: expected one of {', '.join(STATUSES)}, got {status!r:.40}")
     return MeasurementRow(
@@ -181,9 +185,16 @@ def _measurement(row: Any) -> MeasurementRow:
         samples=check.integer(row.samples, f"{where}.samples", 0, 2**31 - 1),
         max_error=_max_error(row.max_error, f"{where}.max_error"),
         error=row.error if row.error is None or isinstance(row.error, str) else str(row.error),
-        method=check.json_object(row.method, f"{where}.method"),
+        method=method,
         kv_len=check.integer(row.kv_len, f"{where}.kv_len", 0),
+        rung=check.integer(rung, f"{where}.rung", 0, 2**31 - 1) if rung is not None else _rung_in(method),
     )
+
+
+def _rung_in(method: dict[str, Any]) -> int:
+    """Before the rung column: the rung in the method (halving sweeps), else 1 (a full measurement)."""
+    rung = method.get("rung", 1)
+    return rung if type(rung) is int and rung >= 0 else 1
 
 
 def _max_error(value: Any, where: str) -> float | None:
@@ -205,6 +216,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+# the columns added since schema version 1, as constant DDL (SQLite and PostgreSQL alike)
+_ADD_COLUMN = {("measurements", "rung"): "ALTER TABLE measurements ADD COLUMN rung INTEGER"}
 _CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation
 
 
@@ -279,11 +292,16 @@ class TuningDB:
             raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no schema "
                                  "version (sweep --force renames it aside and starts a new DB)")
         if state == "ready":
-            if create and self._missing_optional_tables:
-                with self._write(action="upgrade") as session:  # tables added since version 1
+            if create and (self._missing_optional_tables or self._missing_columns):
+                with self._write(action="upgrade") as session:  # tables and columns added since version 1
                     Base.metadata.create_all(session.connection(), tables=[
                         Base.metadata.tables[t] for t in sorted(self._missing_optional_tables)])
-                self._missing_optional_tables = set()
+                    for table, column in sorted(self._missing_columns):  # looked at again: another writer
+                        present = {c["name"] for c in inspect(session.connection()).get_columns(table)}
+                        if column in present:
+                            continue
+                        session.execute(text(_ADD_COLUMN[(table, column)]))
+                self._missing_optional_tables, self._missing_columns = set(), set()
             return
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
@@ -308,7 +326,7 @@ class TuningDB:
                 Base.metadata.create_all(session.connection())
                 if session.get(Meta, "schema_version") is None:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            self._missing_optional_tables = set()
+            self._missing_optional_tables, self._missing_columns = set(), set()
 
     def _schema_state(self) -> str:
         """"ready" (our schema version, every core table), "empty" (no tables), "partial"
@@ -324,8 +342,11 @@ class TuningDB:
             inspector = inspect(session.connection())
             tables = set(inspector.get_table_names())
             self._missing_optional_tables = OPTIONAL_TABLES - tables
-            foreign = any(t not in Base.metadata.tables or {c["name"] for c in inspector.get_columns(t)}
-                          != set(Base.metadata.tables[t].columns.keys()) for t in tables)
+            columns = {t: {c["name"] for c in inspector.get_columns(t)} for t in tables}
+            self._missing_columns = {(t, c) for t, optional in OPTIONAL_COLUMNS.items() if t in columns
+                                     for c in optional if c not in columns[t]}
+            foreign = any(t not in Base.metadata.tables or columns[t] != set(Base.metadata.tables[t].columns.keys())
+                          - {c for table, c in self._missing_columns if table == t} for t in tables)
         if version is not None:
             if str(version) != str(SCHEMA_VERSION):
                 raise DBError(
@@ -339,6 +360,10 @@ class TuningDB:
         if foreign:
             raise DBError(f"{self.display_url} is not a tuning DB (it has other tables); give another --db")
         return "partial" if tables else "empty"
+
+    @property
+    def _missing_measurement_columns(self) -> frozenset[str]:
+        return frozenset(c for t, c in self._missing_columns if t == Measurement.__tablename__)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -464,6 +489,7 @@ class TuningDB:
         samples: int = 0,
         max_error: float | None = None,
         error: str | None = None,
+        rung: int = 1,
     ) -> None:
         fp_id, fp_data = fingerprint
         values = dict(
@@ -478,6 +504,7 @@ class TuningDB:
             max_error=max_error,
             error=error,
             method=canonical_json(method),
+            rung=rung,
         )
         key = [*RECORD_KEY, "config"]
         with self._write() as session:
@@ -656,7 +683,8 @@ class TuningDB:
     def measurements(self, problem: Problem, fingerprint_id: str) -> list[MeasurementRow]:
         cols = problem.columns()
         query = _raw(Measurement, *(getattr(Measurement, k) == v for k, v in cols.items()),
-                     Measurement.fingerprint_id == fingerprint_id).order_by(Measurement.id)
+                     Measurement.fingerprint_id == fingerprint_id, missing=self._missing_measurement_columns
+                     ).order_by(Measurement.id)
         out, bad = [], []
         with self._read() as session:
             for row in session.execute(query):
@@ -783,7 +811,7 @@ class TuningDB:
                 _record(row, fps)
             except check.RowError as e:
                 out.append((TuningRecord, row.id, str(e)))
-        for row in session.execute(_raw(Measurement)):
+        for row in session.execute(_raw(Measurement, missing=self._missing_measurement_columns)):
             try:
                 _measurement(row)
                 if row.fingerprint_id not in fps:

@@ -1,6 +1,7 @@
-"""Tune on a miss (TUNER_MODE=tune or force): measure every config on the very call that
-missed, keep the winner by the sweep's rule, store it, serve it from then on. Under a
-process group every rank measures and rank 0's winner is everyone's."""
+"""Tune on a miss (TUNER_MODE=tune or force): every config measured on the very call that
+missed, by the sweep's own pipeline (tuner.search.pipeline) and winner rule, the winner
+stored and served from then on. Under a process group every rank measures and rank 0's
+winner is everyone's."""
 
 from __future__ import annotations
 
@@ -10,44 +11,39 @@ from typing import Any
 import torch
 
 from tuner import settings
-from tuner.bench import WallClockTimer, decide, measure_configs, same_config, tolerance_for, with_default_first
+from tuner.bench import WallClockTimer, same_config, tolerance_for, with_default_first
+from tuner.bench.trial import Trial
 from tuner.db import Problem, current_environment
 from tuner.errors import TunerError
 from tuner.ranks import Ranks
 from tuner.runtime.borrowing import Config, winner_gain
 from tuner.runtime.state import runtime
-
-
-def _output(out: Any) -> Any:
-    """What a tuning run checks: the output tensor, the first of a tuple such as
-    (out, softmax_lse) as FA3 returns with return_softmax_lse."""
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return out
+from tuner.search.pipeline import measure, output_of
 
 
 def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, args: tuple, kwargs: dict,
               ranks: Ranks | None = None) -> Config | None:
     """The winner for this call of an @autotune function (its configs, fn and tolerance),
-    stored and served; None when nothing ran right."""
+    stored and served; None when nothing ran right. The trial is the call itself; its
+    reference the default's output, copied (a kernel writing into the caller's out= returns
+    that one tensor for every config, and each would be checked against itself)."""
     configs = with_default_first(default, function.configs(args, kwargs))
-    run = lambda c: _output(function.fn(*args, config=c, **kwargs))  # noqa: E731
-    # a copy: a kernel writing into the caller's out= returns that one tensor for every
-    # config, and each would then be checked against itself
+    run = lambda c: output_of(function.fn(*args, config=c, **kwargs))  # noqa: E731
     reference = run(default)
     reference = reference.clone() if isinstance(reference, torch.Tensor) else reference
-    tolerance = function.tolerance or tolerance_for(getattr(reference, "dtype", None))
+    trial = Trial(runs=[run], reference=reference,
+                  tolerance=function.tolerance or tolerance_for(getattr(reference, "dtype", None)), kv_len=kv_len)
     preset = settings.TIMERS["runtime"]
     timer = WallClockTimer(warmup=preset.warmup, repeats=preset.repeats, min_repeats=preset.min_repeats,
                            max_seconds=preset.max_seconds, cuda_sync=torch.cuda.is_available())
-    outcomes = measure_configs(run, configs, reference=reference, tolerance=tolerance, timer=timer)
-    winner, default_timing = decide(run, outcomes, default, timer=timer)
+    result = measure(trial, configs, default, timer)  # every rank measures its own call
+    winner, default_timing = result.winner, result.default_timing
     if ranks is not None:  # rank 0's choice, as an index into the configs every rank listed alike
         index = next((i for i, c in enumerate(configs) if winner and same_config(c, winner.config)), -1)
         index = ranks.broadcast(index if ranks.rank == 0 else -1)
         if index < 0:
             return None
-        mine = next((o for o in outcomes if same_config(o.config, configs[index])), None)
+        mine = next((o for o in result.outcomes if same_config(o.config, configs[index])), None)
         if ranks.rank != 0:  # rank 0 stores it; the others serve it (its gain unknown here: never lent)
             runtime.store((problem.op, problem.static_key), problem.run_key, configs[index], 1.0)
             return configs[index]

@@ -16,7 +16,7 @@ from tuner.ops import make_decode_inputs
 from tuner.ops.shapes import shape_from_keys
 
 pytestmark = pytest.mark.gpu
-SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache"
+SHIPPED = Path(__file__).resolve().parents[2] / "tuning_cache"
 
 
 @pytest.fixture(scope="module")

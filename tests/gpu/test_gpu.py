@@ -7,7 +7,7 @@ import tuner
 from tuner.bench import CudaGraphTimer
 from tuner.db import TuningDB
 from tuner.ops import DecodeShape, get_op, make_decode_inputs
-from tuner.sweep import TUNED, kv_copies, sweep
+from tuner.sweep import MEASURED, kv_copies, sweep
 
 pytestmark = pytest.mark.gpu
 
@@ -63,7 +63,7 @@ def test_fa3_sweep_then_drop_in_uses_the_winner(tmp_path):
     shape = DecodeShape(batch=1, kv_len=8192, num_q_heads=8, num_kv_heads=1)
     db_path = tmp_path / "gpu.db"
     [result] = sweep(op, [shape], TuningDB(db_path), timer=CudaGraphTimer(warmup=2, repeats=5))
-    assert result.status == TUNED and result.failures == 0
+    assert result.status == MEASURED and result.failures == 0
     tuner.configure(db=db_path, mode="lookup")
     inputs = make_decode_inputs(shape, device="cuda")
     out = fa3.flash_attn_with_kvcache(inputs.q, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens,
@@ -79,7 +79,7 @@ def test_decode_attention_sweeps_across_backends_and_dispatches(tmp_path):
     shape = DecodeShape(batch=1, kv_len=2048, num_q_heads=8, num_kv_heads=1)
     db_path = tmp_path / "gpu.db"
     [result] = sweep(op, [shape], TuningDB(db_path), timer=CudaGraphTimer(warmup=2, repeats=5))
-    assert result.status == TUNED and result.failures == 0
+    assert result.status == MEASURED and result.failures == 0
     backends = {m.config["backend"] for m in TuningDB(db_path).measurements(
         TuningDB(db_path).records()[0].problem, TuningDB(db_path).records()[0].fingerprint_id)}
     assert backends == {name for name, backend in BACKENDS.items() if backend.op.unavailable() is None}

@@ -1,0 +1,71 @@
+"""tuner.bench on its own: the winner rule, the decision against the default, the timer's
+statistics, and the search strategies' steps (tuner.search)."""
+
+import pytest
+
+from tuner.bench import ERROR, OK, WRONG, Outcome, Timing, WallClockTimer, beats, decide, summarize, timer_for
+from tuner.search import get_strategy
+
+
+def t(median, spread=0.0):
+    return Timing(median, spread, 5)
+
+
+def test_beats_needs_more_than_noise_and_min_gain():
+    assert beats(t(80, 2), t(100, 2))
+    assert not beats(t(95, 20), t(100, 20))  # within the noise
+    assert not beats(t(99.5), t(100.0))  # under the 1% minimum gain
+    assert beats(t(99.5), t(100.0), min_gain=0.0)
+
+
+def test_decide_when_the_default_failed_or_everything_failed():
+    fast, slow = Outcome({"c": 1}, OK, t(10)), Outcome({"c": 2}, OK, t(20))
+    no_timer = None  # nothing may be re-timed without a correct default
+    assert decide(None, [Outcome({"c": 0}, ERROR), slow, fast], {"c": 0}, timer=no_timer) == (fast, None)
+    assert decide(None, [Outcome({"c": 0}, ERROR), Outcome({"c": 1}, WRONG)], {"c": 0}, timer=no_timer) == (None, None)
+
+
+def test_decide_keeps_a_default_no_challenger_looked_faster_than_without_retiming():
+    default = Outcome({"c": 0}, OK, t(10))
+    assert decide(None, [default, Outcome({"c": 1}, OK, t(11))], {"c": 0}, timer=None) == (default, default.timing)
+
+
+def test_summarize_median_and_iqr():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert s.median_us == 3.0 and s.samples == 5 and s.spread_us == pytest.approx(2.0)
+
+
+
+
+class RecordingTimer:
+    method = {"timer": "recording"}
+
+    def quick(self):
+        return QUICK
+
+
+QUICK = RecordingTimer()
+
+
+def test_strategies_list_their_steps_by_name():
+    timer = RecordingTimer()
+    configs = [{"c": 0}, {"c": 1}, {"c": 2}]
+    exhaustive = get_strategy("exhaustive")
+    assert [(s.config, s.timer, s.rung) for s in exhaustive.first(configs, timer)] == [(c, timer, 1) for c in configs]
+    assert exhaustive.then([], configs[0], timer, 1) == []
+    halving = get_strategy("halving")
+    first = halving.first(configs, timer)
+    assert [(s.timer, s.rung) for s in first] == [(QUICK, 0)] * 3
+    outcomes = [Outcome({"c": 0}, OK, t(10)), Outcome({"c": 1}, OK, t(5)), Outcome({"c": 2}, OK, t(5.2)),
+                Outcome({"c": 3}, WRONG)]
+    then = halving.then(outcomes, {"c": 0}, timer, 0)
+    assert sorted(s.config["c"] for s in then) == [0, 1, 2] and {(s.timer, s.rung) for s in then} == {(timer, 1)}
+    assert halving.then(outcomes, {"c": 0}, timer, 1) == []
+    with pytest.raises(Exception, match="unknown search strategy"):
+        get_strategy("nope")
+
+
+def test_timer_presets_make_the_timer_of_the_device():
+    wall = timer_for("sweep-cpu", "cpu")
+    assert isinstance(wall, WallClockTimer) and wall.method["repeats"] == 15
+    assert timer_for("runtime", "cpu").method["max_seconds"] == 0.5

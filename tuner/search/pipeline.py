@@ -1,0 +1,131 @@
+"""The one measuring pipeline: a trial's candidate configs measured as a search strategy
+says (each checked against the reference before it is timed), then the winner confirmed
+against the default side by side (tuner.bench.decide). Sweeps, tune mode and the
+verification of shipped winners all run through it; what they store, and where, is theirs
+(the callbacks below), so this module knows no DB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tuner import settings
+from tuner.bench import OK, Outcome, Timer, Timing, decide, measure_config
+from tuner.bench.trial import Trial
+from tuner.ranks import Ranks
+from tuner.search import DEFAULT_STRATEGY, get_strategy
+from tuner.search.base import Config, Step, Strategy
+from tuner.keys import canonical_json
+
+
+@dataclass
+class Measured:
+    """What the pipeline did: every outcome the winner was chosen from, the winner (None:
+    nothing ran right) and the default's timing from the confirming run, and how many
+    measurements were made here or resumed from earlier ones."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    winner: Outcome | None = None
+    default_timing: Timing | None = None
+    measured: int = 0
+    resumed: int = 0
+
+    @property
+    def failures(self) -> int:
+        return sum(o.status != OK for o in self.outcomes)
+
+
+# a stored measurement of a config: (outcome, the rung it was measured at), or None
+Resume = Callable[[Config], tuple[Outcome, int] | None]
+# store one measurement: (step, outcome)
+Record = Callable[[Step, Outcome], None]
+# the outcomes of every config of the first rung, the other ranks' included (their stored ones)
+Gather = Callable[[list[Config], list[Outcome]], list[Outcome]]
+
+
+def measure(
+    trial: Trial,
+    configs: list[Config],
+    default: Config,
+    timer: Timer,
+    *,
+    strategy: str | Strategy = DEFAULT_STRATEGY,
+    min_gain: float = settings.MIN_GAIN,
+    resume: Resume | None = None,
+    record: Record | None = None,
+    ranks: Ranks | None = None,
+    gather: Gather | None = None,
+    advance: Callable[[int], None] | None = None,
+    decide_winner: bool = True,
+) -> Measured:
+    """Measure `configs` (the default first) on `trial` as `strategy` says and choose the
+    winner. resume: a stored measurement to reuse instead (of its rung or a later one);
+    record: store each new one; ranks (with gather): the first rung shared round robin, the
+    later rungs and the choice on rank 0 only (decide_winner False: no choice here).
+    advance(n): n first-rung steps done, for a progress bar."""
+    strategy = get_strategy(strategy) if isinstance(strategy, str) else strategy
+    result = Measured()
+    measured_now: set[str] = set()
+    resumed: set[str] = set()
+
+    def run(step: Step) -> Outcome:
+        key = canonical_json(step.config)
+        stored = resume(step.config) if resume is not None else None
+        if stored is not None and stored[1] >= step.rung:
+            resumed.add(key)
+            return stored[0]
+        outcome = measure_config(trial.runs, step.config, reference=trial.reference, tolerance=trial.tolerance,
+                                 timer=step.timer)
+        if record is not None:
+            record(step, outcome)
+        measured_now.add(key)
+        return outcome
+
+    first = strategy.first(configs, timer)
+    outcomes = []
+    for i, step in enumerate(first):
+        if ranks is None or ranks.mine(i):
+            outcomes.append(run(step))
+        if advance is not None:
+            advance(1)
+    if ranks is not None and gather is not None:
+        ranks.barrier()
+        outcomes = gather([s.config for s in first], outcomes)
+    leader = ranks is None or ranks.rank == 0
+    rung = max((s.rung for s in first), default=1)
+    while leader:
+        steps = strategy.then(outcomes, default, timer, rung)
+        if not steps:
+            break
+        # the later rung replaces what it measured again; what failed stays in (counted once)
+        outcomes = [run(s) for s in steps] + [o for o in outcomes if o.status != OK]
+        rung = max(s.rung for s in steps)
+    result.outcomes = outcomes
+    result.measured, result.resumed = len(measured_now), len(resumed - measured_now)
+    if leader and decide_winner:
+        try:
+            result.winner, result.default_timing = decide(trial.runs, outcomes, default, timer=timer,
+                                                          min_gain=min_gain)
+        except (RuntimeError, MemoryError):  # the side-by-side re-timing failed: keep the default
+            confirm_failed(result, default)
+    return result
+
+
+def confirm_failed(result: Measured, default: Config) -> None:
+    """When the side-by-side re-timing itself failed (the device ran out of memory, say):
+    keep the default's own outcome as the winner."""
+    from tuner.bench import same_config
+
+    result.winner = next((o for o in result.outcomes if o.status == OK and same_config(o.config, default)), None)
+    result.default_timing = result.winner.timing if result.winner else None
+
+
+def output_of(out: Any) -> Any:
+    """What a run's result is checked on: the output tensor, the first of a tuple such as
+    (out, softmax_lse) as FA3 returns with return_softmax_lse."""
+    import torch
+
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return out
