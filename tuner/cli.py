@@ -277,10 +277,7 @@ def _sweep_table(op_name: str, results: list) -> Table:
 
 
 def _static_label(static_json: str) -> str:
-    try:
-        return AttentionStaticKey.from_json(static_json).label()
-    except (ValueError, TypeError):  # a key of some other function decorated by the user
-        return escape(static_json)
+    return escape(AttentionStaticKey.label_of(static_json))
 
 
 @app.command("show")

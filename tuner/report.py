@@ -14,7 +14,6 @@ from tuner.db import Record, TuningDB
 from tuner.errors import TunerError
 from tuner.keys import AttentionStaticKey, canonical_json
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
 @dataclass
@@ -39,22 +38,16 @@ class Group:
 
 
 def _label(static_key: str) -> str:
-    try:
-        return AttentionStaticKey.from_json(static_key).label()
-    except (ValueError, TypeError):
-        return static_key
+    return AttentionStaticKey.label_of(static_key)
 
 
 def _kv_bytes(static_key: str, record: Record, kv_len: int) -> int | None:
     """Bytes of K and V one call reads: batch x kv length x kv heads x head dims x dtype."""
     try:
-        key = AttentionStaticKey.from_json(static_key)
+        per_token = AttentionStaticKey.from_json(static_key).kv_bytes_per_token()
     except (ValueError, TypeError):
         return None
-    k, v = DTYPE_BYTES.get(key.k_dtype), DTYPE_BYTES.get(key.v_dtype)
-    if k is None or v is None:
-        return None
-    return record.problem.run_key.batch * kv_len * key.num_kv_heads * (key.head_dim_qk * k + key.head_dim_v * v)
+    return None if per_token is None else record.problem.run_key.batch * kv_len * per_token
 
 
 def collect(db: TuningDB, fingerprint_id: str | None, op: str | None = None,

@@ -10,8 +10,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tuner import settings
+from tuner.keys import Config
 
-Config = dict[str, Any]
 
 
 @dataclass

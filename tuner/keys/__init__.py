@@ -1,7 +1,7 @@
 """Static and run keys: pure functions, canonical and collision-free. No kernel library."""
 
 from tuner.keys.call import STATIC_FIELDS, UNKEYED, host_flags, host_scalar, host_window, static_key_from_tuple
-from tuner.keys.canonical import canonical_json
+from tuner.keys.canonical import Config, canonical_json, count
 from tuner.keys.run import (
     KV_BUCKET_MAX,
     AttentionRunKey,
@@ -19,9 +19,11 @@ __all__ = [
     "UNKEYED",
     "AttentionRunKey",
     "AttentionStaticKey",
+    "Config",
     "attention_run_key",
     "attention_static_key",
     "canonical_json",
+    "count",
     "host_flags",
     "host_scalar",
     "host_window",

@@ -4,7 +4,28 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from typing import Any
+
+# a config: names to scalar values (str, int, float, bool, None), as stored and run
+Config = dict[str, Any]
+
+
+def count(value: Any, arg: str, minimum: int, maximum: int) -> int:
+    """An integer in [minimum, maximum] (numpy integers too, never a bool), or a ValueError
+    naming the argument."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{arg} must be an integer, got {type(value).__name__}")
+    value = operator.index(value)
+    if value < minimum:
+        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{arg} must be <= {_power(maximum)}, got {value}")
+    return int(value)
+
+
+def _power(n: int) -> str:
+    return f"2**{n.bit_length() - 1}" if n > 1 and not n & (n - 1) else str(n)
 
 
 def _plain(value: Any) -> Any:

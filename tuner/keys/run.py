@@ -21,26 +21,18 @@ of all where the neighbour's own gain was small.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 from typing import Any
 
 from tuner import settings
-from tuner.keys.canonical import canonical_json
+from tuner.keys.canonical import canonical_json, count
 
 # Above this the SQLite/PostgreSQL 64-bit integer columns would overflow.
 KV_BUCKET_MAX = 2**62
 
 
 def _count(value: Any, arg: str, minimum: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{arg} must be an integer, got {type(value).__name__}")
-    value = operator.index(value)
-    if value < minimum:
-        raise ValueError(f"{arg} must be >= {minimum}, got {value}")
-    if value > KV_BUCKET_MAX:
-        raise ValueError(f"{arg} must be <= 2**62, got {value}")
-    return value
+    return count(value, arg, minimum, KV_BUCKET_MAX)
 
 
 def kv_len_bucket(kv_len: int) -> int:

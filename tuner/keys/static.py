@@ -8,7 +8,7 @@ import operator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from tuner.keys.canonical import canonical_json
+from tuner.keys.canonical import canonical_json, count
 
 
 def _dtype_name(tensor: Any, arg: str) -> str:
@@ -58,12 +58,7 @@ def normalize_window(window_size: Any) -> tuple[int, int]:
 
 
 def _count(value: Any, arg: str, minimum: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise ValueError(f"{arg} must be an integer, got {type(value).__name__}")
-    value = operator.index(value)
-    if not minimum <= value <= 2**31:
-        raise ValueError(f"{arg} must be in [{minimum}, 2**31], got {value}")
-    return int(value)
+    return count(value, arg, minimum, 2**31)
 
 
 def _softcap_on(softcap: Any) -> bool:
@@ -74,6 +69,10 @@ def _softcap_on(softcap: Any) -> bool:
     if not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap must be a finite number >= 0, got {softcap!r}")
     return softcap > 0
+
+
+# bytes per element of the dtypes a KV cache holds
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
 @dataclass(frozen=True)
@@ -116,6 +115,23 @@ class AttentionStaticKey:
 
     def to_json(self) -> str:
         return canonical_json(self.to_dict())
+
+    def kv_bytes_per_token(self) -> int | None:
+        """Bytes of K and V one token of one sequence holds (None for a dtype of unknown size):
+        the one KV-bytes computation (a sweep's allocation, a report's roofline)."""
+        k, v = DTYPE_BYTES.get(self.k_dtype), DTYPE_BYTES.get(self.v_dtype)
+        if k is None or v is None:
+            return None
+        return self.num_kv_heads * (self.head_dim_qk * k + self.head_dim_v * v)
+
+    @staticmethod
+    def label_of(static_json: str) -> str:
+        """The label of a stored static key, or the JSON itself when it is not an attention
+        key (a function of the user's own keys its kernels otherwise)."""
+        try:
+            return AttentionStaticKey.from_json(static_json).label()
+        except (ValueError, TypeError):
+            return static_json
 
     @classmethod
     def from_json(cls, text: str) -> "AttentionStaticKey":

@@ -9,11 +9,10 @@ from typing import Any, Callable
 import torch
 
 from tuner.bench.check import TOLERANCE
-from tuner.keys import AttentionRunKey, AttentionStaticKey, attention_run_key, attention_static_key
+from tuner.keys import AttentionRunKey, AttentionStaticKey, Config, attention_run_key, attention_static_key
 from tuner.ops.reference import paged_decode_reference
 from tuner.ops.shapes import DecodeShape
 
-Config = dict[str, Any]
 
 
 class _Tuned:

@@ -53,10 +53,9 @@ class DecodeShape:
         return attention_run_key(self.batch, self.q_len, self.kv_len)
 
     def kv_bytes(self) -> int:
-        """Bytes of K and V cache this shape reads (and a sweep allocates)."""
-        item = {"float32": 4, "float16": 2, "bfloat16": 2}[self.dtype]
+        """Bytes of K and V cache a sweep allocates for this shape (whole pages)."""
         pages = -(-self.kv_len // self.page_size)
-        return 2 * self.batch * pages * self.page_size * self.num_kv_heads * self.head_dim * item
+        return self.batch * pages * self.page_size * self.static_key().kv_bytes_per_token()
 
     def static_label(self) -> str:
         return self.static_key().label()

@@ -16,9 +16,8 @@ import math
 from typing import Any, Callable, NamedTuple
 
 from tuner import settings
-from tuner.keys import AttentionRunKey, nearest_run_keys
+from tuner.keys import AttentionRunKey, Config, nearest_run_keys
 
-Config = dict[str, Any]
 
 
 class Winner(NamedTuple):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tuner.bench import Outcome, Timer
+from tuner.keys import Config
 
-Config = dict[str, Any]
 
 
 @dataclass(frozen=True)
