@@ -227,3 +227,30 @@ def test_a_halving_sweep_resumes_each_rung(db_path):
     assert result.winner == {"name": "fast"}
     assert result.resumed == 4 and result.measured == 2  # rung 0 reused; rung 1 measured anew
     assert set(calls2) == {"fast", "default"}
+
+
+def test_each_measurement_stores_its_timers_method_as_of_that_measurement(db_path):
+    """The CUDA-graph timer says in its method when a capture fell back to eager calls (some
+    libraries plan on the host per call): a sweep stores the method as it was after each
+    measurement, not as it was when the sweep began."""
+
+    class FallingBackTimer(FakeTimer):
+        def __init__(self):
+            super().__init__()
+            self.failed = False
+
+        @property
+        def method(self):
+            return {"timer": "fake", **({"capture": "failed, timed eagerly"} if self.failed else {})}
+
+        def __call__(self, rotation):
+            self.failed = self.last == "slightly"  # this config cannot be captured
+            return super().__call__(rotation)
+
+    timer = FallingBackTimer()
+    op = fake_op(timer, COSTS)
+    db = TuningDB(db_path)
+    sweep(op, op.grids["g"][:1], db, timer=timer)
+    rows = {m.config["name"]: m for m in db.measurements(db.records()[0].problem, current_fingerprint_id())}
+    assert rows["slightly"].method.get("capture") == "failed, timed eagerly"
+    assert "capture" not in rows["fast"].method and "capture" not in rows["default"].method
