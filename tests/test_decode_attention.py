@@ -56,7 +56,7 @@ def _with_op(backend, **op_fields):
 
 @pytest.fixture
 def with_fake_flashinfer(monkeypatch):
-    """FlashInfer "installed": its wrappers replaced by tests/fake_flashinfer.py."""
+    """FlashInfer "installed": its wrappers replaced by tests/support/fake_flashinfer.py."""
     module = fake_flashinfer.module()
     module.BatchPrefillWithPagedKVCacheWrapper = module.BatchDecodeWithPagedKVCacheWrapper
     monkeypatch.setattr(fi, "library", lambda: module)
@@ -153,3 +153,55 @@ def test_numpy_flags_reach_flashinfer_as_plain_values_so_its_plan_is_reused(with
                          config=config)
     [inner] = with_fake_flashinfer.BatchDecodeWithPagedKVCacheWrapper.instances
     assert len(inner.plan_calls) == 1 and len(inner.runs) == 3  # planned once, reused twice
+
+
+def _recording_triton(monkeypatch):
+    """The Triton backend's kernel replaced by a recorder of the config it was given."""
+    import tuner.ops.decode_attention as da
+    ran = []
+
+    def record(q, *args, block_n, num_kv_splits, **kwargs):
+        ran.append((block_n, num_kv_splits))
+        return torch.zeros_like(q)
+    monkeypatch.setattr(da, "triton_paged_decode", record)
+    return ran
+
+
+def test_a_fallback_runs_the_default_of_the_kv_buckets_top(monkeypatch):
+    """A FlashInfer winner without host lengths (or under capture) falls back to the default
+    backend. Its config came from the call's exact kv length, so one key ran (and a graph
+    captured) a different config for each length in its bucket."""
+    from tuner.keys import kv_len_bucket
+    from tuner.ops.triton_decode import TRITON_DECODE
+    ran = _recording_triton(monkeypatch)
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, kv_len=256))
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    lengths = (20, 17, 32, 130, 200)
+    for kv in lengths:
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, kv,
+                         config=config)
+    expected = []
+    for kv in lengths:
+        default = TRITON_DECODE.default(dataclasses.replace(SHAPE, kv_len=kv_len_bucket(kv)))
+        expected.append((default["block_n"], default["num_kv_splits"]))
+    assert ran == expected
+    assert ran[0] == ran[1] == ran[2] and ran[3] == ran[4]  # one config per bucket
+
+
+def test_host_lengths_are_read_only_by_the_backend_that_plans_from_them(monkeypatch):
+    """seq_lens_host was converted on every call, whatever the backend: a cost on each FA3 or
+    Triton call, and lengths FlashInfer could not read failed calls that never use them."""
+    ran = _recording_triton(monkeypatch)
+
+    class Unreadable:
+        def __array__(self, *args, **kwargs):
+            raise AssertionError("seq_lens_host was read")
+
+        def __len__(self):
+            raise AssertionError("seq_lens_host was read")
+
+    inputs = make_decode_inputs(SHAPE)
+    config = {"backend": "triton_decode", **get_op("triton_decode").default(SHAPE)}
+    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, SHAPE.kv_len,
+                     config=config, seq_lens_host=Unreadable())
+    assert ran == [(config["block_n"], config["num_kv_splits"])]

@@ -1,6 +1,6 @@
 """The FlashInfer wrappers' host-side logic on the CPU: when a plan may be reused, which
 tensors a run reads, where configs come from. FlashInfer itself is replaced by
-tests/fake_flashinfer.py; test_gpu_flashinfer.py checks the real one on the H200."""
+tests/support/fake_flashinfer.py; tests/gpu/test_gpu_flashinfer.py checks the real one on the H200."""
 
 import numpy as np
 import pytest

@@ -19,7 +19,7 @@ import torch
 
 from tuner.keys import host_flags, host_scalar, static_key_from_tuple
 from tuner.ops.base import Config
-from tuner.ops.decode_attention import OP_NAME, Call, _configs, _default, call_shape, can_run, host_lengths, run_call
+from tuner.ops.decode_attention import OP_NAME, Call, _configs, _default, call_shape, can_run, run_call
 from tuner.runtime import autotune
 
 
@@ -48,7 +48,7 @@ def _static_json(static: tuple) -> str:
 def _call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
           softcap=0.0, sinks=None, seq_lens_host=None) -> Call:
     return Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
-                host_lengths(seq_lens_host, k_cache.shape[1]))
+                seq_lens_host)
 
 
 def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
@@ -67,6 +67,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
     a CPU tensor or array) lets FlashInfer run where it won; without it, and under CUDA-graph
     capture, those shapes run the default backend. An empty batch gives an empty output."""
-    lens = None if seq_lens_host is None else host_lengths(seq_lens_host, k_cache.shape[1])
     return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
-                    sinks, lens)
+                    sinks, seq_lens_host)

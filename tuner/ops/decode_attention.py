@@ -11,14 +11,14 @@ no CUDA-graph capture). The sweep and the serving entry point
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-import numpy as np
 import torch
 
-from tuner.keys import host_flags, host_scalar, host_window
+from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket
 from tuner.ops import fa3 as fa3_op
 from tuner.ops.base import Config, DecodeInputs, Op
 from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
@@ -43,7 +43,7 @@ class Call(NamedTuple):  # a tuple: made on every call, it must cost next to not
     window_size: Any = (-1, -1)
     softcap: Any = 0.0
     sinks: torch.Tensor | None = None
-    seq_lens_host: np.ndarray | None = None  # each sequence's kv length, on the host, when known
+    seq_lens_host: Any = None  # each sequence's kv length, on the host (a CPU tensor or array), when known
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity (its op holds dicts)
@@ -92,15 +92,18 @@ def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_
 
 def _flashinfer_takes(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                       sinks, seq_lens_host):
-    """FlashInfer plans on the host: from each sequence's length and host flags."""
-    return seq_lens_host is not None and host_flags(window_size, softcap, causal) is not None
+    """FlashInfer plans on the host: from each sequence's length (on the host, never read
+    back from the device) and host flags."""
+    on_device = isinstance(seq_lens_host, torch.Tensor) and seq_lens_host.device.type != "cpu"
+    return seq_lens_host is not None and not on_device and host_flags(window_size, softcap, causal) is not None
 
 
 def _flashinfer_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
                      softcap, sinks, seq_lens_host):
     # plain host values: numpy ones would keep FlashInfer from reusing its plan
     (window_left, _), softcap, causal = host_flags(window_size, softcap, causal)
-    return paged_attention(q, k_cache, v_cache, page_table, seq_lens_host, _rest(config), causal=bool(causal),
+    lens = host_seq_lens(seq_lens_host, None, None, k_cache.shape[1])
+    return paged_attention(q, k_cache, v_cache, page_table, lens, _rest(config), causal=bool(causal),
                            window_left=int(window_left), softcap=float(softcap) if softcap else None)
 
 
@@ -202,9 +205,30 @@ def can_run(config: Config, c: Call) -> bool:
     return check_config(config, call_shape(c)) is None
 
 
-@functools.lru_cache(maxsize=4096)
-def _default_for(backends: tuple[Backend, ...], shape: DecodeShape) -> Config:
-    return _default(shape)
+_FALLBACKS: dict[tuple, Config] = {}
+_FALLBACKS_MAX = 4096
+
+
+def _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
+              sinks) -> Config:
+    """The default backend's config for a call whose own backend cannot run it: the default
+    of its kv bucket's top (one config per key, whatever length came first, as a graph
+    captured at one length replays at others). Cached by the call's host values, so a
+    server that keeps falling back (every capture, no host lengths) builds no shape."""
+    plain = type(max_kv_len) is int and type(causal) is bool and type(softcap) in (float, int) and \
+        type(window_size) is tuple
+    key = (installed(), q.shape, q.dtype, k_cache.shape, v_cache.shape[-1], k_cache.dtype, page_table.shape[1],
+           kv_len_bucket(max(max_kv_len, 1)), causal, window_size, softcap, sinks is None) if plain else None
+    config = _FALLBACKS.get(key) if plain else None
+    if config is None:
+        shape = call_shape(Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                                softcap, sinks))
+        config = _default(dataclasses.replace(shape, kv_len=max(kv_len_bucket(shape.kv_len), shape.q_len)))
+        if plain:
+            if len(_FALLBACKS) >= _FALLBACKS_MAX:
+                _FALLBACKS.clear()
+            _FALLBACKS[key] = config
+    return config
 
 
 def _capturing() -> bool:
@@ -213,7 +237,7 @@ def _capturing() -> bool:
 
 def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              page_table: torch.Tensor, cache_seqlens: torch.Tensor, max_kv_len: int, causal: Any, window_size: Any,
-             softcap: Any, sinks: torch.Tensor | None, seq_lens_host: np.ndarray | None) -> torch.Tensor:
+             softcap: Any, sinks: torch.Tensor | None, seq_lens_host: Any) -> torch.Tensor:
     """Run a caller's call (Call's fields) with a config on its backend; where that backend
     cannot run this call (no host lengths for FlashInfer, or CUDA-graph capture, which would
     freeze its plan and pages), the default backend's config for the call's shape runs
@@ -224,19 +248,13 @@ def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     if backend is None or not (backend.runs_any_call or backend.runs(
             q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
             seq_lens_host)):
-        call = Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
-                    seq_lens_host)
-        config = _default_for(installed(), call_shape(call))
+        config = _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                           softcap, sinks)
         backend = BACKENDS.get(config["backend"])
         if backend is None:
             raise RuntimeError(f"decode_attention: no backend can run here ({_unavailable()})")
     return backend.call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
                         softcap, sinks, seq_lens_host)
-
-
-def host_lengths(seq_lens_host: Any, page_size: int) -> np.ndarray | None:
-    """The call's host-side kv lengths as an int64 array, or None (on the device: not read)."""
-    return None if seq_lens_host is None else host_seq_lens(seq_lens_host, None, None, page_size)
 
 
 def __getattr__(name: str) -> Any:
