@@ -167,6 +167,22 @@ def test_tune_mode_does_not_retune_stored_keys_but_force_does(db_path):
     assert len(calls) == 1  # once per key per process
 
 
+def test_tune_mode_stores_nothing_when_the_confirming_run_fails(db_path, monkeypatch):
+    """A failed side-by-side re-timing stored the default as the key's tuned winner, and an
+    exact record is never tuned again: the key kept the default for good."""
+    from tuner.bench import WallClockTimer
+
+    def out_of_memory(self, a, b):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(WallClockTimer, "paired", out_of_memory)
+    tuner.configure(db=db_path, mode="tune")
+    fn = make_fn(slow={32: 0.004, 64: 0.004})
+    with pytest.raises(torch.OutOfMemoryError):
+        fn(torch.ones(2), 4, 100)
+    tuner.configure(mode="off")  # writes what the process holds
+    assert TuningDB(db_path).records() == []
+
+
 def test_never_tunes_during_cuda_graph_capture(db_path, monkeypatch):
     tuner.configure(db=db_path, mode="tune")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

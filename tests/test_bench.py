@@ -69,3 +69,11 @@ def test_timer_presets_make_the_timer_of_the_device():
     wall = timer_for("sweep-cpu", "cpu")
     assert isinstance(wall, WallClockTimer) and wall.method["repeats"] == 15
     assert timer_for("runtime", "cpu").method["max_seconds"] == 0.5
+
+
+def test_a_library_sweep_on_a_gpu_times_with_the_cuda_graph_timers_own_defaults():
+    """sweep() without timer= took a cheaper preset (2 warm-up calls, 15 samples) than the
+    CudaGraphTimer() it used to build (3 and 20); only the CLI asks for 2 and 15."""
+    from tuner.bench.cuda_timer import CudaGraphTimer
+
+    assert timer_for("sweep-gpu", "cuda").method == CudaGraphTimer().method

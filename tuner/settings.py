@@ -68,8 +68,9 @@ class TimerPreset:
 
 
 TIMERS = {
-    # offline sweeps (`tuner sweep`; its --warmup/--repeats/--max-seconds override these)
-    "sweep-gpu": TimerPreset(warmup=2, repeats=15, min_sample_us=200.0),
+    # offline sweeps called as a library (tuner.sweep.sweep without a timer); `tuner sweep`
+    # takes its --warmup/--repeats/--max-seconds (default sweep-cpu's) on either device
+    "sweep-gpu": TimerPreset(warmup=3, repeats=20, min_sample_us=200.0),
     "sweep-cpu": TimerPreset(warmup=2, repeats=15, min_repeats=5, max_seconds=2.0),
     # tune mode, inside a serving process: short, on wall-clock time
     "runtime": TimerPreset(warmup=1, repeats=7, min_repeats=3, max_seconds=0.5),

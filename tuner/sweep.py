@@ -132,8 +132,10 @@ def sweep(
             t = outcome.timing
             db.save_measurement(
                 problem, env, step.config, kv_len=shape.kv_len, status=outcome.status,
-                # the timer's method as of this measurement (a failed capture says so)
-                method=dict(method, **step.timer.method, search=strategy), rung=step.rung,
+                # the timer's method as of this measurement (a failed capture says so); a
+                # quick rung's also in method, where a tuner before the rung column reads it
+                method=dict(method, **step.timer.method, **({"rung": step.rung} if step.rung != 1 else {})),
+                rung=step.rung,
                 median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
                 max_error=outcome.max_error, error=outcome.error,
             )
@@ -142,7 +144,7 @@ def sweep(
         result = measure(
             trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume, record=record,
             ranks=ranks, gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine),
-            advance=lambda n: advance(n, label),
+            advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
         )
         del trial  # free the device before the next shape's inputs
         boundary_sync()
@@ -150,7 +152,7 @@ def sweep(
         winner, default_timing = result.winner, result.default_timing
         if (ranks is None or ranks.rank == 0) and winner is not None:
             db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
-                           method=dict(method, min_gain=min_gain, ranks=ranks.world if ranks else 1, search=strategy))
+                           method=dict(method, min_gain=min_gain, ranks=ranks.world if ranks else 1))
         if ranks is not None:  # every rank takes the one winner rank 0 stored
             ranks.barrier()
             record_ = db.record(problem, env.id)

@@ -18,7 +18,15 @@ from tuner.errors import TunerError
 from tuner.ranks import Ranks
 from tuner.runtime.borrowing import Config, winner_gain
 from tuner.runtime.state import runtime
-from tuner.search.pipeline import measure, output_of
+from tuner.search.pipeline import measure
+
+
+def _output_of(out: Any) -> Any:
+    """What a run's result is checked on: the output tensor, the first of a tuple such as
+    (out, softmax_lse) as FA3 returns with return_softmax_lse."""
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return out
 
 
 def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, args: tuple, kwargs: dict,
@@ -28,7 +36,7 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
     reference the default's output, copied (a kernel writing into the caller's out= returns
     that one tensor for every config, and each would be checked against itself)."""
     configs = with_default_first(default, function.configs(args, kwargs))
-    run = lambda c: output_of(function.fn(*args, config=c, **kwargs))  # noqa: E731
+    run = lambda c: _output_of(function.fn(*args, config=c, **kwargs))  # noqa: E731
     reference = run(default)
     reference = reference.clone() if isinstance(reference, torch.Tensor) else reference
     trial = Trial(runs=[run], reference=reference,

@@ -8,10 +8,10 @@ verification of shipped winners all run through it; what they store, and where, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from tuner import settings
-from tuner.bench import OK, Outcome, Timer, Timing, decide, measure_config
+from tuner.bench import OK, Outcome, Timer, Timing, decide, measure_config, same_config
 from tuner.bench.trial import Trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, get_strategy
@@ -58,12 +58,16 @@ def measure(
     gather: Gather | None = None,
     advance: Callable[[int], None] | None = None,
     decide_winner: bool = True,
+    keep_default_if_confirm_fails: bool = False,
 ) -> Measured:
     """Measure `configs` (the default first) on `trial` as `strategy` says and choose the
     winner. resume: a stored measurement to reuse instead (of its rung or a later one);
     record: store each new one; ranks (with gather): the first rung shared round robin, the
     later rungs and the choice on rank 0 only (decide_winner False: no choice here).
-    advance(n): n first-rung steps done, for a progress bar."""
+    advance(n): n first-rung steps done, for a progress bar. keep_default_if_confirm_fails:
+    a side-by-side re-timing that fails (out of memory, say) keeps the default as the winner,
+    for a sweep that moves on to its next shape; otherwise its error propagates (tune mode
+    stores nothing then, and tries the key again)."""
     strategy = get_strategy(strategy) if isinstance(strategy, str) else strategy
     result = Measured()
     measured_now: set[str] = set()
@@ -107,25 +111,16 @@ def measure(
         try:
             result.winner, result.default_timing = decide(trial.runs, outcomes, default, timer=timer,
                                                           min_gain=min_gain)
-        except (RuntimeError, MemoryError):  # the side-by-side re-timing failed: keep the default
-            confirm_failed(result, default)
+        except (RuntimeError, MemoryError):
+            if not keep_default_if_confirm_fails:
+                raise
+            _keep_default(result, default)
     return result
 
 
-def confirm_failed(result: Measured, default: Config) -> None:
+def _keep_default(result: Measured, default: Config) -> None:
     """When the side-by-side re-timing itself failed (the device ran out of memory, say):
     keep the default's own outcome as the winner."""
-    from tuner.bench import same_config
-
     result.winner = next((o for o in result.outcomes if o.status == OK and same_config(o.config, default)), None)
     result.default_timing = result.winner.timing if result.winner else None
 
-
-def output_of(out: Any) -> Any:
-    """What a run's result is checked on: the output tensor, the first of a tuple such as
-    (out, softmax_lse) as FA3 returns with return_softmax_lse."""
-    import torch
-
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return out
