@@ -65,6 +65,35 @@ def test_strategies_list_their_steps_by_name():
         get_strategy("nope")
 
 
+def test_a_strategy_is_one_module_in_tuner_search(tmp_path, monkeypatch):
+    """A module with a STRATEGY anywhere on tuner.search's path is found by name; no list
+    to register it in."""
+    import sys
+
+    import tuner.search as search
+
+    (tmp_path / "only_default.py").write_text(
+        "from tuner.search.base import Step\n"
+        "class OnlyDefault:\n"
+        "    name = 'only-default'\n"
+        "    def first(self, configs, timer):\n"
+        "        return [Step(configs[0], timer, 1)]\n"
+        "    def then(self, outcomes, default, timer, rung):\n"
+        "        return []\n"
+        "STRATEGY = OnlyDefault()\n")
+    monkeypatch.setattr(search, "__path__", [*search.__path__, str(tmp_path)])
+    search.strategies.cache_clear()
+    try:
+        assert set(search.strategies()) == {"exhaustive", "halving", "only-default"}
+        timer = RecordingTimer()
+        assert [s.config for s in get_strategy("only-default").first([{"c": 0}, {"c": 1}], timer)] == [{"c": 0}]
+    finally:
+        monkeypatch.undo()
+        monkeypatch.delitem(sys.modules, "tuner.search.only_default", raising=False)
+        search.strategies.cache_clear()
+    assert set(search.strategies()) == {"exhaustive", "halving"}
+
+
 def test_timer_presets_make_the_timer_of_the_device():
     wall = timer_for("sweep-cpu", "cpu")
     assert isinstance(wall, WallClockTimer) and wall.method["repeats"] == 15

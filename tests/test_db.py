@@ -531,3 +531,46 @@ def test_a_db_from_before_the_rung_column_reads_and_gains_it_when_written(db_pat
     writer.save_measurement(p, FP, {"c": 2}, kv_len=1000, status="ok", method={}, median_us=4.0, spread_us=1.0,
                             samples=3, rung=1)
     assert [(m.config, m.rung) for m in writer.measurements(p, FP[0])] == [({"c": 1}, 0), ({"c": 2}, 1)]
+
+
+def test_postgresql_upgraders_take_turns(make_db):
+    """The column upgrade took no lock on PostgreSQL: an opener that looked while another's
+    ALTER was uncommitted ran the ALTER too, and one of them failed ("column already
+    exists"). Upgraders now hold the creators' advisory lock: one waits for the other, then
+    finds the column in."""
+    if make_db.backend != "postgresql":
+        pytest.skip("PostgreSQL's transactional DDL; SQLite writers share a file lock")
+    import threading
+
+    from sqlalchemy import create_engine, text
+
+    url = make_db()
+    TuningDB(url).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE measurements DROP COLUMN rung"))
+    opened: list[object] = []
+    other = engine.connect()
+    upgrade = other.begin()  # another upgrader, under the lock
+    other.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x74756E6572})
+
+    def open_to_write():
+        try:
+            opened.append(TuningDB(url))
+        except Exception as e:  # noqa: BLE001 - the failure is what is checked
+            opened.append(e)
+    opener = threading.Thread(target=open_to_write)
+    opener.start()
+    opener.join(1.0)
+    waited = opener.is_alive()
+    other.execute(text("ALTER TABLE measurements ADD COLUMN IF NOT EXISTS rung INTEGER"))
+    upgrade.commit()
+    other.close()
+    opener.join(30)
+    engine.dispose()
+    assert waited, "the opener upgraded without waiting for the other upgrader"
+    [db] = opened
+    assert isinstance(db, TuningDB), db
+    db.save_measurement(problem(), FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=5.0,
+                        spread_us=1.0, samples=3, rung=0)
+    assert [m.rung for m in db.measurements(problem(), FP[0])] == [0]

@@ -218,7 +218,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 # the columns added since schema version 1, as constant DDL (SQLite and PostgreSQL alike)
 _ADD_COLUMN = {("measurements", "rung"): "ALTER TABLE measurements ADD COLUMN rung INTEGER"}
-_CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation
+_CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation and upgrades
 
 
 def _short(exc: BaseException) -> str:
@@ -294,6 +294,8 @@ class TuningDB:
         if state == "ready":
             if create and (self._missing_optional_tables or self._missing_columns):
                 with self._write(action="upgrade") as session:  # tables and columns added since version 1
+                    if self.url.get_backend_name() == "postgresql":  # as creation: one upgrader at a time
+                        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
                     Base.metadata.create_all(session.connection(), tables=[
                         Base.metadata.tables[t] for t in sorted(self._missing_optional_tables)])
                     for table, column in sorted(self._missing_columns):  # looked at again: another writer

@@ -13,7 +13,7 @@ run (`accepts` says so) serves no call.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 from tuner import settings
 from tuner.keys import AttentionRunKey, Config, nearest_run_keys

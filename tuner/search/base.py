@@ -9,7 +9,7 @@ by tuner.bench.decide, whatever the strategy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from tuner.bench import Outcome, Timer
 from tuner.keys import Config
