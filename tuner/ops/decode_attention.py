@@ -217,8 +217,9 @@ def _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal
     server that keeps falling back (every capture, no host lengths) builds no shape."""
     plain = type(max_kv_len) is int and type(causal) is bool and type(softcap) in (float, int) and \
         type(window_size) is tuple
+    # the kv bucket as its exponent (kv_len_bucket without its checks: the key is all this costs)
     key = (installed(), q.shape, q.dtype, k_cache.shape, v_cache.shape[-1], k_cache.dtype, page_table.shape[1],
-           kv_len_bucket(max(max_kv_len, 1)), causal, window_size, softcap, sinks is None) if plain else None
+           (max(max_kv_len, 1) - 1).bit_length(), causal, window_size, softcap, sinks is None) if plain else None
     config = _FALLBACKS.get(key) if plain else None
     if config is None:
         shape = call_shape(Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
