@@ -11,28 +11,16 @@ Run it from two checkouts (PYTHONPATH naming the other) to compare them in one J
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import statistics
-import sys
-import timeit
-from pathlib import Path
-
 import numpy as np
 import torch
+from host_cost import arguments, ns_per_call, report
 
 CALLS = 5_000
 REPEATS = 9
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", default="this checkout")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    import tuner
+    args = arguments(__doc__.splitlines()[0])
     import tuner.ops.decode_attention as da
     from tuner.ops.decode_attention import decode_attention
 
@@ -60,18 +48,8 @@ def main() -> None:
     results = {}
     for name, fn in cases.items():
         fn()
-        runs = [timeit.timeit(fn, number=CALLS) / CALLS * 1e9 for _ in range(REPEATS)]
-        results[name] = {"median_ns": statistics.median(runs), "min_ns": min(runs)}
-    result = {"label": args.label, "tuner": tuner.__file__, "calls": CALLS, "repeats": REPEATS, **results,
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "python": sys.version.split()[0], "torch": torch.__version__,
-              "command": "python benchmarks/decode_attention_dispatch.py " + " ".join(sys.argv[1:])}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        path = Path(args.out)
-        previous = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(previous + [result], indent=1) + "\n")
-
+        results[name] = ns_per_call(fn, CALLS, REPEATS)
+    report(args, "decode_attention_dispatch.py", {"calls": CALLS, "repeats": REPEATS, **results})
 
 if __name__ == "__main__":
     main()

@@ -9,27 +9,18 @@ Run it from two checkouts (PYTHONPATH naming the other) to compare them in one J
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import statistics
-import sys
 import tempfile
-import timeit
 from pathlib import Path
 
 import torch
+from host_cost import arguments, ns_per_call, report
 
 CALLS = 20_000
 REPEATS = 15
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", default="this checkout")
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    args = arguments(__doc__.splitlines()[0])
     import tuner
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
     from tuner.keys import attention_run_key
@@ -72,19 +63,9 @@ def main() -> None:
         dropin()
         results = {}
         for name, fn in (("bare", bare), ("dropin", dropin)):
-            runs = [timeit.timeit(fn, number=CALLS) / CALLS * 1e9 for _ in range(REPEATS)]
-            results[name] = {"median_ns": statistics.median(runs), "min_ns": min(runs)}
-    result = {"label": args.label, "tuner": tuner.__file__, "calls": CALLS, "repeats": REPEATS, **results,
-              "overhead_ns": results["dropin"]["median_ns"] - results["bare"]["median_ns"],
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-              "python": sys.version.split()[0], "torch": torch.__version__,
-              "command": "python benchmarks/dropin_overhead.py " + " ".join(sys.argv[1:])}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        path = Path(args.out)
-        previous = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(previous + [result], indent=1) + "\n")
-
+            results[name] = ns_per_call(fn, CALLS, REPEATS)
+    report(args, "dropin_overhead.py", {"calls": CALLS, "repeats": REPEATS, **results,
+                                        "overhead_ns": results["dropin"]["median_ns"] - results["bare"]["median_ns"]})
 
 if __name__ == "__main__":
     main()
