@@ -32,6 +32,7 @@ from tuner.bench import CudaGraphTimer
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import canonical_json
 from tuner.ops import get_grid, get_op, make_decode_inputs
+from tuner.ops.rotation import fresh_page_copies
 from tuner.sweep import kv_copies, sweep
 
 
@@ -66,7 +67,7 @@ def verify(op, shape, row: dict, ref_row: dict | None, repeats: int) -> dict:
         if config is not None and config not in distinct:
             distinct.append(config)
     inputs = make_decode_inputs(shape, device="cuda")
-    copies = [inputs] + [inputs.with_kv_copy() for _ in range(kv_copies(inputs, "cuda") - 1)]
+    copies = fresh_page_copies(inputs, kv_copies(inputs, "cuda"))
     timer = CudaGraphTimer(warmup=3, repeats=repeats)
     try:
         timings = timer.interleaved([[lambda i=i, c=c: op.run(i, c) for i in copies] for c in distinct])

@@ -81,6 +81,62 @@ def test_inputs_have_a_valid_page_table():
     assert (inputs.cache_seqlens <= pt.shape[1] * s.page_size).all()
 
 
+def test_mixed_length_inputs_in_a_wide_table_hold_only_their_own_pages():
+    s = DecodeShape(batch=3, kv_len=10, **SMALL)
+    inputs = make_decode_inputs(s, seq_lens=[10, 3, 0], table_width=40, seed=3)
+    assert inputs.page_table.shape == (3, 10)  # 40 tokens of 4-token pages
+    assert inputs.lengths() == [10, 3, 0] and inputs.cache_seqlens.tolist() == [10, 3, 0]
+    assert inputs.k_cache.shape[0] == 3 + 1  # ceil(10/4) + ceil(3/4) pages, nothing for the rest
+    held = inputs.page_table[0, :3].tolist() + inputs.page_table[1, :1].tolist()
+    assert sorted(held) == [0, 1, 2, 3]
+    two = make_decode_inputs(DecodeShape(batch=2, kv_len=10, **SMALL), seq_lens=[10, 3], table_width=40, seed=3)
+    torch.testing.assert_close(two.reference(), sdpa_oracle(two), atol=1e-5, rtol=1e-5)
+    for bad in ([10, 3], [11, 3, 0], [-1, 3, 0]):
+        with pytest.raises(ValueError, match="seq_lens"):
+            make_decode_inputs(s, seq_lens=bad)
+    with pytest.raises(ValueError, match="table_width"):
+        make_decode_inputs(s, table_width=8)
+
+
+@pytest.mark.parametrize("extra, lens", [({}, None), ({}, [9, 2, 6]), ({"window": (3, 0), "q_len": 2}, [40, 7, 30])])
+def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(extra, lens):
+    from tuner.ops.rotation import WINDOW_MARGIN, bytes_read, fresh_page_copies, read_spans
+
+    kv = max(lens) if lens else 9
+    s = DecodeShape(batch=3, kv_len=kv, **dict(SMALL, **extra))
+    inputs = make_decode_inputs(s, seq_lens=lens, table_width=4 * kv, seed=4)
+    reference, spans = inputs.reference(), read_spans(inputs)
+    nbytes = bytes_read(inputs)
+    copies = fresh_page_copies(inputs, 3)
+    assert len(copies) == 3 and copies[0].page_table.equal(inputs.page_table)
+    read_by = []
+    for copy in copies:
+        assert copy.k_cache is copies[0].k_cache  # one pool
+        torch.testing.assert_close(copy.reference(), reference, atol=0, rtol=0)
+        pages = {int(copy.page_table[b, j]) for b, (lo, hi) in enumerate(spans)
+                 for j in range(lo // s.page_size, -(-hi // s.page_size))}
+        read_by.append(pages)
+        assert len(pages) * (copy.k_cache[0].nbytes * 2) == nbytes
+    assert not (read_by[0] & read_by[1]) and not (read_by[0] & read_by[2]) and not (read_by[1] & read_by[2])
+    if s.window[0] >= 0:  # a window reads its last keys (and a margin), not the whole sequence
+        assert spans[0] == (max(0, 40 - 2 - 3 - WINDOW_MARGIN), 40)
+    else:
+        assert spans == [(0, n) for n in inputs.lengths()]
+    assert fresh_page_copies(copies[0], 1) == [copies[0]]
+
+
+def test_a_window_reads_less_than_it_allocates():
+    from tuner.ops.rotation import bytes_read
+
+    s = DecodeShape(batch=2, kv_len=2048, **dict(SMALL, window=(100, 0)))
+    inputs = make_decode_inputs(s)
+    per_token = 2 * inputs.k_cache[0, 0].nbytes
+    assert inputs.kv_bytes == 2 * 2048 * per_token
+    # keys 1691..2047 (the query, its 100 to the left, the margin): pages 422..511, 90 of 4 keys
+    assert bytes_read(inputs) == 2 * 90 * 4 * per_token
+    assert bytes_read(make_decode_inputs(DecodeShape(batch=2, kv_len=2048, **SMALL))) == inputs.kv_bytes
+
+
 def test_torch_split_decode_matches_reference_for_every_config():
     op = get_op("torch_split_decode")
     for extra in ({}, {"q_len": 2, "window": (7, 0), "softcap": 3.0, "sinks": True}):

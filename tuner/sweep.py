@@ -18,6 +18,7 @@ from tuner.db import MeasurementRow, Problem, TuningDB, current_environment
 from tuner.errors import TunerError
 from tuner.keys import canonical_json
 from tuner.ops import Config, DecodeInputs, DecodeShape, Op
+from tuner.ops.rotation import bytes_read
 from tuner.ops.trial import build_trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, Step
@@ -48,8 +49,9 @@ class ShapeResult:
 
 
 def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
-    """How many copies of the KV cache a cold-L2 rotation needs (tuner.bench.trial)."""
-    return cold_l2_copies(inputs.kv_bytes, device, max_copies)
+    """How many copies a cold-L2 rotation needs (tuner.bench.trial), by the bytes a call
+    reads (tuner.ops.rotation), not the bytes allocated."""
+    return cold_l2_copies(bytes_read(inputs), device, max_copies)
 
 
 def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:

@@ -22,13 +22,16 @@ def test_cuda_graph_timer_captures_and_rotates():
     assert fast.samples == slow.samples == 5
 
 
-def test_kv_copies_exceed_the_l2():
+def test_kv_copies_exceed_the_l2_by_the_bytes_a_call_reads():
     inputs = make_decode_inputs(DecodeShape(batch=1, kv_len=512), device="cuda")
     n = kv_copies(inputs, "cuda")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     assert n > 1 and n * inputs.kv_bytes >= min(2 * l2, 64 * inputs.kv_bytes)
     big = make_decode_inputs(DecodeShape(batch=64, kv_len=8192), device="cuda")
     assert kv_copies(big, "cuda") == 1
+    # as much allocated, but a window-4095 call reads 1/16 of it: copies again
+    windowed = make_decode_inputs(DecodeShape(batch=4, kv_len=65536, window=(4095, 0)), device="cuda")
+    assert kv_copies(windowed, "cuda") > 1
 
 
 FA3_SHAPES = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -30,7 +30,9 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 
 @dataclass
 class DecodeInputs:
-    """One decode problem, with its host-side lengths (never read back from the device)."""
+    """One decode problem, with its host-side lengths (never read back from the device).
+    shape.kv_len is the longest sequence (the call's max_kv_len); seq_lens_host, each
+    sequence's length on the host, is None when every sequence has shape.kv_len."""
 
     shape: DecodeShape
     q: torch.Tensor
@@ -39,6 +41,13 @@ class DecodeInputs:
     page_table: torch.Tensor
     cache_seqlens: torch.Tensor
     sinks: torch.Tensor | None
+    seq_lens_host: torch.Tensor | None = None  # int32, on the CPU
+
+    def lengths(self) -> list[int]:
+        """Each sequence's kv length."""
+        if self.seq_lens_host is None:
+            return [self.shape.kv_len] * self.shape.batch
+        return self.seq_lens_host.tolist()
 
     def reference(self) -> torch.Tensor:
         s = self.shape
@@ -58,19 +67,18 @@ class DecodeInputs:
     def kv_bytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
-    def with_kv_copy(self) -> "DecodeInputs":
-        """The same problem over a fresh copy of the KV cache (same values, new memory)."""
-        return dataclasses.replace(self, k_cache=self.k_cache.clone(), v_cache=self.v_cache.clone())
-
     def run_key(self) -> AttentionRunKey:
         return attention_run_key(self.shape.batch, self.shape.q_len, self.shape.kv_len)
 
 
-def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", seed: int = 0) -> DecodeInputs:
+def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", seed: int = 0,
+                       seq_lens: Sequence[int] | None = None, table_width: int | None = None) -> DecodeInputs:
     """Random inputs for a shape, with a valid, shuffled page table.
 
-    Every sequence holds shape.kv_len tokens; the page table has exactly the pages they
-    need, so each length is within what the table can hold and every index is in range.
+    Every sequence holds shape.kv_len tokens, or seq_lens[i] (each at most shape.kv_len) when
+    given. The page table is table_width tokens wide (default shape.kv_len), as a server's
+    persistent table is as wide as its max context; only the pages a sequence holds exist
+    in the cache (every other entry is page 0, never read), so each index is in range.
     """
     device = torch.device(device)
     # values are drawn on the device itself: a 4M-token cache is 16 GB, too much to make on
@@ -78,8 +86,16 @@ def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", s
     gen = torch.Generator(device=device).manual_seed(seed)
     host_gen = torch.Generator(device="cpu").manual_seed(seed)
     dtype = TORCH_DTYPES[shape.dtype]
-    pages_per_seq = -(-shape.kv_len // shape.page_size)
-    num_pages = shape.batch * pages_per_seq
+    lens = [shape.kv_len] * shape.batch if seq_lens is None else [int(n) for n in seq_lens]
+    if len(lens) != shape.batch or any(not 0 <= n <= shape.kv_len for n in lens):
+        raise ValueError(f"seq_lens: {shape.batch} lengths in [0, {shape.kv_len}] expected, got {lens[:8]}")
+    width = shape.kv_len if table_width is None else table_width
+    if width < shape.kv_len:
+        raise ValueError(f"table_width {width} cannot hold kv_len {shape.kv_len}")
+    table_pages = -(-width // shape.page_size)
+    seq_pages = [-(-n // shape.page_size) for n in lens]
+    uniform = seq_lens is None and width == shape.kv_len
+    num_pages = sum(seq_pages) if uniform else max(1, sum(seq_pages))  # page 0 fills the unused entries
 
     def randn(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=gen, device=device, dtype=dtype)
@@ -87,8 +103,16 @@ def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", s
     q = randn(shape.batch, shape.q_len, shape.num_q_heads, shape.head_dim)
     k_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
     v_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
-    page_table = torch.randperm(num_pages, generator=host_gen).view(shape.batch, pages_per_seq)
-    cache_seqlens = torch.full((shape.batch,), shape.kv_len, dtype=torch.int32)
+    order = torch.randperm(num_pages, generator=host_gen)
+    if uniform:
+        page_table = order.view(shape.batch, table_pages)
+    else:
+        page_table = torch.zeros(shape.batch, table_pages, dtype=torch.int64)
+        taken = 0
+        for i, n in enumerate(seq_pages):
+            page_table[i, :n] = order[taken:taken + n]
+            taken += n
+    cache_seqlens = torch.tensor(lens, dtype=torch.int32)
     # in q's dtype, as FA3 requires
     sinks = torch.randn(shape.num_q_heads, generator=host_gen).to(device=device, dtype=dtype) if shape.sinks else None
     return DecodeInputs(
@@ -99,6 +123,7 @@ def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", s
         page_table=page_table.to(device=device, dtype=torch.int32),
         cache_seqlens=cache_seqlens.to(device),
         sinks=sinks,
+        seq_lens_host=None if seq_lens is None else cache_seqlens,
     )
 
 

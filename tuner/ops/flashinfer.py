@@ -594,9 +594,12 @@ _UNIFORM_LENS: dict[tuple[int, int], np.ndarray] = {}
 
 def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
     s = inputs.shape
-    lens = _UNIFORM_LENS.get((s.batch, s.kv_len))
-    if lens is None:
-        lens = _UNIFORM_LENS[(s.batch, s.kv_len)] = np.full(s.batch, s.kv_len, dtype=np.int64)
+    if inputs.seq_lens_host is not None:
+        lens = inputs.seq_lens_host.numpy().astype(np.int64)
+    else:
+        lens = _UNIFORM_LENS.get((s.batch, s.kv_len))
+        if lens is None:
+            lens = _UNIFORM_LENS[(s.batch, s.kv_len)] = np.full(s.batch, s.kv_len, dtype=np.int64)
     return paged_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, lens, config,
                            causal=s.causal, window_left=s.window[0], softcap=s.softcap or None)
 

@@ -1,5 +1,5 @@
 """The trial builder of an op: a shape's inputs on a device, the reference output, copies
-of the KV cache for a cold L2, and the op's tolerance."""
+that read fresh pages for a cold L2 (tuner.ops.rotation), and the op's tolerance."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from tuner.bench.trial import Trial, cold_l2_copies
 from tuner.ops.base import Op
+from tuner.ops.rotation import bytes_read, fresh_page_copies
 from tuner.ops.shapes import DecodeShape
 
 
@@ -36,6 +37,7 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial
         raise MemoryError(why)
     inputs = op.make_inputs(shape, device=device, seed=seed)
     reference = inputs.reference()
-    copies = [inputs] + [inputs.with_kv_copy() for _ in range(cold_l2_copies(inputs.kv_bytes, device) - 1)]
+    copies = fresh_page_copies(inputs, cold_l2_copies(bytes_read(inputs), device))
+    del inputs  # its caches live on in the copies' pool
     return Trial(runs=[functools.partial(op.run, copy) for copy in copies], reference=reference,
                  tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len)

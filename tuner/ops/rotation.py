@@ -1,0 +1,68 @@
+"""Copies of a decode problem for timing with a cold L2, sized by the bytes a call reads.
+
+A call reads only part of what is allocated: a sliding window reads its last keys, short
+sequences in a wide page table read their own pages. A rotation of whole-cache copies sized
+by allocation then times a hot L2 (a window-4095 winner looked 1.29x against 1.07x on fresh
+pages). Here the copies share one KV pool, and each copy's page table points the pages its
+call reads at pages no other copy reads, holding the same values: every copy gives the same
+output, and a rotation of n copies reads n times the bytes of one call from memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tuner.ops.base import DecodeInputs
+
+# keys before a window's first visible one that kernels still load (FA3 starts at a whole
+# block of up to 176 keys): counted as read, so they are fresh in every copy too
+WINDOW_MARGIN = 256
+
+
+def read_spans(inputs: DecodeInputs) -> list[tuple[int, int]]:
+    """Per sequence, the keys [lo, hi) a call reads (a window's, with WINDOW_MARGIN)."""
+    left = inputs.shape.window[0]
+    q_len = inputs.shape.q_len
+    spans = []
+    for n in inputs.lengths():
+        lo = 0 if left < 0 else max(0, n - q_len - left - WINDOW_MARGIN)
+        spans.append((lo, n))
+    return spans
+
+
+def bytes_read(inputs: DecodeInputs) -> int:
+    """KV bytes one call reads, in whole pages."""
+    page = inputs.shape.page_size
+    per_page = (inputs.k_cache[0].nbytes + inputs.v_cache[0].nbytes) if inputs.k_cache.shape[0] else 0
+    return sum(-(-hi // page) - lo // page for lo, hi in read_spans(inputs) if hi > lo) * per_page
+
+
+def fresh_page_copies(inputs: DecodeInputs, count: int) -> list[DecodeInputs]:
+    """count copies of inputs (the first one's page table unchanged), over one KV pool in
+    which the pages each copy reads are its own. inputs' caches are not kept: drop inputs
+    and use the copies."""
+    if count <= 1:
+        return [inputs]
+    page = inputs.shape.page_size
+    rows, cols = [], []
+    for b, (lo, hi) in enumerate(read_spans(inputs)):
+        if hi > lo:
+            first, last = lo // page, -(-hi // page)
+            rows.extend([b] * (last - first))
+            cols.extend(range(first, last))
+    device = inputs.page_table.device
+    rows_t = torch.tensor(rows, dtype=torch.long, device=device)
+    cols_t = torch.tensor(cols, dtype=torch.long, device=device)
+    source = inputs.page_table[rows_t, cols_t].long()
+    held, fresh = inputs.k_cache.shape[0], len(rows)
+    k_pool = torch.cat([inputs.k_cache] + [inputs.k_cache[source]] * (count - 1))
+    v_pool = torch.cat([inputs.v_cache] + [inputs.v_cache[source]] * (count - 1))
+    copies = [dataclasses.replace(inputs, k_cache=k_pool, v_cache=v_pool)]
+    for c in range(1, count):
+        table = inputs.page_table.clone()
+        table[rows_t, cols_t] = torch.arange(held + (c - 1) * fresh, held + c * fresh, device=device,
+                                             dtype=table.dtype)
+        copies.append(dataclasses.replace(inputs, k_cache=k_pool, v_cache=v_pool, page_table=table))
+    return copies
