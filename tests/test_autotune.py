@@ -243,6 +243,29 @@ def test_combined_key_and_signatures_with_defaults_and_keyword_only_params(db_pa
     assert seen == [(64, 2048, 1.0), (64, 2000, 3.0), (16, 2**20, 1.0)]
 
 
+def test_config_for_names_what_a_call_would_run_without_running_it(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    x = torch.ones(2)
+    assert fn.tuner.config_for(x, 16, 2000) == {"block": 64}  # exact key's bucket
+    assert fn.tuner.config_for(x, 1, 2**20) == {"block": 32}  # too far: the default
+    assert calls == []  # nothing ran
+    assert run(fn, 16, 2000, calls) == 64 and run(fn, 1, 2**20, calls) == 32  # what the calls then run
+
+    @tuner.autotune("toy", configs=[{"block": 16}], default={"block": 32},
+                    key=lambda x, batch, kv=2048: (STATIC, batch, 1, kv))
+    def combined(x, batch, kv=2048, *, config):
+        raise AssertionError("not called")
+
+    assert combined.tuner.config_for(x, 16) == {"block": 64} and combined.tuner.config_for(x, 16, 2**20) == {
+        "block": 32}
+    config = combined.tuner.config_for(x, 16)
+    config["block"] = 0  # a copy: the memo is not changed through it
+    assert combined.tuner.config_for(x, 16) == {"block": 64}
+
+
 def test_star_args_functions_get_the_generic_wrapper(db_path):
     store(db_path, 16, 2048, {"block": 64})
     tuner.configure(db=db_path, mode="lookup")

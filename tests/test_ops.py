@@ -221,3 +221,30 @@ def test_a_shapes_keys_are_the_keys_read_off_its_inputs(extra):
     shape = DecodeShape(batch=2, kv_len=100, **dict(SMALL, **extra))
     inputs = make_decode_inputs(shape)
     assert shape.static_key() == inputs.static_key() and shape.run_key() == inputs.run_key()
+
+
+@pytest.mark.parametrize("distribution", ["uniform", "long_tail", "few_long"])
+def test_serving_lengths_are_deterministic_bounded_and_shaped(distribution):
+    from tuner.ops.traffic import draw_lengths
+
+    lens = draw_lengths(distribution, 64, 8192, seed=1)
+    assert lens == draw_lengths(distribution, 64, 8192, seed=1) != draw_lengths(distribution, 64, 8192, seed=2)
+    assert len(lens) == 64 and all(16 <= n <= 8192 for n in lens)
+    mean = sum(lens) / len(lens)
+    if distribution == "uniform":
+        assert min(lens) >= 4096 and 5500 < mean < 6800
+    elif distribution == "long_tail":
+        assert sorted(lens)[32] < 2048 and max(lens) > 4096  # most short, some long
+    else:
+        assert sum(n >= 6144 for n in lens) == 8 and sum(n <= 512 for n in lens) == 56
+    assert draw_lengths(distribution, 1, 8, seed=0)[0] <= 8
+
+
+def test_serving_lengths_refuse_bad_arguments():
+    from tuner.ops.traffic import CAPTURE_BATCHES, draw_lengths
+
+    with pytest.raises(ValueError, match="not one of"):
+        draw_lengths("zipf", 4, 100, 0)
+    with pytest.raises(ValueError, match=">= 1"):
+        draw_lengths("uniform", 0, 100, 0)
+    assert CAPTURE_BATCHES[:10] == (1, 2, 3, 4, 5, 6, 7, 8, 12, 16) and CAPTURE_BATCHES[-1] == 256

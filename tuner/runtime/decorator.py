@@ -38,6 +38,21 @@ class AutotunedFunction:
         self._accepts = accepts
         self.memo: dict[tuple, Config] = {}
         self.tuned: set[tuple] = set()  # keys tuned by this process (for force mode)
+        self.key_functions: dict[str, Callable] = {}  # set by autotune(): "_key", or "_static_key" and "_run_key"
+
+    def config_for(self, *args: Any, **kwargs: Any) -> Config:
+        """The config a call with these arguments (config excluded) runs, resolved as the
+        wrapper resolves it (memo, then DB, borrowing rule, default), without running it:
+        what a server may ask at CUDA-graph capture, or a benchmark to name what ran."""
+        keys = self.key_functions
+        if "_key" in keys:
+            static, batch, q_len, kv_len = keys["_key"](*args, **kwargs)
+        else:
+            batch, q_len, kv_len = keys["_run_key"](*args, **kwargs)
+            static = keys["_static_key"](*args, **kwargs)
+        memo_key = (static, batch, q_len, _kv_bits(kv_len))
+        config = self.memo.get(memo_key)
+        return dict(config if config is not None else self.resolve(memo_key, kv_len, args, kwargs))
 
     def configs(self, args: tuple, kwargs: dict) -> list[Config]:
         return list(self._configs(*args, **kwargs) if callable(self._configs) else self._configs)
@@ -155,6 +170,7 @@ def autotune(
         state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts)
         runtime.functions.add(state)
         keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
+        state.key_functions = keys
         wrapper = _explicit_wrapper(fn, state, keys) or _generic_wrapper(fn, state, keys)
         functools.update_wrapper(wrapper, fn)
         wrapper.tuner = state  # type: ignore[attr-defined]

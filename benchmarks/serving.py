@@ -1,0 +1,256 @@
+"""decode_attention on decode traffic as servers make it: tuner against FA3's default and
+against the oracle, per call and under CUDA graphs.
+
+    python benchmarks/serving.py --out $OUT/serving.json [--seconds 540]
+
+Cases: head configurations (shipped ones and others) x batch sizes from a CUDA-graph capture
+list (tuner.ops.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k x length
+distributions (tuner.ops.traffic.DISTRIBUTIONS). Two modes, timed alike (CUDA graphs, cold
+L2 by the bytes a call reads: tuner.ops.rotation):
+- per_call: attention run with the true host-side max length, the page table as wide as
+  the longest sequence (as a server slices it outside graphs, and under piecewise graphs);
+- graph: one graph per batch size, captured with the server's max context (MAX_CONTEXT)
+  as max_kv_len and page-table width, replayed over the case's lengths; the config is what
+  the call resolves to at capture, fixed for every replay.
+For each: FA3's default, tuner (the config decode_attention resolves for the call: DB,
+shipped tunings, borrowing rule, default), and the oracle (every candidate config of the
+space timed on exactly that batch, the fastest three re-timed side by side with the other
+two). FlashInfer is left out of the space: its plan is host work per call, which a captured
+decode graph cannot hold (tuner replaces a FlashInfer winner by the default under capture).
+The JSON is written after every case, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+import tuner
+from tuner.bench import CudaGraphTimer, WallClockTimer
+from tuner.bench.trial import cold_l2_copies
+from tuner.db import current_fingerprint
+from tuner.ops import DecodeShape, make_decode_inputs
+from tuner.ops.decode_attention import BACKENDS, decode_attention
+from tuner.ops.rotation import bytes_read, fresh_page_copies
+from tuner.ops.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths
+
+SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache"
+MAX_CONTEXT = 131072  # the graph mode's capture-time bound: max_kv_len and page-table width
+# name: DecodeShape fields besides batch and kv_len. "shipped" ones have tunings in
+# tuning_cache/; the others (the issue's freshly swept keys) have none there
+MODELS: dict[str, dict] = {
+    "Llama-3.1-8B tp1 (shipped)": dict(num_q_heads=32, num_kv_heads=8),
+    "Llama-3.1-70B tp8 (shipped)": dict(num_q_heads=8, num_kv_heads=1),
+    "Qwen2.5-7B tp1 (shipped)": dict(num_q_heads=28, num_kv_heads=4),
+    "hd256 softcap50 window4095 (other)": dict(num_q_heads=16, num_kv_heads=8, head_dim=256, softcap=50.0,
+                                               window=(4095, 0)),
+    "hd64 sinks window127 fp16 (other)": dict(num_q_heads=64, num_kv_heads=8, head_dim=64, sinks=True,
+                                              window=(127, 0), dtype="float16"),
+}
+BATCHES = (1, 3, 8, 24, 64, 136, 256)  # drawn from CAPTURE_BATCHES
+CAPS = (1024, 4096, 16384, 65536, 131072)
+MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
+MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
+SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
+
+
+def cases(smoke: bool) -> list[dict]:
+    """Every case, ordered so that a run cut short still spans the models, sizes and lengths."""
+    if smoke:
+        return [dict(model="smoke", batch=b, cap=c, distribution=d) for b in (1, 3) for c in (64,)
+                for d in DISTRIBUTIONS]
+    assert all(b in CAPTURE_BATCHES for b in BATCHES)
+    grid = [dict(model=m, batch=b, cap=c, distribution=d) for c in CAPS for b in BATCHES for d in DISTRIBUTIONS
+            for m in MODELS if b * c <= MAX_TOKENS]
+    # a stride through the grid that is coprime with its length visits every case once
+    stride = next(s for s in range(len(grid) // 3, len(grid)) if math.gcd(s, len(grid)) == 1)
+    return [grid[(i * stride) % len(grid)] for i in range(len(grid))]
+
+
+def _calls(inputs, copies, max_kv_len: int, table_width: int | None, host_lens):
+    """The rotation's call arguments: one per copy, the page table widened to table_width."""
+    s = inputs.shape
+    out = []
+    for c in copies:
+        table = c.page_table
+        if table_width is not None:
+            wide = torch.zeros(s.batch, -(-table_width // s.page_size), dtype=table.dtype, device=table.device)
+            wide[:, :table.shape[1]] = table
+            table = wide
+        out.append(((c.q, c.k_cache, c.v_cache, table, c.cache_seqlens, max_kv_len, s.causal, s.window,
+                     s.softcap, c.sinks), {} if host_lens is None else {"seq_lens_host": host_lens}))
+    return out
+
+
+def _rotation(calls, config):
+    return [lambda a=a, k=k: decode_attention(*a, **k, config=config) for a, k in calls]
+
+
+def _time(timer, calls, configs: list[dict]) -> list[float | None]:
+    """Side-by-side medians (us) of configs on the rotation; None where a config failed."""
+    try:
+        if hasattr(timer, "interleaved"):
+            return [t.median_us for t in timer.interleaved([_rotation(calls, c) for c in configs])]
+    except Exception:  # noqa: BLE001 - one config's failure: time them one by one
+        pass
+    out: list[float | None] = []
+    for c in configs:
+        try:
+            out.append(timer(_rotation(calls, c)).median_us)
+        except Exception:  # noqa: BLE001
+            out.append(None)
+    return out
+
+
+def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> dict:
+    lens = draw_lengths(case["distribution"], case["batch"], case["cap"], seed)
+    kv_max = max(lens)
+    shape = DecodeShape(batch=case["batch"], kv_len=kv_max, **spec)
+    inputs = make_decode_inputs(shape, device=device, seed=seed, seq_lens=lens)
+    host_lens = inputs.seq_lens_host
+    read = bytes_read(inputs)
+    n = cold_l2_copies(read, device)
+    if device == "cuda":  # the graph mode's wide tables, all copies together, within bounds
+        per_table = case["batch"] * -(-MAX_CONTEXT // shape.page_size) * 4
+        n = max(1, min(n, MAX_TABLE_BYTES // per_table))
+    copies = fresh_page_copies(inputs, n)
+    del inputs
+    row = dict(case, kv_max=kv_max, kv_mean=sum(lens) / len(lens), bytes_read=read, copies=n)
+    per_call = _calls(copies[0], copies, kv_max, None, host_lens)
+    graph = _calls(copies[0], copies, MAX_CONTEXT, MAX_CONTEXT, None)
+    dispatch = decode_attention.tuner
+    (a, k), (ga, gk) = per_call[0], graph[0]
+    defaults = {"per_call": dispatch.default(a, k), "graph": dispatch.default(ga, gk)}  # FA3's: the same
+    tuned = {"per_call": dispatch.config_for(*a, **k), "graph": dispatch.config_for(*ga, **gk)}
+    row.update(default=defaults, tuner=tuned)
+
+    # the oracle: every candidate on exactly this batch (per call), the fastest re-timed
+    candidates = dispatch.configs(a, k)
+    screened = []
+    for config in candidates:
+        try:
+            screened.append((screen(_rotation(per_call, config)).median_us, config))
+        except Exception:  # noqa: BLE001 - a config that cannot run this batch is no oracle
+            continue
+    screened.sort(key=lambda t: t[0])
+    finalists = [c for _, c in screened[:SCREEN_TOP]]
+    row["candidates"] = len(candidates)
+    row["screen_us"] = [[round(t, 3), c] for t, c in screened]  # every config that ran, fastest first
+
+    reference = decode_attention(*a, **k, config=defaults["per_call"])
+    for mode, calls in (("per_call", per_call), ("graph", graph)):
+        default = defaults[mode]
+        roles = [default, tuned[mode]] + finalists
+        distinct = []
+        for c in roles:
+            if c not in distinct:
+                distinct.append(c)
+        us = _time(final, calls, distinct)
+        by = {json.dumps(c, sort_keys=True): t for c, t in zip(distinct, us)}
+        d_us, t_us = by[json.dumps(default, sort_keys=True)], by[json.dumps(tuned[mode], sort_keys=True)]
+        timed = [(t, c) for c, t in zip(distinct, us) if t is not None]
+        o_us, oracle = min(timed, key=lambda x: x[0])
+        out = decode_attention(*calls[0][0], **calls[0][1], config=tuned[mode])
+        error = float((out.float() - reference.float()).abs().max())
+        row[mode] = dict(default_us=d_us, tuner_us=t_us, oracle_us=o_us, oracle=oracle,
+                         tuner_speedup=d_us / t_us if d_us and t_us else None,
+                         oracle_speedup=d_us / o_us if d_us else None, tuner_max_error_vs_default=error)
+    return row
+
+
+def geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def summary(rows: list[dict], mode: str) -> dict:
+    done = [r[mode] for r in rows if mode in r and r[mode]["tuner_speedup"] and r[mode]["oracle_speedup"]]
+    gt = geomean([d["tuner_speedup"] for d in done])
+    go = geomean([d["oracle_speedup"] for d in done])
+    return {
+        "cases": len(done),
+        "tuner_over_default_geomean": gt,
+        "oracle_over_default_geomean": go,
+        # share of the oracle's gain tuner captures, in log terms: ln(tuner) / ln(oracle)
+        "share_of_oracle_gain": (math.log(gt) / math.log(go)) if gt and go and go > 1 else None,
+        "tuner_worst_over_default": min((d["tuner_speedup"] for d in done), default=None),
+        "slower_than_default_by_2pct": sum(d["tuner_speedup"] < 1 / 1.02 for d in done),
+        "tuner_kept_default": sum(r["tuner"][mode] == r["default"][mode] for r in rows if mode in r),
+    }
+
+
+def write(out: Path, rows: list[dict], planned: int, started: float, smoke: bool) -> dict:
+    modes = ("per_call", "graph")
+    doc = {
+        "benchmark": "serving",
+        "command": "python " + " ".join(sys.argv),
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "environment": current_fingerprint(),
+        "seconds": round(time.perf_counter() - started, 1),
+        "cases_planned": planned,
+        "capture_batches": list(CAPTURE_BATCHES),
+        "max_context": MAX_CONTEXT,
+        "models": {} if smoke else MODELS,
+        "summary": {m: dict(summary(rows, m),
+                            by_distribution={d: summary([r for r in rows if r.get("distribution") == d], m)
+                                             for d in DISTRIBUTIONS},
+                            by_model={name: summary([r for r in rows if r.get("model") == name], m)
+                                      for name in ({"smoke"} if smoke else MODELS)})
+                    for m in modes},
+        "rows": rows,
+    }
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--seconds", type=float, default=540.0, help="stop starting cases after this long")
+    ap.add_argument("--limit", type=int, help="run only the first LIMIT cases (to repeat a run's cases)")
+    ap.add_argument("--db", type=Path, help="the user DB over the shipped tunings (default: none, shipped only)")
+    ap.add_argument("--smoke", action="store_true", help="a few tiny cases on the CPU (Triton interpreted)")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable
+    db = args.db or Path(tempfile.mkdtemp()) / "none.db"
+    tuner.configure(db=db, shipped=SHIPPED, mode="lookup")
+    if device == "cuda":
+        final, screen = CudaGraphTimer(warmup=2, repeats=15), CudaGraphTimer(warmup=1, repeats=3)
+    else:
+        final, screen = WallClockTimer(warmup=1, repeats=3, min_repeats=3), WallClockTimer(
+            warmup=1, repeats=2, min_repeats=2)
+    specs = {"smoke": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")}
+    specs.update(MODELS)
+    todo = cases(args.smoke)[:args.limit]
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for i, case in enumerate(todo):
+        if time.perf_counter() - started > args.seconds:
+            break
+        try:
+            row = run_case(case, specs[case["model"]], device, final, screen, seed=i)
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            row = dict(case, error=f"{type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        line = f"{case['model'][:26]:26} b{case['batch']:<4} L{case['cap']:<7} {case['distribution']:9}"
+        for m in ("per_call", "graph"):
+            if m in row:
+                line += f" {m} {row[m]['tuner_speedup']:.3f}/{row[m]['oracle_speedup']:.3f}"
+        print(line + (" " + row["error"] if "error" in row else ""), flush=True)
+        write(args.out, rows, len(todo), started, args.smoke)
+    doc = write(args.out, rows, len(todo), started, args.smoke)
+    print(json.dumps(doc["summary"]["per_call"] | {"graph": doc["summary"]["graph"]}, default=str)[:2000])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Decode batches as servers make them: per-sequence kv lengths drawn from named
+distributions, and the batch sizes a server captures CUDA graphs for."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable
+
+# SGLang's default CUDA-graph batch sizes (its --cuda-graph-bs): 1-8, 12, 16, then every 8 to 256
+CAPTURE_BATCHES: tuple[int, ...] = tuple(range(1, 9)) + (12, 16) + tuple(range(24, 257, 8))
+MIN_LEN = 16  # a sequence in decode holds at least its prompt
+
+
+def _at_least(n: float, cap: int) -> int:
+    return int(min(cap, max(MIN_LEN, n)))
+
+
+def _uniform(rng: random.Random, batch: int, cap: int) -> list[int]:
+    """Each length uniform in [cap/2, cap]: a steady load of similar requests."""
+    return [rng.randint(_at_least(cap // 2, cap), cap) for _ in range(batch)]
+
+
+def _long_tail(rng: random.Random, batch: int, cap: int) -> list[int]:
+    """Log-normal, median cap/8 (sigma 1.2), clipped to [MIN_LEN, cap]: chat traffic, most
+    requests short, a few near the cap."""
+    median = math.log(max(cap / 8, MIN_LEN))
+    return [_at_least(round(math.exp(rng.gauss(median, 1.2))), cap) for _ in range(batch)]
+
+
+def _few_long(rng: random.Random, batch: int, cap: int) -> list[int]:
+    """One in eight (at least one) long, in [3cap/4, cap]; the rest short, in [cap/64, cap/16]:
+    a long-document request among many short ones."""
+    long = max(1, batch // 8)
+    lens = [rng.randint(_at_least(3 * cap // 4, cap), cap) for _ in range(long)]
+    lens += [rng.randint(_at_least(cap // 64, cap), _at_least(cap // 16, cap)) for _ in range(batch - long)]
+    rng.shuffle(lens)
+    return lens
+
+
+DISTRIBUTIONS: dict[str, Callable[[random.Random, int, int], list[int]]] = {
+    "uniform": _uniform,
+    "long_tail": _long_tail,
+    "few_long": _few_long,
+}
+
+
+def draw_lengths(distribution: str, batch: int, cap: int, seed: int) -> list[int]:
+    """batch kv lengths, each in [min(MIN_LEN, cap), cap], from a named distribution;
+    the same arguments give the same lengths."""
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution {distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
+    if batch < 1 or cap < 1:
+        raise ValueError(f"batch and cap must be >= 1, got {batch}, {cap}")
+    lens = DISTRIBUTIONS[distribution](random.Random(f"{distribution}/{batch}/{cap}/{seed}"), batch, cap)
+    return lens
