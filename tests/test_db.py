@@ -533,6 +533,45 @@ def test_a_db_from_before_the_rung_column_reads_and_gains_it_when_written(db_pat
     assert [(m.config, m.rung) for m in writer.measurements(p, FP[0])] == [({"c": 1}, 0), ({"c": 2}, 1)]
 
 
+def test_an_opener_whose_look_straddles_a_creators_commit_waits_and_opens(make_db):
+    """Found by the eight-process sweep test (1 run in 7 on PostgreSQL): an opener read "no
+    tuner_meta table" just before another process's creation committed, then listed every
+    table, and called the DB damaged (tables, no version row). It now waits for creators in
+    flight and looks again. Here the creator commits exactly between the opener's two looks."""
+    if make_db.backend != "postgresql":
+        pytest.skip("SQLite creators are waited for under the file lock (test_partial_db_* cover it)")
+    from sqlalchemy import Engine, create_engine, event, insert, text
+
+    from tuner.db.schema import SCHEMA_VERSION, Base, Meta
+
+    url = make_db()
+    creator_engine = create_engine(url)
+    creator = creator_engine.connect()
+    creation = creator.begin()
+    creator.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": 0x74756E6572})
+    Base.metadata.create_all(creator)
+    creator.execute(insert(Meta).values(key="schema_version", value=str(SCHEMA_VERSION)))
+    looks = []
+
+    def commit_between_looks(conn, cursor, statement, parameters, context, executemany):
+        if conn.engine is not creator_engine and "pg_class" in statement and creation.is_active:
+            looks.append(statement)
+            if len(looks) == 2:  # the opener's second look at the tables
+                creation.commit()
+
+    event.listen(Engine, "before_cursor_execute", commit_between_looks)
+    try:
+        db = TuningDB(url)
+    finally:
+        event.remove(Engine, "before_cursor_execute", commit_between_looks)
+        creator.close()
+        creator_engine.dispose()
+    assert len(looks) == 2, "the creator never committed between the opener's looks"
+    db.save_measurement(problem(), FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=5.0,
+                        spread_us=1.0, samples=3)
+    assert len(db.measurements(problem(), FP[0])) == 1
+
+
 def test_postgresql_upgraders_take_turns(make_db):
     """The column upgrade took no lock on PostgreSQL: an opener that looked while another's
     ALTER was uncommitted ran the ALTER too, and one of them failed ("column already

@@ -284,10 +284,7 @@ class TuningDB:
         damage, not "no DB yet": nothing reads or writes it. SQLite commits DDL at once, so
         a process creating the DB shows its tables before the version row; it holds the
         write lock until that row is in, so such a DB is looked at again under the lock."""
-        state = self._schema_state()
-        if state == "partial" and self._lock is not None:
-            with self._locked_if_possible():
-                state = self._schema_state()
+        state = self._settled_schema_state()
         if state == "partial":
             raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no schema "
                                  "version (sweep --force renames it aside and starts a new DB)")
@@ -308,7 +305,7 @@ class TuningDB:
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
         with self._locked("create"):  # another process may be creating it too
-            state = self._schema_state()
+            state = self._settled_schema_state()
             if state == "ready":
                 return
             if state == "partial":
@@ -329,6 +326,22 @@ class TuningDB:
                 if session.get(Meta, "schema_version") is None:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
             self._missing_optional_tables, self._missing_columns = set(), set()
+
+    def _settled_schema_state(self) -> str:
+        """_schema_state, looked at again after any creator in flight has finished: "partial"
+        is also what a reader sees whose look straddles a creator's commit (no tuner_meta
+        table when it read the version, every table when it listed them)."""
+        state = self._schema_state()
+        if state != "partial":
+            return state
+        if self.url.get_backend_name() == "postgresql":  # creators hold this lock to their commit
+            with Session(self.engine) as session, session.begin():
+                session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
+                return self._schema_state()
+        if self._lock is not None:
+            with self._locked_if_possible():
+                return self._schema_state()
+        return state
 
     def _schema_state(self) -> str:
         """"ready" (our schema version, every core table), "empty" (no tables), "partial"
