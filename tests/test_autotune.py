@@ -266,6 +266,60 @@ def test_config_for_names_what_a_call_would_run_without_running_it(db_path):
     assert combined.tuner.config_for(x, 16) == {"block": 64}
 
 
+def test_graph_capture_keys_calls_on_the_declared_lengths_not_the_capture_bound(db_path):
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    bound = 2**17  # the server's max context: what a graph is captured with
+    assert run(fn, 16, bound, calls) == 32  # keyed on the bound: the default
+    with tuner.graph_capture(2048) as declared:
+        assert run(fn, 16, bound, calls) == 64  # keyed on the declared typical length
+        assert run(fn, 16, 1000, calls) == 64  # never keyed past the call's own bound
+        assert declared.kv_len(16) == 2048
+    assert run(fn, 16, bound, calls) == 32  # outside, as before (the memo was put back)
+    assert fn.tuner.config_for(torch.ones(2), 16, bound) == {"block": 32}
+
+
+def test_graph_capture_keys_a_batch_on_its_longest_sequence_weighted_by_length(db_path):
+    from tuner.runtime.capture import DeclaredLengths
+
+    samples = DeclaredLengths(range(1, 1001))
+    # the longest of b uniform draws has density ~ x^(b-1); weighted by x, its median is
+    # 1000 * 2^(-1/(b+1))
+    assert samples.kv_len(1) == 707
+    assert samples.kv_len(8) == 926
+    assert samples.kv_len(256) == 998
+    # one sequence in eight is long: a lone sequence is usually short, but the long ones
+    # take most of the time, and get their config
+    assert DeclaredLengths([100] * 7 + [3000]).kv_len(1) == 3000
+    assert DeclaredLengths(5000).kv_len(3) == 5000
+    store(db_path, 16, 1024, {"block": 16})
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    lengths = [100] * 90 + [2000] * 10  # mostly short; in a batch of 16 the longest is long
+    with tuner.graph_capture(lengths):
+        assert run(fn, 16, 2**17, calls) == 64
+    with tuner.graph_capture([1000] * 999 + [2000]):
+        assert run(fn, 16, 2**17, calls) == 16  # the longest of 16 is almost surely 1000: kv 1024's winner
+
+
+@pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"], None])
+def test_graph_capture_refuses_what_is_not_lengths(lengths):
+    with pytest.raises(tuner.TunerError, match="graph_capture"):
+        with tuner.graph_capture(lengths):
+            pass
+
+
+def test_graph_capture_does_not_nest():
+    with tuner.graph_capture(100):
+        with pytest.raises(tuner.TunerError, match="does not nest"):
+            with tuner.graph_capture(200):
+                pass
+
+
 def test_star_args_functions_get_the_generic_wrapper(db_path):
     store(db_path, 16, 2048, {"block": 64})
     tuner.configure(db=db_path, mode="lookup")

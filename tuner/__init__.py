@@ -1,6 +1,6 @@
 """tuner: kernel autotuning with a persistent tuning DB for LLM-serving attention kernels.
 
-Public API: autotune, configure, flush_misses, TuningDB, TunerError, __version__. The
+Public API: autotune, configure, flush_misses, graph_capture, TuningDB, TunerError, __version__. The
 functions and TuningDB load on
 first use, so `import tuner` (and `tuner --help`) does not pay for torch and SQLAlchemy.
 """
@@ -10,9 +10,10 @@ from typing import Any
 from tuner.errors import TunerError
 
 __version__ = "0.1.0"
-__all__ = ["TunerError", "TuningDB", "__version__", "autotune", "configure", "flush_misses"]
+__all__ = ["TunerError", "TuningDB", "__version__", "autotune", "configure", "flush_misses", "graph_capture"]
 
 _LAZY = {"autotune": "tuner.runtime", "configure": "tuner.runtime", "flush_misses": "tuner.runtime",
+         "graph_capture": "tuner.runtime",
          "TuningDB": "tuner.db"}
 
 

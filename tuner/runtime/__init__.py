@@ -6,17 +6,19 @@
 - misses: keys served without an exact winner, written for `tuner sweep --from-misses`
 - decorator: @autotune, its generated wrapper and the slow path; ConfigLookup
 - tune: tune on a miss (TUNER_MODE=tune, force)
+- capture: graph_capture(lengths), configs for CUDA graphs chosen for the declared lengths
 """
 
 from typing import Any, Callable
 
 from tuner.keys import AttentionRunKey
 from tuner.runtime.borrowing import Config, Winner, winner_gain
+from tuner.runtime.capture import graph_capture
 from tuner.runtime.decorator import AutotunedFunction, ConfigLookup, autotune
 from tuner.runtime.state import MODES, configure, flush_misses, runtime
 
 __all__ = ["MODES", "AutotunedFunction", "ConfigLookup", "Winner", "autotune", "configure", "flush_misses",
-           "lookup", "runtime", "winner_gain"]
+           "graph_capture", "lookup", "runtime", "winner_gain"]
 
 
 def lookup(name: str, static_json: str, run: AttentionRunKey,

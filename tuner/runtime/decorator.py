@@ -15,6 +15,7 @@ from tuner.errors import TunerError
 from tuner.keys import attention_run_key, canonical_json, kv_len_bucket
 from tuner.ranks import current_ranks
 from tuner.runtime.borrowing import Config
+from tuner.runtime.capture import declared_kv_len
 from tuner.runtime.state import capturing, runtime
 from tuner.runtime.tune import tune_call
 
@@ -74,7 +75,7 @@ class AutotunedFunction:
             return default
         try:
             static_json = self.static_json(static)
-            run = attention_run_key(batch, q_len, kv_len)
+            run = attention_run_key(batch, q_len, declared_kv_len(batch, kv_len))
         except (ValueError, TypeError):
             self.memo[memo_key] = default
             return default

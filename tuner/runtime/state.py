@@ -48,6 +48,7 @@ class Runtime:
         self.shipped_source: str | os.PathLike | None = None  # None: $TUNER_SHIPPED, else tuning_cache/
         self.mode = mode_from_env()
         self.max_distance = settings.MAX_DISTANCE
+        self.declared_lengths: Any = None  # inside tuner.runtime.capture.graph_capture: its DeclaredLengths
         self._table: Table | None = None
         self._db: TuningDB | None = None
         self.functions: weakref.WeakSet[Any] = weakref.WeakSet()  # what holds a memo (cleared by configure)

@@ -1,0 +1,93 @@
+"""CUDA-graph capture with declared lengths: a config frozen into a graph at capture is
+chosen for the lengths its replays will see, not for the capture-time bound.
+
+A server captures one decode graph per batch size with its max context as the bound
+(max_kv_len, page-table width) and replays it over every length mix; keyed on that bound,
+the lookup serves what suits the longest possible batch for every replay. Inside
+graph_capture(lengths), a tuned call keys its kv length on the declaration instead: an int
+(the typical longest sequence of a batch), or sample lengths of the deployment's traffic
+(per sequence; for a batch of b the key is the length-weighted median of the
+longest of b draws). Every config of
+the ops tuner ships runs correctly at any length up to the bound the call passes, so only
+speed depends on the choice.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+from tuner.errors import TunerError
+from tuner.runtime.state import runtime
+
+
+class DeclaredLengths:
+    """The kv lengths a deployment's graphs will see: one typical batch maximum, or samples
+    of per-sequence lengths."""
+
+    def __init__(self, lengths: int | Iterable[int]) -> None:
+        if isinstance(lengths, bool):
+            raise TunerError("graph_capture(lengths): an int or sample lengths, not a bool")
+        try:
+            values = [int(lengths)] if isinstance(lengths, int) else sorted(int(n) for n in lengths)
+        except (TypeError, ValueError):
+            raise TunerError(f"graph_capture(lengths): an int or integer sample lengths, got {lengths!r:.60}") from None
+        if not values or values[0] < 1:
+            raise TunerError("graph_capture(lengths): at least one length, each >= 1")
+        self.samples = values
+        self._by_batch: dict[int, int] = {}
+
+    def kv_len(self, batch: int) -> int:
+        """The kv length a batch of `batch` draws is keyed on: the median of its longest
+        sequence (P(max <= x) = F(x)^batch) weighted by that length, since a batch's time
+        grows with its longest sequence: the rare long batches, which take the most time,
+        get their config rather than the many short ones."""
+        kv = self._by_batch.get(batch)
+        if kv is None:
+            n, b = len(self.samples), max(batch, 1)
+            # P(max = i-th sample), weighted by the sample
+            weights = [s * (((i + 1) / n) ** b - (i / n) ** b) for i, s in enumerate(self.samples)]
+            half, total = sum(weights) / 2, 0.0
+            kv = self.samples[-1]
+            for s, w in zip(self.samples, weights):
+                total += w
+                if total >= half:
+                    kv = s
+                    break
+            self._by_batch[batch] = kv
+        return kv
+
+    def __repr__(self) -> str:
+        return f"DeclaredLengths({len(self.samples)} samples, {self.samples[0]}..{self.samples[-1]})"
+
+
+@contextmanager
+def graph_capture(lengths: int | Iterable[int]) -> Iterator[DeclaredLengths]:
+    """Calls inside resolve their configs for the declared lengths (see the module's
+    docstring); the memos resolved before are set aside and put back on exit, so calls
+    outside resolve as before. Process-wide, like the runtime's mode; not nestable."""
+    declared = DeclaredLengths(lengths)
+    if runtime.declared_lengths is not None:
+        raise TunerError("graph_capture() is already active (it does not nest)")
+    saved = {f: dict(f.memo) for f in list(runtime.functions)}
+    for f in saved:
+        f.memo.clear()
+    runtime.declared_lengths = declared
+    try:
+        yield declared
+    finally:
+        runtime.declared_lengths = None
+        for f in list(runtime.functions):
+            f.memo.clear()
+            f.memo.update(saved.get(f, {}))
+
+
+def declared_kv_len(batch: int, kv_len: int) -> int:
+    """The kv length a call keys on: its own, or inside graph_capture the declared one
+    (never more than the call's bound)."""
+    declared = runtime.declared_lengths
+    return kv_len if declared is None else min(kv_len, declared.kv_len(batch))
+
+
+__all__ = ["DeclaredLengths", "declared_kv_len", "graph_capture"]
