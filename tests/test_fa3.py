@@ -255,3 +255,18 @@ def test_tune_mode_never_tunes_a_call_whose_values_the_caller_decided(db_path, k
     assert len(kernel_calls) == 1 and not db_path.exists()  # one call, nothing measured or stored
     call(inputs)  # the library's choice: tuned
     assert len(kernel_calls) > 2 and len(TuningDB(db_path).records()) == 1
+
+
+def test_a_graph_captured_at_a_wide_page_table_inside_graph_capture_runs_the_declared_winner(db_path, kernel_calls):
+    """The drop-in keys on the page table's width (FA3 takes no max length); a graph's table
+    is as wide as the max context, so without declared lengths it keys on that bound."""
+    shape = DecodeShape(batch=4, kv_len=2048, num_q_heads=8, num_kv_heads=2, head_dim=16, dtype="float32")
+    inputs = make_decode_inputs(shape)
+    store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})  # measured at kv 2048
+    tuner.configure(db=db_path, mode="lookup")
+    wide = make_decode_inputs(shape, seq_lens=[2000, 100, 1500, 7], table_width=2**17)
+    call(wide)
+    with tuner.graph_capture(2048):
+        call(wide)
+    call(wide)
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (12, True), (0, None)]

@@ -210,3 +210,54 @@ def test_the_fingerprint_names_the_kernel_libraries_versions():
         import flashinfer
 
         assert fp["flashinfer"] == flashinfer.__version__
+
+
+def test_a_graph_captured_inside_graph_capture_freezes_the_declared_config_and_replays_right(tmp_path):
+    """Issue 12: a decode graph captured with the server's max context as the bound, inside
+    tuner.graph_capture(lengths), freezes the winner of the declared lengths (here a Triton
+    config stored at kv 2048), not the bound's (none: FA3's default); its replays over a
+    persistent table and lengths updated in place match the reference at every step."""
+    from tuner.keys import static_key_from_parts
+    from tuner.ops.triton_decode import TRITON_DECODE
+
+    if TRITON_DECODE.unavailable():
+        pytest.skip(TRITON_DECODE.unavailable())
+    batch, bound, pool = 4, 131072, 4 * 4096
+    winner = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 8, "num_warps": 4, "num_stages": 2}
+    key = static_key_from_parts(
+        q_dtype="bfloat16", k_dtype="bfloat16", v_dtype="bfloat16", num_q_heads=HEADS, num_kv_heads=KV_HEADS,
+        head_dim_qk=DIM, head_dim_v=DIM, page_size=1, causal=True, window_size=None, softcap=None, sinks=False,
+        k_descale=False, v_descale=False)
+    db = TuningDB(tmp_path / "t.db")
+    db.save_record(Problem("decode_attention", key.to_json(), attention_run_key(batch, 1, 2048)),
+                   (current_fingerprint_id(), current_fingerprint()), winner, median_us=1.0, spread_us=0.0,
+                   samples=3, default_config={"backend": "fa3", "num_splits": 0, "pack_gqa": None},
+                   default_median_us=2.0, default_spread_us=0.0, method={})
+    db.close()
+    tuner.configure(db=tmp_path / "t.db", shipped="off", mode="lookup")
+    k, v = _cache(pool)
+    q = _query(batch)
+    table = torch.zeros(batch, bound, dtype=torch.int32, device="cuda")  # as wide as the max context
+    lens = torch.zeros(batch, dtype=torch.int32, device="cuda")
+
+    def step(seed):  # the server's in-place update of its persistent buffers
+        gen = torch.Generator().manual_seed(seed)
+        new_lens = torch.randint(1, 4096, (batch,), generator=gen, dtype=torch.int32)
+        table.zero_()
+        table[:, :4096] = torch.randperm(pool, generator=gen)[: batch * 4096].view(batch, 4096).int().cuda()
+        lens.copy_(new_lens.cuda())
+
+    step(0)
+    call = (q, k, v, table, lens, bound)
+    with tuner.graph_capture([1500, 1800, 2000, 1200]):
+        assert decode_attention.tuner.config_for(*call) == winner
+        decode_attention(*call)  # warm-up, as a server runs one before capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = decode_attention(*call)
+    assert decode_attention.tuner.config_for(*call) == {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    for seed in range(1, 6):
+        step(seed)
+        graph.replay()
+        torch.testing.assert_close(out, _reference(q, k, v, table, lens), **TOL)

@@ -1,0 +1,61 @@
+"""What one fixed config per key could reach on a serving benchmark's cases, from the
+screen timings serving.py stores (every config of the space on each batch, 3 samples):
+for each grouping of the cases (a lookup's key), the config with the least total log time
+over the group's cases, chosen in-sample, against FA3's default and the per-case best.
+
+    python benchmarks/serving_bounds.py benchmarks/results/h200/issue12/serving_before.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+from pathlib import Path
+
+GROUPINGS = {
+    "per case (the screen's oracle)": lambda r: id(r),
+    "per (head configuration, batch, kv bucket of the batch max)": lambda r: (
+        r["model"], r["batch"], (r["kv_max"] - 1).bit_length()),
+    "per (head configuration, batch, length cap)": lambda r: (r["model"], r["batch"], r["cap"]),
+    "per (head configuration, batch): one config for every length": lambda r: (r["model"], r["batch"]),
+    "per (head configuration, kv bucket): one config for every batch": lambda r: (
+        r["model"], (r["kv_max"] - 1).bit_length()),
+    "per head configuration": lambda r: r["model"],
+}
+
+
+def bounds(rows: list[dict]) -> dict[str, dict]:
+    def times(r: dict) -> dict[str, float]:
+        return {json.dumps(c, sort_keys=True): t for t, c in r["screen_us"]}
+
+    def default_us(r: dict) -> float:
+        return times(r)[json.dumps(r["default"]["per_call"], sort_keys=True)]
+
+    out = {}
+    for name, key in GROUPINGS.items():
+        groups = collections.defaultdict(list)
+        for r in rows:
+            groups[key(r)].append(r)
+        logs = []
+        for group in groups.values():
+            common = set.intersection(*(set(times(r)) for r in group))
+            best = min(common, key=lambda c: sum(math.log(times(r)[c] / default_us(r)) for r in group))
+            logs += [math.log(default_us(r) / times(r)[best]) for r in group]
+        out[name] = {"groups": len(groups), "geomean_over_default": math.exp(sum(logs) / len(logs)),
+                     "worst_over_default": math.exp(min(logs))}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", type=Path)
+    args = ap.parse_args()
+    rows = [r for r in json.loads(args.results.read_text())["rows"] if "screen_us" in r and "per_call" in r]
+    for name, b in bounds(rows).items():
+        print(f"{name:66} {b['groups']:4} groups  {b['geomean_over_default']:.3f}x  worst {b['worst_over_default']:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
