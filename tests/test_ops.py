@@ -248,3 +248,33 @@ def test_serving_lengths_refuse_bad_arguments():
     with pytest.raises(ValueError, match=">= 1"):
         draw_lengths("uniform", 0, 100, 0)
     assert CAPTURE_BATCHES[:10] == (1, 2, 3, 4, 5, 6, 7, 8, 12, 16) and CAPTURE_BATCHES[-1] == 256
+
+
+def test_serving_shapes_parse_and_say_so_in_their_label():
+    shape = shape_from_dict({"batch": 4, "kv_len": 4096, "lengths": "serving"})
+    assert shape.lengths == "serving" and "(serving lengths)" in shape.label()
+    assert shape.static_key() == DecodeShape(batch=4, kv_len=4096).static_key()  # the same keys
+    assert shape.run_key() == DecodeShape(batch=4, kv_len=4096).run_key()
+    with pytest.raises(ShapeError, match="lengths must be one of full, serving"):
+        shape_from_dict({"batch": 4, "kv_len": 4096, "lengths": "zipf"})
+
+
+def test_serving_draws_put_each_batchs_longest_in_the_kv_bucket():
+    from tuner.ops.traffic import serving_draws, serving_grid
+
+    for batch, kv in ((1, 4096), (8, 3000), (64, 131072)):
+        draws = serving_draws(batch, kv, seed=2)
+        assert len(draws) == 3 and draws == serving_draws(batch, kv, seed=2)
+        bucket = 1 << (kv - 1).bit_length()
+        assert all(len(d) == batch and bucket // 2 < max(d) <= kv and min(d) >= 16 for d in draws)
+    grid = serving_grid()
+    assert all(s.lengths == "serving" and s.batch * s.kv_len <= 4 * 2**20 for s in grid)
+    assert {s.batch for s in grid} >= {1, 2, 3, 5, 7, 12, 24, 40, 136, 256}
+
+
+def test_torch_split_decode_honours_each_sequences_length():
+    op = get_op("torch_split_decode")
+    shape = DecodeShape(batch=3, kv_len=40, **dict(SMALL, q_len=2, window=(9, 0), sinks=True))
+    inputs = make_decode_inputs(shape, seq_lens=[40, 5, 23], seed=6)
+    for config in op.configs(shape):
+        torch.testing.assert_close(op.run(inputs, config), inputs.reference(), atol=1e-5, rtol=1e-5)

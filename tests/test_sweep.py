@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -273,3 +275,64 @@ def test_each_measurement_stores_its_timers_method_as_of_that_measurement(db_pat
     rows = {m.config["name"]: m for m in db.measurements(db.records()[0].problem, current_fingerprint_id())}
     assert rows["slightly"].method.get("capture") == "failed, timed eagerly"
     assert "capture" not in rows["fast"].method and "capture" not in rows["default"].method
+
+
+def test_a_serving_shape_is_measured_on_mixed_length_batches_each_checked(db_path):
+    """A "serving" shape's trial holds one batch per length distribution: a config that is
+    right on full batches only (it ignores each sequence's length) is wrong there."""
+    from tuner.bench import WallClockTimer
+    from tuner.ops.traffic import serving_draws
+
+    def run(inputs, config):
+        if config["name"] == "full only":  # every sequence as if it held kv_len tokens
+            inputs = dataclasses.replace(inputs, seq_lens_host=None,
+                                         cache_seqlens=torch.full_like(inputs.cache_seqlens, inputs.shape.kv_len))
+        return split_kv_decode(inputs, config["chunk"])
+
+    op = Op(name="mixed", description="test op", configs=lambda s: [{"name": n, "chunk": c} for n, c in (
+        ("default", 0), ("chunked", 16), ("full only", 0))], default=lambda s: {"name": "default", "chunk": 0},
+        run=run, grids={})
+    full, serving = (DecodeShape(batch=3, kv_len=64, lengths=m, **SMALL) for m in ("full", "serving"))
+    assert all(max(d) > 32 for d in serving_draws(3, 64, 0))  # each batch's longest in the kv bucket
+    db = TuningDB(db_path)
+    timer = WallClockTimer(warmup=0, repeats=2, min_repeats=2)
+    [on_full] = sweep(op, [full], db, timer=timer)
+    assert on_full.status == MEASURED and on_full.failures == 0
+    [on_serving] = sweep(op, [serving], db, timer=timer, force=True)  # the same key: measured again
+    assert on_serving.status == MEASURED and on_serving.failures == 1
+    rows = db.measurements(db.records()[0].problem, current_fingerprint_id())
+    mixed = [m for m in rows if m.method.get("lengths") == "serving"]
+    assert {m.config["name"]: m.status for m in mixed} == {"default": OK, "chunked": OK, "full only": WRONG}
+    assert db.records()[0].method["lengths"] == "serving"
+
+
+def test_a_serving_sweep_resumes_only_its_own_kind_of_measurement(db_path):
+    from tuner.bench import WallClockTimer
+
+    op = get_op("torch_split_decode")
+    full, serving = (DecodeShape(batch=2, kv_len=64, lengths=m, **SMALL) for m in ("full", "serving"))
+    db = TuningDB(db_path)
+    timer = WallClockTimer(warmup=0, repeats=2, min_repeats=2)
+    [first] = sweep(op, [full], db, timer=timer)
+    problem = db.records()[0].problem
+    [second] = sweep(op, [serving], db, timer=timer, force=False)
+    assert second.status == SKIPPED  # the key has a winner (of full batches): kept unless forced
+    forced = sweep(op, [serving], db, timer=timer, force=True)[0]
+    assert forced.measured == first.measured and forced.resumed == 0  # full batches' timings not reused
+    kinds = sorted(m.method.get("lengths", "full") for m in db.measurements(problem, current_fingerprint_id()))
+    assert kinds.count("serving") == first.measured
+
+
+def test_a_serving_trial_rotates_every_batch_alike():
+    from tuner.ops.trial import build_trial
+    from tuner.ops.traffic import serving_draws
+
+    op = get_op("torch_split_decode")
+    shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
+    trial = build_trial(op, shape, "cpu", seed=5)
+    draws = serving_draws(3, 64, 5)
+    assert len(trial.runs) == len(draws) and [i for i, _ in trial.checks] == [1, 2]  # one copy each on a CPU
+    for i, lens in enumerate(draws):
+        expected = trial.reference if i == 0 else dict(trial.checks)[i]
+        torch.testing.assert_close(trial.runs[i]({"chunk": 0}), expected, atol=1e-5, rtol=1e-5)
+        assert trial.runs[i].args[0].lengths() == lens

@@ -117,7 +117,10 @@ def sweep(
                 stored_winner.default_median_us, 0, 0, 0,
             ))
             continue
-        stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)}
+        # what measured this shape's kind of batch (a "serving" mix is not a full batch)
+        lengths = {} if shape.lengths == "full" else {"lengths": shape.lengths}
+        stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
+                                   if m.method.get("lengths", "full") == shape.lengths}
         try:
             trial = build_trial(op, shape, device, seed)
         except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed
@@ -136,7 +139,7 @@ def sweep(
                 problem, env, step.config, kv_len=shape.kv_len, status=outcome.status,
                 # the timer's method as of this measurement (a failed capture says so); a
                 # quick rung's also in method, where a tuner before the rung column reads it
-                method=dict(method, **step.timer.method, **({"rung": step.rung} if step.rung != 1 else {})),
+                method=dict(method, **step.timer.method, **lengths, **({"rung": step.rung} if step.rung != 1 else {})),
                 rung=step.rung,
                 median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
                 max_error=outcome.max_error, error=outcome.error,
@@ -154,7 +157,7 @@ def sweep(
         winner, default_timing = result.winner, result.default_timing
         if (ranks is None or ranks.rank == 0) and winner is not None:
             db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
-                           method=dict(method, min_gain=min_gain, ranks=ranks.world if ranks else 1))
+                           method=dict(method, **lengths, min_gain=min_gain, ranks=ranks.world if ranks else 1))
         if ranks is not None:  # every rank takes the one winner rank 0 stored
             ranks.barrier()
             record_ = db.record(problem, env.id)

@@ -56,14 +56,19 @@ def measure_config(
     reference: torch.Tensor,
     tolerance: tuple[float, float],
     timer: Any,
+    checks: Sequence[tuple[int, Any]] = (),
 ) -> Outcome:
-    """Run config once and check it; time it only if it was right."""
+    """Run config once on each distinct input (the first run, and each run of `checks` with
+    its own reference) and check it; time it only if it was right on all."""
     calls = rotation(runs, config)
     try:
-        check = compare(calls[0](), reference, *tolerance)
-        if not check.ok:
-            return Outcome(config, WRONG, max_error=check.max_error, error=check.reason)
-        return Outcome(config, OK, timer(calls), max_error=check.max_error)
+        max_error = 0.0
+        for i, expected in ((0, reference), *checks):
+            check = compare(calls[i](), expected, *tolerance)
+            if not check.ok:
+                return Outcome(config, WRONG, max_error=check.max_error, error=check.reason)
+            max_error = max(max_error, check.max_error or 0.0)
+        return Outcome(config, OK, timer(calls), max_error=max_error)
     except torch.OutOfMemoryError as e:
         outcome = Outcome(config, OOM, error=one_line(e))
     except Exception as e:  # a candidate may fail in any way; it must not stop the sweep

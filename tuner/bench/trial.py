@@ -16,14 +16,17 @@ from tuner.keys import Config
 
 @dataclass
 class Trial:
-    """runs: one callable of a config per copy of the inputs (all copies hold the same values;
-    a timer rotates through them for a cold cache); reference: the output every candidate
-    must match within tolerance (atol, rtol); kv_len: the kv length it measures."""
+    """runs: one callable of a config per copy of the inputs (a timer rotates through them
+    for a cold cache); reference: the output of runs[0], which every candidate must match
+    within tolerance (atol, rtol); checks: (run index, its reference) for runs whose inputs
+    differ from runs[0]'s (a mixed-length trial's other batches), checked likewise; every
+    other run holds the same values as one of those. kv_len: the kv length it measures."""
 
     runs: Sequence[Callable[[Config], Any]]
     reference: Any
     tolerance: tuple[float, float]
     kv_len: int
+    checks: Sequence[tuple[int, Any]] = ()
 
 
 def cold_l2_copies(nbytes: int, device: str, max_copies: int = 64) -> int:

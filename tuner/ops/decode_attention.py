@@ -25,6 +25,7 @@ from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
 from tuner.ops.shapes import DecodeShape
+from tuner.ops.traffic import serving_grid
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
 
 OP_NAME = "decode_attention"
@@ -169,7 +170,8 @@ DECODE_ATTENTION = Op(
     configs=_configs,
     default=_default,
     run=_run,
-    grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "cpu-tiny": TRITON_DECODE.grids["cpu-tiny"]},
+    grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "serving": serving_grid(),
+           "cpu-tiny": TRITON_DECODE.grids["cpu-tiny"], "cpu-serving": TRITON_DECODE.grids["cpu-serving"]},
     unavailable=_unavailable,
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
     check=check_config,

@@ -14,6 +14,7 @@ import torch
 from tuner.ops.base import TUNED, Config, DecodeInputs, Op  # noqa: F401 - TUNED: as it was, before base held it
 from tuner.ops.rules import config_error, is_int, one_of
 from tuner.ops.shapes import DecodeShape, grid
+from tuner.ops.traffic import serving_grid
 
 OP_NAME = "fa3"
 NUM_SPLITS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # 0: FA3's own heuristic
@@ -99,7 +100,8 @@ FA3 = Op(
     configs=lambda shape: config_space(shape.num_q_heads, shape.num_kv_heads),
     default=lambda shape: dict(DEFAULT),
     run=_run,
-    grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "smoke": grid([1, 64], [512, 8192])},
+    grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "serving": serving_grid(),
+           "smoke": grid([1, 64], [512, 8192])},
     unavailable=unavailable,
     device=lambda: "cuda",
     check=check_config,

@@ -13,6 +13,10 @@ from tuner.keys import (
 )
 
 DTYPES = ("float32", "float16", "bfloat16")
+# what a shape's batch holds: "full", every sequence at kv_len (the grid's uniform batches);
+# "serving", one batch per length distribution of tuner.ops.traffic, each with its longest
+# sequence in kv_len's bucket, timed in turn (the mean is the expected time over the mix)
+LENGTHS = ("full", "serving")
 
 
 class ShapeError(TunerError, ValueError):
@@ -33,6 +37,7 @@ class DecodeShape:
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     sinks: bool = False
+    lengths: str = "full"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -61,7 +66,8 @@ class DecodeShape:
         return self.static_key().label()
 
     def label(self) -> str:
-        return f"b{self.batch} q{self.q_len} kv{self.kv_len} {self.static_label()}"
+        mix = "" if self.lengths == "full" else f" ({self.lengths} lengths)"
+        return f"b{self.batch} q{self.q_len} kv{self.kv_len}{mix} {self.static_label()}"
 
 
 # upper bounds: past these no GPU holds the problem, and a typo should not try to
@@ -92,6 +98,8 @@ def shape_from_dict(data: Any, where: str = "shape") -> DecodeShape:
                 raise ShapeError(f"{where}: {name} must be between 1 and {limit}, got {v:.6g}")
     if "dtype" in values and values["dtype"] not in DTYPES:
         raise ShapeError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {values['dtype']!r}")
+    if "lengths" in values and values["lengths"] not in LENGTHS:
+        raise ShapeError(f"{where}: lengths must be one of {', '.join(LENGTHS)}, got {values['lengths']!r:.40}")
     if "causal" in values and not isinstance(values["causal"], bool):
         raise ShapeError(f"{where}: causal must be true or false")
     if "sinks" in values and not isinstance(values["sinks"], bool):

@@ -20,7 +20,7 @@ def split_kv_decode(inputs: DecodeInputs, chunk: int) -> torch.Tensor:
     q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     batch, q_len, num_q_heads, head_dim = q.shape
     num_kv_heads, group = s.num_kv_heads, s.num_q_heads // s.num_kv_heads
-    kv_len = s.kv_len  # host-side: every sequence holds kv_len tokens
+    kv_len = s.kv_len  # host-side: the longest sequence (each its own, on the host, when mixed)
     chunk = kv_len if chunk <= 0 else min(chunk, kv_len)
     num_chunks = -(-kv_len // chunk)
     padded = num_chunks * chunk
@@ -44,9 +44,15 @@ def split_kv_decode(inputs: DecodeInputs, chunk: int) -> torch.Tensor:
     scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # (b, Hkv, chunks, g*q, chunk)
     if s.softcap:
         scores = s.softcap * torch.tanh(scores / s.softcap)
-    mask = attention_mask(kv_len, q_len, causal=s.causal, window=s.window, device=q.device)
-    mask = torch.nn.functional.pad(mask, (0, padded - kv_len))  # padding is masked out
-    mask = mask.view(q_len, num_chunks, chunk).transpose(0, 1).repeat(1, group, 1)
+    if inputs.seq_lens_host is None:
+        mask = attention_mask(kv_len, q_len, causal=s.causal, window=s.window, device=q.device)
+        mask = torch.nn.functional.pad(mask, (0, padded - kv_len))  # padding is masked out
+        mask = mask.view(q_len, num_chunks, chunk).transpose(0, 1).repeat(1, group, 1)
+    else:  # each sequence's own mask: its queries at its own last positions, nothing past its length
+        mask = torch.stack([torch.nn.functional.pad(
+            attention_mask(n, q_len, causal=s.causal, window=s.window, device=q.device), (0, padded - n))
+            for n in inputs.lengths()])
+        mask = mask.view(batch, q_len, num_chunks, chunk).transpose(1, 2).repeat(1, 1, group, 1).unsqueeze(1)
     scores = scores.masked_fill(~mask, float("-inf"))
 
     chunk_max = scores.amax(dim=-1, keepdim=True)  # (b, Hkv, chunks, g*q, 1)

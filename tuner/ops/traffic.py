@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable
+from typing import Any, Callable
+
+from tuner.ops.shapes import DecodeShape
 
 # SGLang's default CUDA-graph batch sizes (its --cuda-graph-bs): 1-8, 12, 16, then every 8 to 256
 CAPTURE_BATCHES: tuple[int, ...] = tuple(range(1, 9)) + (12, 16) + tuple(range(24, 257, 8))
 MIN_LEN = 16  # a sequence in decode holds at least its prompt
+SERVING_KV = tuple(2**i for i in range(10, 18))  # the kv buckets of a serving grid: 1k-128k
 
 
 def _at_least(n: float, cap: int) -> int:
@@ -54,3 +57,26 @@ def draw_lengths(distribution: str, batch: int, cap: int, seed: int) -> list[int
         raise ValueError(f"batch and cap must be >= 1, got {batch}, {cap}")
     lens = DISTRIBUTIONS[distribution](random.Random(f"{distribution}/{batch}/{cap}/{seed}"), batch, cap)
     return lens
+
+
+def serving_draws(batch: int, kv_len: int, seed: int) -> list[list[int]]:
+    """A serving shape's batches (DecodeShape.lengths "serving"): one per distribution, capped
+    at kv_len, each with its longest sequence moved into kv_len's bucket (above half its top)
+    if it fell below, so the call keys where the shape does."""
+    low = max(1, (1 << max(kv_len - 1, 0).bit_length()) // 2 + 1)  # the bucket's first length
+    draws = []
+    for i, name in enumerate(DISTRIBUTIONS):
+        lens = draw_lengths(name, batch, kv_len, seed)
+        longest = max(range(batch), key=lens.__getitem__)
+        if lens[longest] < low:
+            lens[longest] = random.Random(f"longest/{name}/{batch}/{kv_len}/{seed}").randint(min(low, kv_len), kv_len)
+        draws.append(lens)
+    return draws
+
+
+def serving_grid(batches: tuple[int, ...] = CAPTURE_BATCHES, kv_lens: tuple[int, ...] = SERVING_KV,
+                 max_tokens: int = 4 * 2**20, **common: Any) -> list[DecodeShape]:
+    """A static key's serving grid: every capture batch size x kv bucket (batch x kv <=
+    max_tokens), each shape a mix of serving batches (DecodeShape.lengths "serving")."""
+    return [DecodeShape(batch=b, kv_len=kv, lengths="serving", **common)
+            for b in batches for kv in kv_lens if b * kv <= max_tokens]

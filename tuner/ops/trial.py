@@ -12,11 +12,14 @@ from tuner.bench.trial import Trial, cold_l2_copies
 from tuner.ops.base import Op
 from tuner.ops.rotation import bytes_read, fresh_page_copies
 from tuner.ops.shapes import DecodeShape
+from tuner.ops.traffic import serving_draws
 
 
 def too_big(shape: DecodeShape, device: str) -> str | None:
     """Why the shape's KV cache (and the reference's copy of it) cannot fit, or None."""
-    need = 3 * shape.kv_bytes()  # the cache, plus headroom for outputs and the reference's work
+    # the cache (a serving shape's three batches: each at most that), plus headroom for
+    # outputs and the reference's work
+    need = (3 if shape.lengths == "full" else 5) * shape.kv_bytes()
     if device == "cuda":
         free = torch.cuda.mem_get_info()[0]
     else:
@@ -31,13 +34,23 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
 
 def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial:
     """The trial of one shape of an op. MemoryError when it cannot fit; a RuntimeError of
-    the reference passes through (the caller records the shape as failed)."""
+    the reference passes through (the caller records the shape as failed).
+
+    A "serving" shape's trial holds one batch per length distribution (serving_draws); its
+    rotation runs them in turn, so a timing is their mean: the expected time over the mix,
+    each batch weighted alike. The copies for a cold L2 are of the whole set."""
     why = too_big(shape, device)
     if why:
         raise MemoryError(why)
-    inputs = op.make_inputs(shape, device=device, seed=seed)
-    reference = inputs.reference()
-    copies = fresh_page_copies(inputs, cold_l2_copies(bytes_read(inputs), device))
-    del inputs  # its caches live on in the copies' pool
-    return Trial(runs=[functools.partial(op.run, copy) for copy in copies], reference=reference,
-                 tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len)
+    if shape.lengths == "full":
+        batches = [op.make_inputs(shape, device=device, seed=seed)]
+    else:
+        batches = [op.make_inputs(shape, device=device, seed=seed, seq_lens=lens)
+                   for lens in serving_draws(shape.batch, shape.kv_len, seed)]
+    references = [inputs.reference() for inputs in batches]
+    count = cold_l2_copies(sum(bytes_read(inputs) for inputs in batches), device)
+    copies = [fresh_page_copies(inputs, count) for inputs in batches]
+    del batches  # their caches live on in the copies' pools
+    runs = [functools.partial(op.run, per_batch[c]) for c in range(count) for per_batch in copies]
+    return Trial(runs=runs, reference=references[0], tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len,
+                 checks=[(i, ref) for i, ref in enumerate(references) if i > 0])

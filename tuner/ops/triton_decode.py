@@ -29,6 +29,7 @@ import torch
 from tuner.ops.base import Config, DecodeInputs, Op
 from tuner.ops.rules import config_error, is_int, is_pow2, one_of
 from tuner.ops.shapes import DecodeShape, grid
+from tuner.ops.traffic import serving_grid
 
 # Bound by _define_kernels. They must be module globals, not locals of that function:
 # the compiler and the interpreter both resolve names through the kernel's __globals__,
@@ -502,6 +503,8 @@ TRITON_DECODE = Op(
         # interpreter-sized: every program and kv block costs milliseconds there
         "cpu-tiny": grid([1, 2], [64, 128], **_TINY),
         "cpu-small": grid([1, 4], [256, 512], **_SMALL),
+        "cpu-serving": serving_grid((1, 3), (64,), **_TINY),
+        "serving": serving_grid(),
         "decode": grid([1, 4, 16, 64, 256], [512, 2048, 8192, 32768, 131072], max_tokens=4 * 2**20)
         + grid([1, 4, 16, 64, 256], [512, 2048, 8192, 32768, 131072], max_tokens=4 * 2**20,
                num_q_heads=8, num_kv_heads=1),

@@ -80,7 +80,7 @@ def measure(
             resumed.add(key)
             return stored[0]
         outcome = measure_config(trial.runs, step.config, reference=trial.reference, tolerance=trial.tolerance,
-                                 timer=step.timer)
+                                 timer=step.timer, checks=trial.checks)
         if record is not None:
             record(step, outcome)
         measured_now.add(key)
