@@ -98,6 +98,14 @@ def test_sweep_a_named_grid(db_path):
     assert len(TuningDB(db_path).records()) == 4
 
 
+def test_sweep_on_serving_lengths_measures_mixed_batches(db_path, tiny_shapes):
+    result = sweep(db_path, tiny_shapes, "--lengths", "serving")
+    assert result.exit_code == 0, result.output
+    db = TuningDB(db_path)
+    assert [r.method.get("lengths") for r in db.records()] == ["serving", "serving"]
+    one_line_error(sweep(db_path, tiny_shapes, "--lengths", "zipf"), "--lengths", "full, serving")
+
+
 @pytest.mark.parametrize(
     "args, fragments",
     [

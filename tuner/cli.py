@@ -169,6 +169,7 @@ def sweep_command(
     grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: cpu-small on CPU, decode on GPU).")] = None,
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
     from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket.")] = False,
+    lengths: Annotated[Optional[str], typer.Option("--lengths", help="What each shape's batch holds: full (every sequence at kv_len, the grids' default) or serving (one batch per length distribution of serving traffic, each with its longest sequence in the kv bucket; timed as their mean). Overrides the shapes'. The same keys as full: --force to re-measure keys that have full-batch winners.")] = None,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
     search: Annotated[str, typer.Option("--search", help="Search strategy (tuner.search): exhaustive times every config fully; halving times every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = "exhaustive",
@@ -191,6 +192,10 @@ def sweep_command(
         from tuner.search import get_strategy
 
         strategy = get_strategy("halving" if halving else search).name
+        from tuner.ops.shapes import LENGTHS
+
+        if lengths is not None and lengths not in LENGTHS:
+            raise TunerError(f"--lengths must be one of {', '.join(LENGTHS)}, got {lengths!r:.40}")
         if sum(x is not None and x is not False for x in (grid, shapes_file, from_misses)) > 1:
             raise TunerError("give one of --grid, --shapes, --from-misses")
         why = op.unavailable()
@@ -216,6 +221,8 @@ def sweep_command(
             shapes = load_shapes(shapes_file)
         else:
             shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
+        if lengths is not None:
+            shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
         database = database or _open_db_to_sweep(db, force)
         # CUDA-graph replay with a cold L2, timed by CUDA events, on a GPU; the wall clock on a CPU
         preset = settings.TIMERS["sweep-gpu" if device == "cuda" else "sweep-cpu"]
