@@ -5,6 +5,8 @@ import pytest
 
 from tuner.db import (
     DBError,
+    MissLengths,
+    MissRow,
     Problem,
     TuningDB,
     current_fingerprint,
@@ -313,11 +315,42 @@ def test_misses_add_up_and_drop_out_once_tuned(make_db):
     db.save_misses(FP, [(a, "nearest", 2), (b, "default", 1)])
     db.save_misses(FP, [(a, "nearest", 3)])
     db.save_misses(OTHER, [(a, "default", 1)])
-    assert db.misses(FP[0]) == [(a, "nearest", 5), (b, "default", 1)]
+    assert db.misses(FP[0]) == [MissRow(a, "nearest", 5), MissRow(b, "default", 1)]
     save(db, b, {"c": 1})  # b now has an exact winner
-    assert db.misses(FP[0]) == [(a, "nearest", 5)] and db.misses(OTHER[0]) == [(a, "default", 1)]
+    assert db.misses(FP[0]) == [MissRow(a, "nearest", 5)] and db.misses(OTHER[0]) == [MissRow(a, "default", 1)]
     db.prune(FP[1])
     assert db.misses(OTHER[0]) == [] and db.integrity() == []
+
+
+def test_missed_calls_lengths_merge_across_saves(make_db):
+    """Each process saves its own calls' length statistics; the table keeps sums, so the
+    misses read back average over every call that had its lengths on the host."""
+    db = TuningDB(make_db())
+    a = problem(batch=4)
+    db.save_misses(FP, [MissRow(a, "default", 1, MissLengths(1, 1000.0, 4000.0, 300.0))])
+    db.save_misses(FP, [MissRow(a, "default", 2)])  # calls without host lengths
+    db.save_misses(FP, [MissRow(a, "default", 1, MissLengths(3, 2000.0, 4096.0, 100.0))])
+    [row] = db.misses(FP[0])
+    assert row.count == 4 and row.lengths.calls == 4
+    assert row.lengths.mean == pytest.approx(1750.0) and row.lengths.longest == pytest.approx(4072.0)
+    assert row.lengths.spread == pytest.approx(150.0)
+
+
+def test_misses_written_before_the_length_columns_read_without_lengths_and_gain_them(db_path):
+    import sqlite3
+
+    db = TuningDB(db_path)
+    db.save_misses(FP, [MissRow(problem(), "default", 2)])
+    db.close()
+    with sqlite3.connect(db_path) as conn:  # the misses table as it shipped, before the length columns
+        for column in ("length_calls", "length_mean_sum", "length_max_sum", "length_spread_sum"):
+            conn.execute(f"ALTER TABLE misses DROP COLUMN {column}")
+    reader = TuningDB(db_path, create=False)
+    assert reader.misses(FP[0]) == [MissRow(problem(), "default", 2)] and reader.integrity() == []
+    writer = TuningDB(db_path)  # opened to write: the columns are added; old rows' sums start at null
+    writer.save_misses(FP, [MissRow(problem(), "default", 1, MissLengths(1, 10.0, 20.0, 5.0))])
+    [row] = writer.misses(FP[0])
+    assert row.count == 3 and row.lengths == MissLengths(1, 10.0, 20.0, 5.0)
 
 
 def test_a_version_1_db_without_the_misses_table_still_works(db_path):
@@ -333,7 +366,7 @@ def test_a_version_1_db_without_the_misses_table_still_works(db_path):
     with sqlite3.connect(db_path) as conn:
         assert "misses" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     writer = TuningDB(db_path)
-    writer.save_misses(FP, [(problem(batch=3), "default", 1)])
+    writer.save_misses(FP, [MissRow(problem(batch=3), "default", 1)])
     assert len(writer.misses(FP[0])) == 1
 
 

@@ -1,11 +1,13 @@
 """decode_attention on any machine: the backend choice is part of the config, swept, stored
 and dispatched. On a CPU only the Triton backend (interpreted) is installed."""
 
+import dataclasses
+
 import torch
 
 import tuner
 from tuner.bench import WallClockTimer
-from tuner.db import TuningDB
+from tuner.db import TuningDB, current_fingerprint_id
 from tuner.ops import DecodeShape, get_op, make_decode_inputs
 from tuner.ops.decode_attention import BACKENDS, decode_attention
 from tuner.sweep import MEASURED, sweep
@@ -205,3 +207,22 @@ def test_host_lengths_are_read_only_by_the_backend_that_plans_from_them(monkeypa
     decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, SHAPE.kv_len,
                      config=config, seq_lens_host=Unreadable())
     assert ran == [(config["block_n"], config["num_kv_splits"])]
+
+
+def test_a_miss_records_the_lengths_a_call_had_on_the_host_and_sweeps_them_as_serving(db_path):
+    from tuner.sweep import shape_from_miss
+
+    TuningDB(db_path).close()
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(SHAPE, seq_lens=[64, 8])
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 64)
+    decode_attention.tuner.config_for(*args, seq_lens_host=inputs.seq_lens_host)  # resolved: a miss
+    batch4 = make_decode_inputs(dataclasses.replace(SHAPE, batch=4))
+    on_device = torch.full((4,), 64, device="meta")  # never read back: no lengths recorded
+    decode_attention.tuner.config_for(batch4.q, batch4.k_cache, batch4.v_cache, batch4.page_table,
+                                      batch4.cache_seqlens, 64, seq_lens_host=on_device)
+    assert tuner.flush_misses() == 2
+    misses = {m.problem.run_key.batch: m for m in TuningDB(db_path).misses(current_fingerprint_id())}
+    assert misses[2].lengths == (1, 36.0, 64.0, 28.0) and misses[4].lengths is None
+    assert shape_from_miss(misses[2]).lengths == "serving" and shape_from_miss(misses[4]).lengths == "full"
+    assert shape_from_miss(misses[2]).kv_len == 64 and shape_from_miss(misses[2]).batch == 2

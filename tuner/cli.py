@@ -168,7 +168,7 @@ def sweep_command(
     op_name: Annotated[str, typer.Argument(metavar="OP", help="Op to tune (see `tuner ops`).")],
     grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: cpu-small on CPU, decode on GPU).")] = None,
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
-    from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket.")] = False,
+    from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket; on serving batches (--lengths serving) where the missed calls' lengths were mixed.")] = False,
     lengths: Annotated[Optional[str], typer.Option("--lengths", help="What each shape's batch holds: full (every sequence at kv_len, the grids' default) or serving (one batch per length distribution of serving traffic, each with its longest sequence in the kv bucket; timed as their mean). Overrides the shapes'. The same keys as full: --force to re-measure keys that have full-batch winners.")] = None,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
@@ -205,12 +205,11 @@ def sweep_command(
         database = None
         if from_misses:
             from tuner.db import current_fingerprint, current_fingerprint_id
-            from tuner.ops.shapes import shape_from_keys
+            from tuner.sweep import shape_from_miss
 
             database = _open_db_to_sweep(db, force)
-            missed = [p for p, _, _ in database.misses(current_fingerprint_id(), op=op.name,
-                                                       environment=current_fingerprint())]
-            shapes = [s for s in (shape_from_keys(p.static_key, p.run_key) for p in missed) if s is not None]
+            missed = database.misses(current_fingerprint_id(), op=op.name, environment=current_fingerprint())
+            shapes = [s for s in (shape_from_miss(m) for m in missed) if s is not None]
             if len(shapes) < len(missed):
                 err.print(f"[yellow]warning:[/] {len(missed) - len(shapes)} missed keys are not attention shapes "
                           "a sweep can build; left out", highlight=False)
@@ -376,13 +375,15 @@ def _show_misses(database, fp: str, op: str | None) -> None:
 
     rows = database.misses(fp, op=op, environment=current_fingerprint())
     table = Table(title="runtime misses: served without an exact winner")
-    for col in ("op", "static key", "batch", "q", "kv <=", "served", "times"):
+    for col in ("op", "static key", "batch", "q", "kv <=", "served", "times", "kv mean/max"):
         table.add_column(col, justify="left" if col in ("op", "static key", "served") else "right",
                          overflow="fold", no_wrap=col != "static key")
-    for problem, served, count in rows:
+    for problem, served, count, lengths in rows:
         run = problem.run_key
+        # the missed calls' lengths, where they had them on the host: mean and longest per call
+        stats = "-" if lengths is None else f"{lengths.mean:,.0f}/{lengths.longest:,.0f}"
         table.add_row(problem.op, _static_label(problem.static_key), str(run.batch), str(run.max_q_len),
-                      f"{run.kv_len_bucket:,}", served, str(count))
+                      f"{run.kv_len_bucket:,}", served, str(count), stats)
     if rows:
         console.print(table)
     console.print(f"{len(rows)} missed keys without a winner in {escape(database.display_url)}"

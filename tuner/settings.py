@@ -49,6 +49,9 @@ BORROW_MIN_GAIN = 1.10
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10
 HALVING_MAX_KEEP = 6
+# a missed key whose calls' mean kv length was below this share of their longest was called
+# with mixed lengths: `tuner sweep --from-misses` measures it on serving batches
+MISS_MIXED_BELOW = 0.9
 
 
 # -- timers ----------------------------------------------------------------------------------

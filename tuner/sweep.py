@@ -8,17 +8,19 @@ resumes from its measurements.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from tuner import settings
 from tuner.bench import OK, Outcome, Timing, boundary_sync, one_line, timer_for, with_default_first
 from tuner.bench.trial import cold_l2_copies
-from tuner.db import MeasurementRow, Problem, TuningDB, current_environment
+from tuner.db import MeasurementRow, MissRow, Problem, TuningDB, current_environment
 from tuner.errors import TunerError
 from tuner.keys import canonical_json
 from tuner.ops import Config, DecodeInputs, DecodeShape, Op
 from tuner.ops.rotation import bytes_read
+from tuner.ops.shapes import shape_from_keys
 from tuner.ops.trial import build_trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, Step
@@ -52,6 +54,16 @@ def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
     """How many copies a cold-L2 rotation needs (tuner.bench.trial), by the bytes a call
     reads (tuner.ops.rotation), not the bytes allocated."""
     return cold_l2_copies(bytes_read(inputs), device, max_copies)
+
+
+def shape_from_miss(miss: MissRow) -> DecodeShape | None:
+    """The shape `tuner sweep --from-misses` measures for a missed key: at the top of its kv
+    bucket, on serving batches (DecodeShape.lengths) where its calls' lengths were mixed;
+    None when the key is not one a sweep can build."""
+    shape = shape_from_keys(miss.problem.static_key, miss.problem.run_key)
+    if shape is None or miss.lengths is None or miss.lengths.mean >= settings.MISS_MIXED_BELOW * miss.lengths.longest:
+        return shape
+    return dataclasses.replace(shape, lengths="serving")
 
 
 def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:

@@ -6,7 +6,7 @@ from tuner.db.fingerprint import (
 from tuner.db.jsonio import EXPORT_SCHEMA, EXPORT_VERSION, export_document, import_document, parse_document
 from tuner.db.location import DamagedDBError, DBError, MissingDBError, default_db_path, resolve_db_url, set_aside
 from tuner.db.store import (
-    MalformedRowsError, MeasurementRow, Problem, Record, SaveResult, Snapshot, Timed, TuningDB,
+    MalformedRowsError, MeasurementRow, MissLengths, MissRow, Problem, Record, SaveResult, Snapshot, Timed, TuningDB,
 )
 
 __all__ = [
@@ -17,6 +17,8 @@ __all__ = [
     "EXPORT_VERSION",
     "MalformedRowsError",
     "MeasurementRow",
+    "MissLengths",
+    "MissRow",
     "MissingDBError",
     "Problem",
     "Record",

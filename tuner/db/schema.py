@@ -111,6 +111,14 @@ class Miss(_Keyed, Base):
     served: Mapped[str] = mapped_column(String(16))  # nearest | default
     count: Mapped[int] = mapped_column(BigInteger, default=0)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # the kv lengths of the missed calls whose lengths were known on the host, as sums over
+    # those calls (added on every upsert, so processes merge): per call its mean, its longest
+    # and the spread (standard deviation) of its lengths. Added after the misses table
+    # shipped: null in older rows
+    length_calls: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    length_mean_sum: Mapped[float | None] = mapped_column(Float, nullable=True)
+    length_max_sum: Mapped[float | None] = mapped_column(Float, nullable=True)
+    length_spread_sum: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ReplacedRecord(_Keyed, _Winner, Base):
@@ -127,7 +135,8 @@ class ReplacedRecord(_Keyed, _Winner, Base):
 
 # may be absent from a version-1 DB; a DB opened for writing gains them
 OPTIONAL_TABLES = {Miss.__tablename__, ReplacedRecord.__tablename__}
-OPTIONAL_COLUMNS = {Measurement.__tablename__: ("rung",)}
+MISS_LENGTH_COLUMNS = ("length_calls", "length_mean_sum", "length_max_sum", "length_spread_sum")
+OPTIONAL_COLUMNS = {Measurement.__tablename__: ("rung",), Miss.__tablename__: MISS_LENGTH_COLUMNS}
 # the fields a record carries besides its key
 RECORD_FIELDS = ("config", "median_us", "spread_us", "samples", "default_config", "default_median_us",
                  "default_spread_us", "method", "created_at")

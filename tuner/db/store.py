@@ -29,7 +29,7 @@ from tuner.db import rows as check
 from tuner.db.fingerprint import applies
 from tuner.db.location import DamagedDBError, DBError, MissingDBError, resolve_db_url
 from tuner.db.schema import (
-    OPTIONAL_COLUMNS, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
+    MISS_LENGTH_COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
     ReplacedRecord, TuningRecord, utcnow,
 )
 from tuner.keys import AttentionRunKey, canonical_json
@@ -39,6 +39,26 @@ PROBLEM_COLUMNS = ("op", "static_key", "batch", "max_q_len", "kv_len_bucket")
 RECORD_KEY = [*PROBLEM_COLUMNS, "fingerprint_id"]
 STATUSES = ("ok", "wrong", "error", "oom")
 SERVED = ("nearest", "default")
+
+
+class MissLengths(NamedTuple):
+    """The kv lengths of a missed key's calls that had them on the host: how many calls,
+    and over those calls the mean of their mean length, longest and spread (std)."""
+
+    calls: int
+    mean: float
+    longest: float
+    spread: float
+
+
+class MissRow(NamedTuple):
+    """A key the runtime served without an exact winner: how (nearest or default), how many
+    times, and its calls' lengths where known (None: no call had them on the host)."""
+
+    problem: "Problem"
+    served: str
+    count: int
+    lengths: MissLengths | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +190,21 @@ def _record(row: Any, fingerprint_ids: set[str] | dict[str, Any]) -> Record:
     )
 
 
+def _miss(row: Any) -> MissRow:
+    """A misses row, checked (tuner.db.rows): its key, how it was served, its count and its
+    calls' length sums (absent in rows from before those columns)."""
+    where = f"misses id {row.id}"
+    if row.served not in SERVED:
+        raise check.RowError(f"{where}.served: expected nearest or default")
+    lengths = None
+    calls = getattr(row, "length_calls", None)
+    if calls is not None and check.integer(calls, f"{where}.length_calls", 0) > 0:
+        mean, longest, spread = (check.number(getattr(row, c, None), f"{where}.{c}") / calls
+                                 for c in ("length_mean_sum", "length_max_sum", "length_spread_sum"))
+        lengths = MissLengths(calls, mean, longest, spread)
+    return MissRow(_problem(row, where), row.served, check.integer(row.count, f"{where}.count", 0), lengths)
+
+
 def _measurement(row: Any) -> MeasurementRow:
     where = f"measurements id {row.id}"
     status = row.status
@@ -217,7 +252,10 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 # the columns added since schema version 1, as constant DDL (SQLite and PostgreSQL alike)
-_ADD_COLUMN = {("measurements", "rung"): "ALTER TABLE measurements ADD COLUMN rung INTEGER"}
+_ADD_COLUMN = {("measurements", "rung"): "ALTER TABLE measurements ADD COLUMN rung INTEGER",
+               ("misses", "length_calls"): "ALTER TABLE misses ADD COLUMN length_calls BIGINT",
+               **{("misses", c): f"ALTER TABLE misses ADD COLUMN {c} FLOAT"
+                  for c in ("length_mean_sum", "length_max_sum", "length_spread_sum")}}
 _CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation and upgrades
 
 
@@ -380,6 +418,10 @@ class TuningDB:
     def _missing_measurement_columns(self) -> frozenset[str]:
         return frozenset(c for t, c in self._missing_columns if t == Measurement.__tablename__)
 
+    @property
+    def _missing_miss_columns(self) -> frozenset[str]:
+        return frozenset(c for t, c in self._missing_columns if t == Miss.__tablename__)
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -459,8 +501,9 @@ class TuningDB:
         if dialect in ("sqlite", "postgresql"):
             stmt = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(**values)
             if replace:
-                set_ = {k: getattr(model, k) + getattr(stmt.excluded, k) if k in add else v
-                        for k, v in update_values.items()}
+                # coalesced: a column added after a row was written is null there
+                set_ = {k: func.coalesce(getattr(model, k), 0) + func.coalesce(getattr(stmt.excluded, k), 0)
+                        if k in add else v for k, v in update_values.items()}
                 session.execute(stmt.on_conflict_do_update(index_elements=key, set_=set_))
             else:
                 session.execute(stmt.on_conflict_do_nothing(index_elements=key))
@@ -473,7 +516,7 @@ class TuningDB:
             session.flush()
         elif replace:
             for k, v in update_values.items():
-                setattr(existing, k, getattr(existing, k) + v if k in add else v)
+                setattr(existing, k, (getattr(existing, k) or 0) + (v or 0) if k in add else v)
 
     def require_sound(self, action: str) -> None:
         """Refuse to write into a damaged DB (integrity_check, a missing core table,
@@ -771,41 +814,44 @@ class TuningDB:
                 names |= set(session.scalars(select(Miss.op).distinct()))
         return {str(n) for n in names}
 
-    def save_misses(self, fingerprint: tuple[str, dict[str, Any]], misses: list[tuple[Problem, str, int]]) -> None:
-        """Add (problem, served as "nearest" or "default", times) to the misses table, one transaction."""
+    def save_misses(self, fingerprint: tuple[str, dict[str, Any]], misses: list[MissRow]) -> None:
+        """Add each miss (its count and its calls' lengths, to what is stored) to the misses
+        table, in one transaction."""
         if not misses:
             return
         with self._write(action="record misses in") as session:
             self._ensure_fingerprint(session, *fingerprint)
-            for problem, served, count in misses:
+            for problem, served, count, lengths in (MissRow(*m) for m in misses):
+                n = lengths.calls if lengths else 0
                 values = dict(problem.columns(), fingerprint_id=fingerprint[0], served=served, count=count,
-                              last_seen=utcnow())
-                self._upsert(session, Miss, values, RECORD_KEY, add=("count",))
+                              last_seen=utcnow(), length_calls=n,
+                              length_mean_sum=lengths.mean * n if lengths else 0.0,
+                              length_max_sum=lengths.longest * n if lengths else 0.0,
+                              length_spread_sum=lengths.spread * n if lengths else 0.0)
+                self._upsert(session, Miss, values, RECORD_KEY, add=("count",) + MISS_LENGTH_COLUMNS)
 
     def misses(self, fingerprint_id: str, *, op: str | None = None,
-               environment: dict[str, Any] | None = None) -> list[tuple[Problem, str, int]]:
-        """(problem, served, count) the runtime recorded in this environment and that still
-        have no winner applying in `environment` (default: none of this id), most frequent first."""
+               environment: dict[str, Any] | None = None) -> list[MissRow]:
+        """The misses the runtime recorded in this environment and that still have no
+        winner applying in `environment` (default: none of this id), most frequent first."""
         if Miss.__tablename__ in self._missing_optional_tables:
             return []
-        query = _raw(Miss, Miss.fingerprint_id == fingerprint_id)
+        query = _raw(Miss, Miss.fingerprint_id == fingerprint_id, missing=self._missing_miss_columns)
         if op is not None:
             query = query.where(Miss.op == op)
         out, bad = [], []
         with self._read() as session:
             for m in session.execute(query):
                 try:
-                    if m.served not in SERVED:
-                        raise check.RowError(f"misses id {m.id}.served: expected nearest or default")
-                    out.append((_problem(m, f"misses id {m.id}"), m.served,
-                                check.integer(m.count, f"misses id {m.id}.count", 0)))
+                    out.append(_miss(m))
                 except check.RowError as e:
                     bad.append(str(e))
         if bad:
             raise self._malformed("misses", bad)
         solved = {r.problem for r in (self.records(op=op, environment=environment) if environment is not None
                                       else self.records(op=op, fingerprint_id=fingerprint_id))}
-        return sorted((m for m in out if m[0] not in solved), key=lambda m: (-m[2], m[0].op, m[0].static_key))
+        return sorted((m for m in out if m.problem not in solved), key=lambda m: (-m.count, m.problem.op,
+                                                                                  m.problem.static_key))
 
     # -- damage ------------------------------------------------------------------------
 
@@ -836,11 +882,11 @@ class TuningDB:
             except check.RowError as e:
                 out.append((Measurement, row.id, str(e)))
         if Miss.__tablename__ not in self._missing_optional_tables:
-            for row in session.execute(_raw(Miss)):
+            for row in session.execute(_raw(Miss, missing=self._missing_miss_columns)):
                 try:
-                    _problem(row, f"misses id {row.id}")
-                    if row.served not in SERVED or row.fingerprint_id not in fps:
-                        raise check.RowError(f"misses id {row.id}: bad served or fingerprint")
+                    _miss(row)
+                    if row.fingerprint_id not in fps:
+                        raise check.RowError(f"misses id {row.id}: fingerprint {row.fingerprint_id!r} is not in the DB")
                 except check.RowError as e:
                     out.append((Miss, row.id, str(e)))
         return out

@@ -55,7 +55,15 @@ def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
     return can_run(config, _call(*args, **kwargs))
 
 
-@autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts,
+def _host_lengths(*args: Any, **kwargs: Any) -> Any:
+    """seq_lens_host, when it is on the host (a device tensor is never read back)."""
+    lengths = _call(*args, **kwargs).seq_lens_host
+    if isinstance(lengths, torch.Tensor) and lengths.device.type != "cpu":
+        return None
+    return lengths
+
+
+@autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts, lengths=_host_lengths,
           configs=lambda *a, **k: _configs(call_shape(_call(*a, **k))),
           default=lambda *a, **k: _default(call_shape(_call(*a, **k))))
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,

@@ -16,6 +16,7 @@ from tuner.keys import attention_run_key, canonical_json, kv_len_bucket
 from tuner.ranks import current_ranks
 from tuner.runtime.borrowing import Config
 from tuner.runtime.capture import declared_kv_len
+from tuner.runtime.misses import length_stats
 from tuner.runtime.state import capturing, runtime
 from tuner.runtime.tune import tune_call
 
@@ -31,12 +32,13 @@ class AutotunedFunction:
 
     def __init__(self, fn: Callable, name: str, configs: Any, default: Any,
                  tolerance: tuple[float, float] | None, static_json: Callable[[Any], str] | None = None,
-                 accepts: Callable[..., bool] | None = None) -> None:
+                 accepts: Callable[..., bool] | None = None, lengths: Callable[..., Any] | None = None) -> None:
         self.fn, self.name = fn, name
         self.static_json = static_json or _static_json
         self._configs, self._default = configs, default
         self.tolerance = tolerance
         self._accepts = accepts
+        self._lengths = lengths
         self.memo: dict[tuple, Config] = {}
         self.tuned: set[tuple] = set()  # keys tuned by this process (for force mode)
         self.key_functions: dict[str, Callable] = {}  # set by autotune(): "_key", or "_static_key" and "_run_key"
@@ -84,7 +86,8 @@ class AutotunedFunction:
         config = default if stored is None else stored
         exact = served == "exact"
         if not exact and mode == "lookup":  # tune and force modes tune it instead
-            runtime.record_miss(self.name, static_json, run, served)
+            lengths = length_stats(self._lengths(*args, **kwargs)) if self._lengths is not None else None
+            runtime.record_miss(self.name, static_json, run, served, lengths)
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
         ranks = current_ranks() if mode in ("tune", "force") else None
         if ranks is not None and not capturing():
@@ -145,6 +148,7 @@ def autotune(
     static_json: Callable[[Any], str] | None = None,
     tolerance: tuple[float, float] | None = None,
     accepts: Callable[..., bool] | None = None,
+    lengths: Callable[..., Any] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorate a callable that takes a `config` keyword.
 
@@ -161,6 +165,9 @@ def autotune(
     A static key of None means "not tunable": the default runs. accepts(config, ...) (the
     call's arguments after the config) says whether a stored or borrowed config is one this
     call can run; one it cannot gives the default. Both run once per new key only.
+    lengths(...) gives the call's kv lengths when they are on the host (else None): a miss
+    records their statistics, so `tuner sweep --from-misses` measures batches like them;
+    called only when a miss is recorded.
     """
     if key is None and (static_key is None or run_key is None):
         raise TunerError("autotune needs static_key= and run_key=, or key=")
@@ -168,7 +175,7 @@ def autotune(
         raise TunerError("autotune takes key=, or static_key= and run_key=, not both")
 
     def wrap(fn: Callable) -> Callable:
-        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts)
+        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts, lengths)
         runtime.functions.add(state)
         keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
         state.key_functions = keys

@@ -1,24 +1,50 @@
 """Misses: the keys the runtime served without an exact winner (from a neighbour's or the
-default), counted in memory off the hot path and written to the DB's misses table, for
-`tuner show --misses` and `tuner sweep --from-misses`."""
+default), counted in memory off the hot path and written to the DB's misses table, with the
+kv lengths of the calls that had them on the host, for `tuner show --misses` and
+`tuner sweep --from-misses`."""
 
 from __future__ import annotations
 
-from tuner.db import Problem
+import math
+from typing import Any
+
+from tuner.db import MissLengths, MissRow, Problem
 from tuner.keys import AttentionRunKey
+
+
+def length_stats(lengths: Any) -> tuple[float, float, float] | None:
+    """(mean, longest, standard deviation) of a call's host-side kv lengths (a sequence, a
+    CPU tensor or an array), or None when there are none or they are not plain numbers."""
+    if lengths is None:
+        return None
+    try:
+        values = [float(n) for n in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
+    except (TypeError, ValueError):
+        return None
+    if not values or not all(math.isfinite(v) and v >= 0 for v in values):
+        return None
+    mean = sum(values) / len(values)
+    return mean, max(values), math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
 class MissLog:
     def __init__(self) -> None:
-        # (op, static json, run key) -> [how it was served, times]
+        # (op, static json, run key) -> [how it was served, times, calls with lengths, their sums]
         self._pending: dict[tuple[str, str, AttentionRunKey], list] = {}
 
-    def record(self, name: str, static_json: str, run: AttentionRunKey, served: str) -> None:
-        entry = self._pending.setdefault((name, static_json, run), [served, 0])
+    def record(self, name: str, static_json: str, run: AttentionRunKey, served: str,
+               lengths: tuple[float, float, float] | None = None) -> None:
+        entry = self._pending.setdefault((name, static_json, run), [served, 0, 0, 0.0, 0.0, 0.0])
         entry[0], entry[1] = served, entry[1] + 1
+        if lengths is not None:
+            entry[2] += 1
+            entry[3] += lengths[0]
+            entry[4] += lengths[1]
+            entry[5] += lengths[2]
 
-    def take(self) -> list[tuple[Problem, str, int]]:
-        """The misses recorded since the last take, as (problem, served, count) rows."""
+    def take(self) -> list[MissRow]:
+        """The misses recorded since the last take."""
         pending, self._pending = self._pending, {}
-        return [(Problem(name, static_json, run), served, count)
-                for (name, static_json, run), (served, count) in pending.items()]
+        return [MissRow(Problem(name, static_json, run), served, count,
+                        MissLengths(calls, mean / calls, longest / calls, spread / calls) if calls else None)
+                for (name, static_json, run), (served, count, calls, mean, longest, spread) in pending.items()]

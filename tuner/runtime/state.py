@@ -102,12 +102,14 @@ class Runtime:
         """A winner tuned in this process, served from now on like a stored one."""
         self.table().setdefault(key, {})[run] = Winner(config, gain)
 
-    def record_miss(self, name: str, static_json: str, run: AttentionRunKey, served: str) -> None:
-        """Off the hot path: once per memo key resolved from the nearest record or the default.
-        Kept only when there is a readable DB to write them to (never a damaged one)."""
+    def record_miss(self, name: str, static_json: str, run: AttentionRunKey, served: str,
+                    lengths: tuple[float, float, float] | None = None) -> None:
+        """Off the hot path: once per memo key resolved from the nearest record or the default,
+        with the call's length statistics when it had its lengths on the host. Kept only when
+        there is a readable DB to write them to (never a damaged one)."""
         if not self.db_readable:
             return
-        self.misses.record(name, static_json, run, served)
+        self.misses.record(name, static_json, run, served, lengths)
         if not self._flush_at_exit:
             atexit.register(flush_misses)
             self._flush_at_exit = True
