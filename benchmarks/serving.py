@@ -5,7 +5,7 @@ against the oracle, per call and under CUDA graphs.
 
 Cases: head configurations (shipped ones and others) x batch sizes from a CUDA-graph capture
 list (tuner.ops.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k x length
-distributions (tuner.ops.traffic.DISTRIBUTIONS). Two modes, timed alike (CUDA graphs, cold
+distributions (tuner.ops.traffic.DISTRIBUTIONS). Modes, timed alike (CUDA graphs, cold
 L2 by the bytes a call reads: tuner.ops.rotation):
 - per_call: attention run with the true host-side max length, the page table as wide as
   the longest sequence (as a server slices it outside graphs, and under piecewise graphs);
@@ -14,7 +14,10 @@ L2 by the bytes a call reads: tuner.ops.rotation):
   the call resolves to at capture, fixed for every replay;
 - graph_declared: the same graphs, captured inside tuner.graph_capture(lengths) with the
   deployment's declared traffic (4096 lengths drawn from the case's distribution and cap,
-  apart from the batch's own), so the frozen config is keyed on the lengths replays see.
+  apart from the batch's own), so the frozen config is keyed on the lengths replays see:
+  a declaration that matches each case's traffic, the best a declaration can do;
+- graph_declared_pooled: the same graphs, with one declaration for the whole run (lengths
+  pooled over every distribution and cap), as a server declaring all its traffic at once.
 For each mode: FA3's default, tuner (the config decode_attention resolves for the call: DB,
 shipped tunings, borrowing rule, default), and the oracle (every candidate config of the
 space timed on exactly that batch, the fastest three re-timed side by side with the other
@@ -63,6 +66,10 @@ CAPS = (1024, 4096, 16384, 65536, 131072)
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
 SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
+MODES = ("per_call", "graph", "graph_declared", "graph_declared_pooled")
+WIDE_MODES = MODES[1:]  # the modes whose calls carry the capture bound
+# graph_declared_pooled's one declaration: 1024 lengths per distribution and cap
+POOLED = [n for c in CAPS for d in DISTRIBUTIONS for n in draw_lengths(d, 1024, c, seed=7)]
 
 
 def cases(smoke: bool) -> list[dict]:
@@ -136,11 +143,13 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
     declared = draw_lengths(case["distribution"], 4096, case["cap"], seed + 10**6)
     with tuner.graph_capture(declared):
         declared_config = dispatch.config_for(*ga, **gk)
-    calls = {"per_call": per_call, "graph": graph, "graph_declared": graph}
+    with tuner.graph_capture(POOLED):
+        pooled_config = dispatch.config_for(*ga, **gk)
+    calls = {"per_call": per_call, "graph": graph, "graph_declared": graph, "graph_declared_pooled": graph}
     defaults = {"per_call": dispatch.default(a, k), "graph": dispatch.default(ga, gk)}  # FA3's: the same
-    defaults["graph_declared"] = defaults["graph"]
+    defaults["graph_declared"] = defaults["graph_declared_pooled"] = defaults["graph"]
     tuned = {"per_call": dispatch.config_for(*a, **k), "graph": dispatch.config_for(*ga, **gk),
-             "graph_declared": declared_config}
+             "graph_declared": declared_config, "graph_declared_pooled": pooled_config}
     row.update(default=defaults, tuner=tuned)
 
     # the oracle: every candidate on exactly this batch (per call), the fastest re-timed
@@ -158,7 +167,7 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
 
     reference = decode_attention(*a, **k, config=defaults["per_call"])
     timed: dict[str, dict[str, float | None]] = {}
-    for table, modes in (("narrow", ("per_call",)), ("wide", ("graph", "graph_declared"))):
+    for table, modes in (("narrow", ("per_call",)), ("wide", WIDE_MODES)):
         distinct: list[dict] = []
         for c in [defaults[m] for m in modes] + [tuned[m] for m in modes] + finalists:
             if c not in distinct:
@@ -183,10 +192,13 @@ def geomean(xs: list[float]) -> float | None:
 
 def summary(rows: list[dict], mode: str) -> dict:
     done = [r[mode] for r in rows if mode in r and r[mode]["tuner_speedup"] and r[mode]["oracle_speedup"]]
+    # tuner's pick failed to run or time where the default ran: counted, never dropped unseen
+    failed = sum(1 for r in rows if mode in r and r[mode]["default_us"] and not r[mode]["tuner_speedup"])
     gt = geomean([d["tuner_speedup"] for d in done])
     go = geomean([d["oracle_speedup"] for d in done])
     return {
         "cases": len(done),
+        "tuner_failed": failed,
         "tuner_over_default_geomean": gt,
         "oracle_over_default_geomean": go,
         # share of the oracle's gain tuner captures, in log terms: ln(tuner) / ln(oracle)
@@ -198,7 +210,7 @@ def summary(rows: list[dict], mode: str) -> dict:
 
 
 def write(out: Path, rows: list[dict], planned: int, started: float, smoke: bool) -> dict:
-    modes = ("per_call", "graph", "graph_declared")
+    modes = MODES
     doc = {
         "benchmark": "serving",
         "command": "python " + " ".join(sys.argv),
@@ -254,7 +266,7 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.empty_cache()
         line = f"{case['model'][:26]:26} b{case['batch']:<4} L{case['cap']:<7} {case['distribution']:9}"
-        for m in ("per_call", "graph", "graph_declared"):
+        for m in MODES:
             if m in row:
                 line += f" {m} {row[m]['tuner_speedup']:.3f}/{row[m]['oracle_speedup']:.3f}"
         print(line + (" " + row["error"] if "error" in row else ""), flush=True)

@@ -33,18 +33,24 @@ def bounds(rows: list[dict]) -> dict[str, dict]:
     def default_us(r: dict) -> float:
         return times(r)[json.dumps(r["default"]["per_call"], sort_keys=True)]
 
+    # a case whose default did not run in the screen has no ratio to give
+    usable = [r for r in rows if json.dumps(r["default"]["per_call"], sort_keys=True) in times(r)]
     out = {}
     for name, key in GROUPINGS.items():
         groups = collections.defaultdict(list)
-        for r in rows:
+        for r in usable:
             groups[key(r)].append(r)
-        logs = []
+        logs, left_out = [], 0
         for group in groups.values():
             common = set.intersection(*(set(times(r)) for r in group))
+            if not common:  # no config ran on every case of the group
+                left_out += len(group)
+                continue
             best = min(common, key=lambda c: sum(math.log(times(r)[c] / default_us(r)) for r in group))
             logs += [math.log(default_us(r) / times(r)[best]) for r in group]
-        out[name] = {"groups": len(groups), "geomean_over_default": math.exp(sum(logs) / len(logs)),
-                     "worst_over_default": math.exp(min(logs))}
+        out[name] = {"groups": len(groups), "cases": len(logs), "left_out": len(rows) - len(usable) + left_out,
+                     "geomean_over_default": math.exp(sum(logs) / len(logs)) if logs else None,
+                     "worst_over_default": math.exp(min(logs)) if logs else None}
     return out
 
 
@@ -54,7 +60,11 @@ def main() -> None:
     args = ap.parse_args()
     rows = [r for r in json.loads(args.results.read_text())["rows"] if "screen_us" in r and "per_call" in r]
     for name, b in bounds(rows).items():
-        print(f"{name:66} {b['groups']:4} groups  {b['geomean_over_default']:.3f}x  worst {b['worst_over_default']:.3f}x")
+        if b["geomean_over_default"] is None:
+            print(f"{name:66} {b['groups']:4} groups  no case with a common config")
+            continue
+        print(f"{name:66} {b['groups']:4} groups  {b['geomean_over_default']:.3f}x  worst "
+              f"{b['worst_over_default']:.3f}x" + (f"  ({b['left_out']} cases left out)" if b["left_out"] else ""))
 
 
 if __name__ == "__main__":

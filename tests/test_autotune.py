@@ -313,6 +313,83 @@ def test_graph_capture_refuses_what_is_not_lengths(lengths):
             pass
 
 
+def test_configure_inside_graph_capture_holds_after_it(db_path):
+    store(db_path, 16, 2**17, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    assert run(fn, 16, 2**17, calls) == 64
+    with tuner.graph_capture(2048):
+        tuner.configure(mode="off")
+    assert run(fn, 16, 2**17, calls) == 32  # off: the default, not the memo from before
+
+
+def test_nothing_is_tuned_inside_graph_capture(db_path):
+    """Its calls carry the capture bound, not the declared key: timing them for that key
+    would store a wrong winner (review of issue 12)."""
+    TuningDB(db_path).close()
+    tuner.configure(db=db_path, mode="tune")
+    calls = []
+    fn = make_fn(calls)
+    with tuner.graph_capture(2048):
+        assert run(fn, 16, 2**17, calls) == 32 and calls == [32]  # the default, run once: no tuning
+    assert TuningDB(db_path).records() == [] and not fn.tuner.tuned
+    assert tuner.flush_misses() == 1  # the declared key is recorded as missed
+
+
+def test_a_call_resolving_while_graph_capture_ends_leaves_nothing_behind(db_path):
+    import threading
+
+    store(db_path, 16, 2048, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    inside, ended = threading.Event(), threading.Event()
+
+    def accepts(config, x, batch, kv):
+        if threading.current_thread() is not threading.main_thread():
+            inside.set()
+            ended.wait(10)  # the capture ends while this call resolves
+        return True
+
+    @tuner.autotune("toy", configs=[{"block": 64}], default={"block": 32}, accepts=accepts,
+                    static_key=lambda x, batch, kv: STATIC, run_key=lambda x, batch, kv: (batch, 1, kv))
+    def fn(x, batch, kv, *, config):
+        return config["block"]
+
+    seen = []
+    with tuner.graph_capture(2048):
+        other = threading.Thread(target=lambda: seen.append(fn(torch.ones(2), 16, 2**17)))
+        other.start()
+        assert inside.wait(10)
+    ended.set()
+    other.join(10)
+    assert seen == [64]  # resolved for the declared lengths, as it began
+    assert fn(torch.ones(2), 16, 2**17) == 32  # but not kept: outside, the bound's key serves
+
+
+def test_config_for_never_tunes(db_path):
+    TuningDB(db_path).close()
+    tuner.configure(db=db_path, mode="tune")
+    calls = []
+    fn = make_fn(calls)
+    assert fn.tuner.config_for(torch.ones(2), 16, 2048) == {"block": 32} and calls == []
+    assert TuningDB(db_path).records() == []
+    run(fn, 16, 2048, calls)  # the call itself tunes
+    assert len(TuningDB(db_path).records()) == 1
+
+
+def test_graph_capture_takes_integer_likes_and_refuses_text():
+    import numpy as np
+
+    from tuner.runtime.capture import DeclaredLengths
+
+    assert DeclaredLengths(np.int64(4096)).kv_len(8) == 4096
+    assert DeclaredLengths(np.array([100, 200])).samples == [100, 200]
+    assert DeclaredLengths(torch.tensor([300, 100])).samples == [100, 300]
+    for bad in ("123", b"12", [True, 2], [1.5]):
+        with pytest.raises(tuner.TunerError, match="graph_capture"):
+            DeclaredLengths(bad)
+
+
 def test_graph_capture_does_not_nest():
     with tuner.graph_capture(100):
         with pytest.raises(tuner.TunerError, match="does not nest"):

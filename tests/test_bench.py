@@ -106,3 +106,24 @@ def test_a_library_sweep_on_a_gpu_times_with_the_cuda_graph_timers_own_defaults(
     from tuner.bench.cuda_timer import CudaGraphTimer
 
     assert timer_for("sweep-gpu", "cuda").method == CudaGraphTimer().method
+
+
+def test_the_wall_clock_times_a_rotation_of_different_inputs_as_their_mean(monkeypatch):
+    """A serving trial rotates batches of different cost; a per-call median kept the middle
+    one's time and dropped the long batch's (review of issue 12). A fake clock: each call
+    advances it by its cost."""
+    import tuner.bench.timer as timer_module
+
+    now = [0]
+    monkeypatch.setattr(timer_module.time, "perf_counter_ns", lambda: now[0])
+
+    def call(cost_ms):
+        def run():
+            now[0] += cost_ms * 1_000_000
+        return run
+
+    rotation = [call(1), call(2), call(30)]
+    timer = WallClockTimer(warmup=1, repeats=4, min_repeats=4)
+    assert timer(rotation).median_us == pytest.approx(11_000.0)
+    fast, slow = timer.paired(rotation, [call(3)])
+    assert fast.median_us == pytest.approx(11_000.0) and slow.median_us == pytest.approx(3_000.0)

@@ -98,7 +98,8 @@ def test_mixed_length_inputs_in_a_wide_table_hold_only_their_own_pages():
         make_decode_inputs(s, table_width=8)
 
 
-@pytest.mark.parametrize("extra, lens", [({}, None), ({}, [9, 2, 6]), ({"window": (3, 0), "q_len": 2}, [40, 7, 30])])
+@pytest.mark.parametrize("extra, lens", [({}, None), ({}, [9, 2, 6]), ({"window": (3, 0), "q_len": 2}, [40, 7, 30]),
+                                         ({"window": (100, 0), "q_len": 2}, [1000, 50, 701])])
 def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(extra, lens):
     from tuner.ops.rotation import WINDOW_MARGIN, bytes_read, fresh_page_copies, read_spans
 
@@ -119,7 +120,10 @@ def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(e
         assert len(pages) * (copy.k_cache[0].nbytes * 2) == nbytes
     assert not (read_by[0] & read_by[1]) and not (read_by[0] & read_by[2]) and not (read_by[1] & read_by[2])
     if s.window[0] >= 0:  # a window reads its last keys (and a margin), not the whole sequence
-        assert spans[0] == (max(0, 40 - 2 - 3 - WINDOW_MARGIN), 40)
+        n = lens[0]
+        assert spans[0] == (max(0, n - 2 - s.window[0] - WINDOW_MARGIN), n)
+        if n > 400:  # a span that starts inside the sequence: its earlier pages are not copied
+            assert spans[0][0] > 0 and nbytes < inputs.kv_bytes
     else:
         assert spans == [(0, n) for n in inputs.lengths()]
     assert fresh_page_copies(copies[0], 1) == [copies[0]]

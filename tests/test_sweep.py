@@ -323,7 +323,7 @@ def test_a_serving_sweep_resumes_only_its_own_kind_of_measurement(db_path):
     assert kinds.count("serving") == first.measured
 
 
-def test_a_serving_trial_rotates_every_batch_alike():
+def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
     from tuner.ops.trial import build_trial
     from tuner.ops.traffic import serving_draws
 

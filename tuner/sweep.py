@@ -160,7 +160,7 @@ def sweep(
         boundary_sync()
         result = measure(
             trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume, record=record,
-            ranks=ranks, gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine),
+            ranks=ranks, gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape.lengths),
             advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
         )
         del trial  # free the device before the next shape's inputs
@@ -189,10 +189,12 @@ def sweep(
 
 
 def _all_outcomes(db: TuningDB, problem: Problem, fp_id: str, configs: list[Config],
-                  mine: list[Outcome]) -> list[Outcome]:
-    """Every config's outcome: this rank's own, the others' as they stored them."""
+                  mine: list[Outcome], lengths: str) -> list[Outcome]:
+    """Every config's outcome: this rank's own, the others' as they stored them (on this
+    shape's kind of batch)."""
     own = {canonical_json(o.config): o for o in mine}
-    rows = {canonical_json(m.config): m for m in db.measurements(problem, fp_id)}
+    rows = {canonical_json(m.config): m for m in db.measurements(problem, fp_id)
+            if m.method.get("lengths", "full") == lengths}
     out = []
     for config in configs:
         key = canonical_json(config)

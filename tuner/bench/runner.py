@@ -66,7 +66,8 @@ def measure_config(
         for i, expected in ((0, reference), *checks):
             check = compare(calls[i](), expected, *tolerance)
             if not check.ok:
-                return Outcome(config, WRONG, max_error=check.max_error, error=check.reason)
+                reason = check.reason if i == 0 else f"run {i}: {check.reason}"
+                return Outcome(config, WRONG, max_error=check.max_error, error=reason)
             max_error = max(max_error, check.max_error or 0.0)
         return Outcome(config, OK, timer(calls), max_error=max_error)
     except torch.OutOfMemoryError as e:

@@ -75,7 +75,8 @@ def timer_for(preset: str | settings.TimerPreset, device: str) -> Timer:
 
 class WallClockTimer:
     """Host wall-clock timing of whole calls: warm-up, then repeats (stopping early once
-    max_seconds have passed and min_repeats were taken). Synchronises CUDA when asked,
+    max_seconds have passed and min_repeats were taken), each sample a pass over the
+    rotation. Synchronises CUDA when asked,
     so it is right (if launch-bound) for GPU work too."""
 
     def __init__(
@@ -111,39 +112,39 @@ class WallClockTimer:
         return timer
 
     def __call__(self, fns: Rotation) -> Timing:
-        rotation, sync = as_rotation(fns), self._sync
-        for i in range(self.warmup):
-            rotation[i % len(rotation)]()
-        sync()
+        rotation = as_rotation(fns)
+        for _ in range(self.warmup):
+            self._pass(rotation)
         samples: list[float] = []
         deadline = time.perf_counter() + self.max_seconds
         for i in range(self.repeats):
-            fn = rotation[i % len(rotation)]
-            start = time.perf_counter_ns()
-            fn()
-            sync()
-            samples.append((time.perf_counter_ns() - start) / 1000.0)
+            samples.append(self._pass(rotation))
             if i + 1 >= self.min_repeats and time.perf_counter() > deadline:
                 break
         return summarize(samples)
+
+    def _pass(self, rotation: Sequence[Callable[[], Any]]) -> float:
+        """One sample: a pass over the whole rotation, per call (so a rotation of different
+        inputs, a serving trial's batches, is timed as their mean, as on the GPU)."""
+        start = time.perf_counter_ns()
+        for fn in rotation:
+            fn()
+        self._sync()
+        return (time.perf_counter_ns() - start) / 1000.0 / len(rotation)
 
 
     def paired(self, fns_a: Rotation, fns_b: Rotation) -> tuple[Timing, Timing]:
         """Time two rotations in alternation (a, b, a, b, ...) so drift in the machine's
         load falls on both alike; for confirming a winner against the default."""
-        a, b, sync = as_rotation(fns_a), as_rotation(fns_b), self._sync
-        for i in range(self.warmup):
-            a[i % len(a)]()
-            b[i % len(b)]()
-        sync()
+        a, b = as_rotation(fns_a), as_rotation(fns_b)
+        for _ in range(self.warmup):
+            self._pass(a)
+            self._pass(b)
         samples: tuple[list[float], list[float]] = ([], [])
         deadline = time.perf_counter() + 2 * self.max_seconds
         for i in range(self.repeats):
-            for fn, out in ((a[i % len(a)], samples[0]), (b[i % len(b)], samples[1])):
-                start = time.perf_counter_ns()
-                fn()
-                sync()
-                out.append((time.perf_counter_ns() - start) / 1000.0)
+            samples[0].append(self._pass(a))
+            samples[1].append(self._pass(b))
             if i + 1 >= self.min_repeats and time.perf_counter() > deadline:
                 break
         return summarize(samples[0]), summarize(samples[1])

@@ -31,8 +31,9 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 @dataclass
 class DecodeInputs:
     """One decode problem, with its host-side lengths (never read back from the device).
-    shape.kv_len is the longest sequence (the call's max_kv_len); seq_lens_host, each
-    sequence's length on the host, is None when every sequence has shape.kv_len."""
+    shape.kv_len bounds every sequence (the call's max_kv_len; a serving trial's batches put
+    their longest above half its bucket); seq_lens_host, each sequence's length on the host,
+    is None when every sequence has shape.kv_len."""
 
     shape: DecodeShape
     q: torch.Tensor

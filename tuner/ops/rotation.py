@@ -17,7 +17,9 @@ import torch
 from tuner.ops.base import DecodeInputs
 
 # keys before a window's first visible one that kernels still load (FA3 starts at a whole
-# block of up to 176 keys): counted as read, so they are fresh in every copy too
+# block of up to 176 keys; our Triton kernel at the first visible key): counted as read, so
+# they are fresh in every copy too. A kernel that loads further left (FlashInfer's, not
+# checked) reads pages all copies share there: its timing, never its output, is affected
 WINDOW_MARGIN = 256
 
 
@@ -41,8 +43,9 @@ def bytes_read(inputs: DecodeInputs) -> int:
 
 def fresh_page_copies(inputs: DecodeInputs, count: int) -> list[DecodeInputs]:
     """count copies of inputs (the first one's page table unchanged), over one KV pool in
-    which the pages each copy reads are its own. inputs' caches are not kept: drop inputs
-    and use the copies."""
+    which the pages each copy reads are its own. The pool is made beside inputs' caches (for
+    a moment both are held: callers leave room, tuner.ops.trial.too_big), which are then not
+    needed: drop inputs and use the copies."""
     if count <= 1:
         return [inputs]
     page = inputs.shape.page_size

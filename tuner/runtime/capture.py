@@ -4,7 +4,8 @@ chosen for the lengths its replays will see, not for the capture-time bound.
 A server captures one decode graph per batch size with its max context as the bound
 (max_kv_len, page-table width) and replays it over every length mix; keyed on that bound,
 the lookup serves what suits the longest possible batch for every replay. Inside
-graph_capture(lengths), a tuned call keys its kv length on the declaration instead: an int
+graph_capture(lengths), a tuned call (and the FlashInfer wrappers' plan lookup) keys its kv
+length on the declaration instead: an int
 (the typical longest sequence of a batch), or sample lengths of the deployment's traffic
 (per sequence; for a batch of b the key is the length-weighted median of the
 longest of b draws). Every config of
@@ -15,6 +16,7 @@ speed depends on the choice.
 from __future__ import annotations
 
 import math
+import operator
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
@@ -27,12 +29,22 @@ class DeclaredLengths:
     of per-sequence lengths."""
 
     def __init__(self, lengths: int | Iterable[int]) -> None:
-        if isinstance(lengths, bool):
-            raise TunerError("graph_capture(lengths): an int or sample lengths, not a bool")
+        refused = TunerError(f"graph_capture(lengths): an int or integer sample lengths, got {lengths!r:.60}")
+        if isinstance(lengths, (bool, str, bytes)):
+            raise refused
         try:
-            values = [int(lengths)] if isinstance(lengths, int) else sorted(int(n) for n in lengths)
-        except (TypeError, ValueError):
-            raise TunerError(f"graph_capture(lengths): an int or integer sample lengths, got {lengths!r:.60}") from None
+            values = [operator.index(lengths)]  # an int, or an integer-like (numpy)
+        except TypeError:
+            try:
+                items = list(lengths)  # type: ignore[arg-type]
+            except TypeError:
+                raise refused from None
+            if any(isinstance(n, bool) for n in items):
+                raise refused
+            try:
+                values = sorted(operator.index(n) for n in items)
+            except TypeError:
+                raise refused from None
         if not values or values[0] < 1:
             raise TunerError("graph_capture(lengths): at least one length, each >= 1")
         self.samples = values
@@ -65,22 +77,30 @@ class DeclaredLengths:
 @contextmanager
 def graph_capture(lengths: int | Iterable[int]) -> Iterator[DeclaredLengths]:
     """Calls inside resolve their configs for the declared lengths (see the module's
-    docstring); the memos resolved before are set aside and put back on exit, so calls
-    outside resolve as before. Process-wide, like the runtime's mode; not nestable."""
+    docstring), and nothing is tuned there; the memos resolved before are set aside and put
+    back on exit (unless configure() ran inside: then they resolve anew), so calls outside
+    resolve as before. Process-wide, like the runtime's mode: while it is active every
+    thread's tuned calls key on the declaration. Not nestable."""
     declared = DeclaredLengths(lengths)
-    if runtime.declared_lengths is not None:
-        raise TunerError("graph_capture() is already active (it does not nest)")
-    saved = {f: dict(f.memo) for f in list(runtime.functions)}
-    for f in saved:
-        f.memo.clear()
-    runtime.declared_lengths = declared
+    with runtime.memo_lock:
+        if runtime.declared_lengths is not None:
+            raise TunerError("graph_capture() is already active (it does not nest)")
+        saved = {f: dict(f.memo) for f in list(runtime.functions)}
+        for f in saved:
+            f.memo.clear()
+        generation = runtime.generation
+        runtime.declared_lengths = declared
+        runtime.epoch += 1
     try:
         yield declared
     finally:
-        runtime.declared_lengths = None
-        for f in list(runtime.functions):
-            f.memo.clear()
-            f.memo.update(saved.get(f, {}))
+        with runtime.memo_lock:
+            runtime.declared_lengths = None
+            runtime.epoch += 1
+            for f in list(runtime.functions):
+                f.memo.clear()
+                if runtime.generation == generation:
+                    f.memo.update(saved.get(f, {}))
 
 
 def declared_kv_len(batch: int, kv_len: int) -> int:

@@ -45,8 +45,9 @@ class AutotunedFunction:
 
     def config_for(self, *args: Any, **kwargs: Any) -> Config:
         """The config a call with these arguments (config excluded) runs, resolved as the
-        wrapper resolves it (memo, then DB, borrowing rule, default), without running it:
-        what a server may ask at CUDA-graph capture, or a benchmark to name what ran."""
+        wrapper resolves it (memo, then DB, borrowing rule, default), without running it (in
+        tune mode a key to tune is not tuned here: the lookup's config is returned, and the
+        call tunes): what a server may ask at CUDA-graph capture, or a benchmark to name."""
         keys = self.key_functions
         if "_key" in keys:
             static, batch, q_len, kv_len = keys["_key"](*args, **kwargs)
@@ -55,7 +56,7 @@ class AutotunedFunction:
             static = keys["_static_key"](*args, **kwargs)
         memo_key = (static, batch, q_len, _kv_bits(kv_len))
         config = self.memo.get(memo_key)
-        return dict(config if config is not None else self.resolve(memo_key, kv_len, args, kwargs))
+        return dict(config if config is not None else self.resolve(memo_key, kv_len, args, kwargs, tune=False))
 
     def configs(self, args: tuple, kwargs: dict) -> list[Config]:
         return list(self._configs(*args, **kwargs) if callable(self._configs) else self._configs)
@@ -63,44 +64,57 @@ class AutotunedFunction:
     def default(self, args: tuple, kwargs: dict) -> Config:
         return dict(self._default(*args, **kwargs) if callable(self._default) else self._default)
 
-    def resolve(self, memo_key: tuple, kv_len: int, args: tuple, kwargs: dict) -> Config:
+    def resolve(self, memo_key: tuple, kv_len: int, args: tuple, kwargs: dict, tune: bool = True) -> Config:
         """The slow path, once per memo key (static key, batch, max q len, kv bucket bits).
 
         The default serves, untouched by the DB: mode off; a static key of None (the key
         function's "not tunable": a feature no config is measured for); a call no run key
-        describes (an empty batch); a key with no canonical form."""
+        describes (an empty batch); a key with no canonical form. Nothing is tuned inside
+        CUDA-graph capture or tuner.graph_capture (whose calls are not the declared key's),
+        nor with tune=False (config_for): the lookup serves and is not memoised, so a later
+        call tunes."""
+        epoch = runtime.epoch  # a memo entry resolved before a change of configuration or declaration is dropped
         mode = runtime.mode
         default = self.default(args, kwargs)
         static, batch, q_len, _ = memo_key
         if mode == "off" or static is None:
-            self.memo[memo_key] = default
-            return default
+            return self._memoise(memo_key, default, epoch)
+        declared = runtime.declared_lengths is not None
         try:
             static_json = self.static_json(static)
             run = attention_run_key(batch, q_len, declared_kv_len(batch, kv_len))
         except (ValueError, TypeError):
-            self.memo[memo_key] = default
-            return default
+            return self._memoise(memo_key, default, epoch)
         accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, *args, **kwargs)))
         stored, served = runtime.lookup(self.name, static_json, run, accepts)
         config = default if stored is None else stored
         exact = served == "exact"
-        if not exact and mode == "lookup":  # tune and force modes tune it instead
+        may_tune = tune and not declared and not capturing()
+        if not exact and (mode == "lookup" or declared):  # tune and force modes tune it instead
             lengths = length_stats(self._lengths(*args, **kwargs)) if self._lengths is not None else None
             runtime.record_miss(self.name, static_json, run, served, lengths)
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
-        ranks = current_ranks() if mode in ("tune", "force") else None
+        if declared:
+            wants_tune = False  # (all ranks declare alike: no rank waits for another)
+        ranks = current_ranks() if mode in ("tune", "force") and not declared else None
         if ranks is not None and not capturing():
             # all ranks make the same calls (tensor parallel): they tune together if any
             # rank has to, so a rank with a DB hit never leaves another waiting
             wants_tune = ranks.any(wants_tune)
         if wants_tune:
-            if capturing():
-                return config  # never tune inside CUDA-graph capture; resolve again later
+            if not may_tune:
+                return config  # resolve again later, where it may tune
             config = tune_call(self, Problem(self.name, static_json, run), kv_len, default, args, kwargs,
                                ranks) or config
             self.tuned.add(memo_key)
-        self.memo[memo_key] = config
+        return self._memoise(memo_key, config, epoch)
+
+    def _memoise(self, memo_key: tuple, config: Config, epoch: int) -> Config:
+        """Keep config for the hot path, unless configure() or graph_capture changed what
+        calls resolve to while it was being resolved (another thread's)."""
+        with runtime.memo_lock:
+            if runtime.epoch == epoch:
+                self.memo[memo_key] = config
         return config
 
 
@@ -123,17 +137,20 @@ class ConfigLookup:
         memo_key = (static, batch, q_len, (kv_len - 1).bit_length() if kv_len > 1 else 0)
         config = self.memo.get(memo_key)
         if config is None:
+            epoch = runtime.epoch
             config = default
             if runtime.mode != "off" and batch >= 1 and q_len >= 1:
                 static_json = self.static_json(static)
-                run = attention_run_key(batch, q_len, kv_len)
+                run = attention_run_key(batch, q_len, declared_kv_len(batch, kv_len))
                 accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, static, q_len)))
                 stored, served = runtime.lookup(self.name, static_json, run, accepts)
                 if stored is not None:
                     config = stored
                 if served != "exact":
                     runtime.record_miss(self.name, static_json, run, served)
-            self.memo[memo_key] = config
+            with runtime.memo_lock:
+                if runtime.epoch == epoch:
+                    self.memo[memo_key] = config
         return config
 
 

@@ -56,10 +56,18 @@ class Runtime:
         self.db_readable = False
         self._lock = threading.Lock()
         self._flush_at_exit = False
+        # what calls resolve to changes with configure() and graph_capture: each bumps the
+        # epoch (and configure() the generation), under memo_lock, and a slow path that
+        # began before keeps nothing in a memo (the hot path reads the memos without a lock)
+        self.memo_lock = threading.Lock()
+        self.epoch = 0
+        self.generation = 0
 
     def reset(self) -> None:
         flush_misses()  # they belong to the DB being left
-        with self._lock:
+        with self._lock, self.memo_lock:
+            self.epoch += 1
+            self.generation += 1
             self._table = None
             if self._db is not None:
                 self._db.close()
