@@ -20,10 +20,10 @@ import math
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from run_info import header
 
 import tuner
 from tuner.bench import CudaGraphTimer
@@ -102,11 +102,7 @@ def write(out: Path, rows: list[dict], started: float) -> dict:
         }
 
     doc = {
-        "benchmark": "mixed_lengths",
-        "command": "python " + " ".join(sys.argv),
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "environment": current_fingerprint(),
-        "seconds": round(time.perf_counter() - started, 1),
+        **header("mixed_lengths", started),
         "borrow_min_gain": BORROW_MIN_GAIN,
         "summary": dict(summary(rows), sets={name: summary([r for r in rows if r.get("set") == name])
                                              for name, _, _ in SETS}),

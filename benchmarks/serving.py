@@ -31,18 +31,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from run_info import header
 
 import tuner
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
-from tuner.db import current_fingerprint
 from tuner.ops import DecodeShape, make_decode_inputs
 from tuner.ops.decode_attention import BACKENDS, decode_attention
 from tuner.ops.rotation import bytes_read, fresh_page_copies
@@ -212,11 +210,7 @@ def summary(rows: list[dict], mode: str) -> dict:
 def write(out: Path, rows: list[dict], planned: int, started: float, smoke: bool) -> dict:
     modes = MODES
     doc = {
-        "benchmark": "serving",
-        "command": "python " + " ".join(sys.argv),
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "environment": current_fingerprint(),
-        "seconds": round(time.perf_counter() - started, 1),
+        **header("serving", started),
         "cases_planned": planned,
         "capture_batches": list(CAPTURE_BATCHES),
         "max_context": MAX_CONTEXT,
