@@ -1,7 +1,7 @@
 """Run the sweeps behind the shipped tunings: benchmarks/shapes/models_*.json, one process
 per GPU, each GPU taking every n-th head configuration, all writing one DB.
 
-    python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540
+    python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540 [--set serving]
 
 GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
@@ -61,7 +61,10 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--logs", required=True, type=Path)
     ap.add_argument("--seconds", type=float, default=540.0, help="stop every sweep after this long (resumable)")
+    ap.add_argument("--set", choices=("grid", "serving"), default="grid",
+                    help="grid: the shipped tunings' grids (models.SWEEPS); serving: issue 12's serving grid")
     args = ap.parse_args()
+    sweeps = models.SWEEPS if args.set == "grid" else models.SERVING_SWEEPS
     devices = gpus()
     if not devices:
         sys.exit("no GPU: the shipped sweeps run on CUDA GPUs")
@@ -71,7 +74,7 @@ def main() -> None:
     scripts = []
     for part, gpu in enumerate(devices):
         steps = []
-        for name, _, op in models.SWEEPS:
+        for name, _, op in sweeps:
             shapes = split(json.loads((HERE / "shapes" / name).read_text()), len(devices))[part]
             if not shapes:
                 continue

@@ -3,6 +3,9 @@ shipped H200 tunings (tuning_cache/) were swept over.
 
     python benchmarks/shapes/models.py            # writes benchmarks/shapes/models_*.json
 
+models_serving.json is issue 12's serving grid (every capture batch size x kv 1k-128k on
+mixed-length batches, and MTP verify), for `benchmarks/shipped_sweeps.py --set serving`.
+
 Per GPU, a model's attention is (q heads / tp, max(1, kv heads / tp)) heads of dim 128
 (kv heads are replicated once tp exceeds them, as vLLM and SGLang do); a tp that does not
 divide the q heads is not a valid deployment and is left out. Models sharing a per-GPU head
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from tuner.ops.traffic import CAPTURE_BATCHES, SERVING_KV
 
 HERE = Path(__file__).resolve().parent
 
@@ -64,6 +69,17 @@ def prefill_shapes(q: int, kv: int, d: int, page_size: int) -> list[dict]:
     ]
 
 
+def serving_shapes(q: int, kv: int, d: int, page_size: int) -> list[dict]:
+    """Issue 12's serving grid: every capture batch size x kv bucket, each shape a mix of
+    serving batches (tuner.ops.traffic); and MTP verify (2 and 4 query tokens) on mixed
+    lengths at a few batch sizes."""
+    heads = {"num_q_heads": q, "num_kv_heads": kv, "head_dim": d, "page_size": page_size, "lengths": "serving"}
+    decode = [dict(batch=b, kv_len=n, **heads) for b in CAPTURE_BATCHES for n in SERVING_KV if b * n <= DECODE_MAX_TOKENS]
+    mtp = [dict(batch=b, kv_len=n, q_len=ql, **heads) for ql in (2, 4) for b in (1, 4, 16, 64)
+           for n in (2048, 8192, 32768, 131072) if b * n <= DECODE_MAX_TOKENS]
+    return decode + mtp
+
+
 # (file, shapes, op), in the order the shipped sweeps run them
 SWEEPS = (
     ("models_decode.json", decode_shapes, "decode_attention"),
@@ -71,13 +87,18 @@ SWEEPS = (
     ("models_prefill.json", prefill_shapes, "fa3"),
     ("models_decode.json", decode_shapes, "fa3"),  # the FA3 drop-in's own winners
 )
+# the serving-true sweeps (issue 12): `benchmarks/shipped_sweeps.py --set serving`
+SERVING_SWEEPS = (
+    ("models_serving.json", serving_shapes, "decode_attention"),
+    ("models_serving.json", serving_shapes, "fa3"),
+)
 
 
 def main() -> None:
     configs = head_configs()
     order = sorted(configs, key=lambda c: (-c[0] * c[2], -c[1]))  # biggest first
     files = {}
-    for name, make, op in SWEEPS:
+    for name, make, op in SWEEPS + SERVING_SWEEPS:
         shapes = [s for c in order for s in make(*c, PAGE_SIZES[op])]
         if name in files:  # another op sweeps the same file
             files[name]["ops"].append(op)
