@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,14 +71,25 @@ WIDE_MODES = MODES[1:]  # the modes whose calls carry the capture bound
 POOLED = [n for c in CAPS for d in DISTRIBUTIONS for n in draw_lengths(d, 1024, c, seed=7)]
 
 
-def cases(smoke: bool) -> list[dict]:
+def shipped_heads() -> dict[str, dict]:
+    """Every head configuration the shipped tunings cover (benchmarks/shapes/models.py), and
+    the two unshipped ones of MODELS."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "shapes"))
+    import models
+
+    heads = {f"{deployments[0]} h{q}/{kv} (shipped)": dict(num_q_heads=q, num_kv_heads=kv, head_dim=d)
+             for (q, kv, d), deployments in sorted(models.head_configs().items())}
+    return heads | {name: spec for name, spec in MODELS.items() if "(other)" in name}
+
+
+def cases(smoke: bool, heads: dict[str, dict] = MODELS) -> list[dict]:
     """Every case, ordered so that a run cut short still spans the models, sizes and lengths."""
     if smoke:
         return [dict(model="smoke", batch=b, cap=c, distribution=d) for b in (1, 3) for c in (64,)
                 for d in DISTRIBUTIONS]
     assert all(b in CAPTURE_BATCHES for b in BATCHES)
     grid = [dict(model=m, batch=b, cap=c, distribution=d) for c in CAPS for b in BATCHES for d in DISTRIBUTIONS
-            for m in MODELS if b * c <= MAX_TOKENS]
+            for m in heads if b * c <= MAX_TOKENS]
     # a stride through the grid that is coprime with its length visits every case once
     stride = next(s for s in range(len(grid) // 3, len(grid)) if math.gcd(s, len(grid)) == 1)
     return [grid[(i * stride) % len(grid)] for i in range(len(grid))]
@@ -207,19 +219,19 @@ def summary(rows: list[dict], mode: str) -> dict:
     }
 
 
-def write(out: Path, rows: list[dict], planned: int, started: float, smoke: bool) -> dict:
+def write(out: Path, rows: list[dict], planned: int, started: float, heads: dict[str, dict]) -> dict:
     modes = MODES
     doc = {
         **header("serving", started),
         "cases_planned": planned,
         "capture_batches": list(CAPTURE_BATCHES),
         "max_context": MAX_CONTEXT,
-        "models": {} if smoke else MODELS,
+        "models": heads,
         "summary": {m: dict(summary(rows, m),
                             by_distribution={d: summary([r for r in rows if r.get("distribution") == d], m)
                                              for d in DISTRIBUTIONS},
                             by_model={name: summary([r for r in rows if r.get("model") == name], m)
-                                      for name in ({"smoke"} if smoke else MODELS)})
+                                      for name in heads})
                     for m in modes},
         "rows": rows,
     }
@@ -234,7 +246,17 @@ def main() -> None:
     ap.add_argument("--limit", type=int, help="run only the first LIMIT cases (to repeat a run's cases)")
     ap.add_argument("--db", type=Path, help="the user DB over the shipped tunings (default: none, shipped only)")
     ap.add_argument("--smoke", action="store_true", help="a few tiny cases on the CPU (Triton interpreted)")
+    ap.add_argument("--heads", choices=("issue", "shipped"), default="issue",
+                    help="issue: MODELS (3 shipped head configurations, 2 others); shipped: all 11 shipped ones "
+                         "and the 2 others")
+    ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device "
+                                                 "or call; a case keeps its seed)")
     args = ap.parse_args()
+    try:
+        part, parts = (int(x) for x in args.part.split("/"))
+        assert 0 <= part < parts
+    except (ValueError, AssertionError):
+        ap.error(f"--part K/N with 0 <= K < N, got {args.part!r}")
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable
     db = args.db or Path(tempfile.mkdtemp()) / "none.db"
@@ -244,16 +266,18 @@ def main() -> None:
     else:
         final, screen = WallClockTimer(warmup=1, repeats=3, min_repeats=3), WallClockTimer(
             warmup=1, repeats=2, min_repeats=2)
-    specs = {"smoke": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")}
-    specs.update(MODELS)
-    todo = cases(args.smoke)[:args.limit]
+    if args.smoke:
+        heads = {"smoke": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")}
+    else:
+        heads = MODELS if args.heads == "issue" else shipped_heads()
+    todo = [(i, c) for i, c in enumerate(cases(args.smoke, heads)[:args.limit]) if i % parts == part]
     rows: list[dict] = []
     started = time.perf_counter()
-    for i, case in enumerate(todo):
+    for i, case in todo:
         if time.perf_counter() - started > args.seconds:
             break
         try:
-            row = run_case(case, specs[case["model"]], device, final, screen, seed=i)
+            row = run_case(case, heads[case["model"]], device, final, screen, seed=i)
         except Exception as e:  # noqa: BLE001 - recorded, the run goes on
             row = dict(case, error=f"{type(e).__name__}: {e}"[:300])
         rows.append(row)
@@ -264,8 +288,8 @@ def main() -> None:
             if m in row:
                 line += f" {m} {row[m]['tuner_speedup']:.3f}/{row[m]['oracle_speedup']:.3f}"
         print(line + (" " + row["error"] if "error" in row else ""), flush=True)
-        write(args.out, rows, len(todo), started, args.smoke)
-    doc = write(args.out, rows, len(todo), started, args.smoke)
+        write(args.out, rows, len(todo), started, heads)
+    doc = write(args.out, rows, len(todo), started, heads)
     for m, sm in doc["summary"].items():
         print(m, json.dumps({k: v for k, v in sm.items() if not k.startswith("by_")}, default=str))
 
