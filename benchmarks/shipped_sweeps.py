@@ -7,6 +7,9 @@ GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are 
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
 models.py; they resume, so a run cut off by --seconds is finished by running it again.
 Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code) to LOGS/sweeps.jsonl.
+--set serving sweeps issue 12's serving grid: give it a DB of its own, since its keys are
+the grid's and a DB holding the grid's winners keeps them (the sweeps run without --force,
+so that they resume).
 """
 
 from __future__ import annotations

@@ -653,3 +653,26 @@ def test_misses_are_never_written_into_a_damaged_db(db_path):
 
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT count(*) FROM misses").fetchone() == (0,)
+
+
+def test_a_misss_lengths_never_break_the_call_and_are_not_a_captures(db_path):
+    TuningDB(db_path).close()
+    tuner.configure(db=db_path, mode="lookup")
+
+    def lengths(x, batch, kv):
+        if batch == 3:
+            raise RuntimeError("a broken hook")
+        return [1e300, 1e300, 0] if batch == 5 else [kv // 2, kv]
+
+    @tuner.autotune("toy", configs=[{"block": 64}], default={"block": 32}, lengths=lengths,
+                    static_key=lambda x, batch, kv: STATIC, run_key=lambda x, batch, kv: (batch, 1, kv))
+    def fn(x, batch, kv, *, config):
+        return config["block"]
+
+    assert fn(torch.ones(2), 3, 2048) == 32 and fn(torch.ones(2), 5, 2048) == 32  # the calls run
+    fn(torch.ones(2), 7, 2048)
+    with tuner.graph_capture(1024):
+        fn(torch.ones(2), 9, 2**17)  # a capture's lengths are not its traffic's
+    assert tuner.flush_misses() == 4
+    lengths_of = {m.problem.run_key.batch: m.lengths for m in TuningDB(db_path).misses(current_fingerprint_id())}
+    assert lengths_of == {3: None, 5: None, 7: (1, 1536.0, 2048.0, 512.0), 9: None}

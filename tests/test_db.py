@@ -566,6 +566,45 @@ def test_a_db_from_before_the_rung_column_reads_and_gains_it_when_written(db_pat
     assert [(m.config, m.rung) for m in writer.measurements(p, FP[0])] == [({"c": 1}, 0), ({"c": 2}, 1)]
 
 
+def test_a_writer_that_may_not_alter_the_tables_still_writes_without_the_new_columns(make_db):
+    """A fleet DB's writers may hold row rights only. Opening to write upgraded the misses
+    table (ALTER TABLE), and a role that does not own it lost every write (review of issue
+    12): the upgrade is now best effort, and writes leave out what the DB lacks."""
+    if make_db.backend != "postgresql":
+        pytest.skip("roles and table ownership are PostgreSQL's")
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    url = make_db()
+    TuningDB(url).close()
+    role = f"tuner_rows_{uuid.uuid4().hex[:8]}"
+    owner = create_engine(url, isolation_level="AUTOCOMMIT")
+    with owner.connect() as conn:
+        for column in ("length_calls", "length_mean_sum", "length_max_sum", "length_spread_sum"):
+            conn.execute(text(f"ALTER TABLE misses DROP COLUMN {column}"))
+        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'rows'"))
+        conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"))
+        conn.execute(text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+    try:
+        rows_only = make_url(url).set(username=role, password="rows").render_as_string(hide_password=False)
+        with pytest.warns(UserWarning, match="writing without the newer tables and columns"):
+            db = TuningDB(rows_only)
+        db.save_misses(FP, [MissRow(problem(), "default", 2, MissLengths(1, 10.0, 20.0, 5.0))])
+        db.save_misses(FP, [MissRow(problem(), "default", 1)])
+        assert db.misses(FP[0]) == [MissRow(problem(), "default", 3)]  # counted; lengths not kept
+        save(db, problem(), {"c": 1})
+        save(db, problem(), {"c": 2})  # replaces (the history table is there: kept)
+        assert db.record(problem(), FP[0]).config == {"c": 2}
+        db.close()
+    finally:
+        with owner.connect() as conn:
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+        owner.dispose()
+
+
 def test_an_opener_whose_look_straddles_a_creators_commit_waits_and_opens(make_db):
     """Found by the eight-process sweep test (1 run in 7 on PostgreSQL): an opener read "no
     tuner_meta table" just before another process's creation committed, then listed every
@@ -646,3 +685,16 @@ def test_postgresql_upgraders_take_turns(make_db):
     db.save_measurement(problem(), FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=5.0,
                         spread_us=1.0, samples=3, rung=0)
     assert [m.rung for m in db.measurements(problem(), FP[0])] == [0]
+
+
+@pytest.mark.parametrize("calls, sums", [(0, ("zz", 1.0, 1.0)), (0, (-1.0, 0.0, 0.0)), (5, (1.0, 1.0, 1.0)),
+                                         (1, (None, 1.0, 1.0))])
+def test_a_misses_row_with_bad_length_sums_is_malformed_whatever_its_calls(db_path, calls, sums):
+    import sqlite3
+
+    db = TuningDB(db_path)
+    db.save_misses(FP, [MissRow(problem(), "default", 2)])
+    with sqlite3.connect(db_path) as conn:  # count 2: five calls with lengths cannot be
+        conn.execute("UPDATE misses SET length_calls = ?, length_mean_sum = ?, length_max_sum = ?, "
+                     "length_spread_sum = ?", (calls, *sums))
+    assert any("misses id" in p for p in db.integrity())

@@ -12,6 +12,7 @@ when it is at least as new (created_at), unless the writer asks to replace regar
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -196,13 +197,16 @@ def _miss(row: Any) -> MissRow:
     where = f"misses id {row.id}"
     if row.served not in SERVED:
         raise check.RowError(f"{where}.served: expected nearest or default")
+    count = check.integer(row.count, f"{where}.count", 0)
     lengths = None
     calls = getattr(row, "length_calls", None)
-    if calls is not None and check.integer(calls, f"{where}.length_calls", 0) > 0:
-        mean, longest, spread = (check.number(getattr(row, c, None), f"{where}.{c}") / calls
-                                 for c in ("length_mean_sum", "length_max_sum", "length_spread_sum"))
+    calls = None if calls is None else check.integer(calls, f"{where}.length_calls", 0, count)
+    sums = [check.number(getattr(row, c, None), f"{where}.{c}", nullable=not calls)
+            for c in ("length_mean_sum", "length_max_sum", "length_spread_sum")]
+    if calls:
+        mean, longest, spread = (total / calls for total in sums)
         lengths = MissLengths(calls, mean, longest, spread)
-    return MissRow(_problem(row, where), row.served, check.integer(row.count, f"{where}.count", 0), lengths)
+    return MissRow(_problem(row, where), row.served, count, lengths)
 
 
 def _measurement(row: Any) -> MeasurementRow:
@@ -328,17 +332,13 @@ class TuningDB:
                                  "version (sweep --force renames it aside and starts a new DB)")
         if state == "ready":
             if create and (self._missing_optional_tables or self._missing_columns):
-                with self._write(action="upgrade") as session:  # tables and columns added since version 1
-                    if self.url.get_backend_name() == "postgresql":  # as creation: one upgrader at a time
-                        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
-                    Base.metadata.create_all(session.connection(), tables=[
-                        Base.metadata.tables[t] for t in sorted(self._missing_optional_tables)])
-                    for table, column in sorted(self._missing_columns):  # looked at again: another writer
-                        present = {c["name"] for c in inspect(session.connection()).get_columns(table)}
-                        if column in present:
-                            continue
-                        session.execute(text(_ADD_COLUMN[(table, column)]))
-                self._missing_optional_tables, self._missing_columns = set(), set()
+                try:
+                    self._upgrade()
+                except DBError as e:
+                    # a writer that may not alter the tables (a fleet DB's row-only role) still
+                    # writes, without what the DB lacks: misses' lengths, a measurement's rung
+                    # column (it is in method too), the replaced-records history
+                    warnings.warn(f"tuner: {e}; writing without the newer tables and columns", stacklevel=4)
             return
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
@@ -364,6 +364,20 @@ class TuningDB:
                 if session.get(Meta, "schema_version") is None:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
             self._missing_optional_tables, self._missing_columns = set(), set()
+
+    def _upgrade(self) -> None:
+        """Add the tables and columns added since schema version 1 (one upgrader at a time)."""
+        with self._write(action="upgrade") as session:
+            if self.url.get_backend_name() == "postgresql":  # as creation: one upgrader at a time
+                session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
+            Base.metadata.create_all(session.connection(), tables=[
+                Base.metadata.tables[t] for t in sorted(self._missing_optional_tables)])
+            for table, column in sorted(self._missing_columns):  # looked at again: another writer
+                present = {c["name"] for c in inspect(session.connection()).get_columns(table)}
+                if column in present:
+                    continue
+                session.execute(text(_ADD_COLUMN[(table, column)]))
+        self._missing_optional_tables, self._missing_columns = set(), set()
 
     def _settled_schema_state(self) -> str:
         """_schema_state, looked at again after any creator in flight has finished: "partial"
@@ -564,6 +578,8 @@ class TuningDB:
             method=canonical_json(method),
             rung=rung,
         )
+        for column in self._missing_measurement_columns:  # a DB this writer could not upgrade
+            values.pop(column, None)
         key = [*RECORD_KEY, "config"]
         with self._write() as session:
             self._ensure_fingerprint(session, fp_id, fp_data)
@@ -661,12 +677,13 @@ class TuningDB:
                 return "same"
             if not replace and old.created_at > _utc(values["created_at"]):
                 return "kept"
-            session.execute(insert(ReplacedRecord).values(
-                **{k: getattr(existing, k) for k in RECORD_KEY}, config=existing.config,
-                median_us=old.median_us, spread_us=old.spread_us, samples=old.samples,
-                default_config=existing.default_config, default_median_us=old.default_median_us,
-                default_spread_us=old.default_spread_us, method=existing.method, created_at=old.created_at,
-                replaced_at=utcnow()))
+            if ReplacedRecord.__tablename__ not in self._missing_optional_tables:
+                session.execute(insert(ReplacedRecord).values(
+                    **{k: getattr(existing, k) for k in RECORD_KEY}, config=existing.config,
+                    median_us=old.median_us, spread_us=old.spread_us, samples=old.samples,
+                    default_config=existing.default_config, default_median_us=old.default_median_us,
+                    default_spread_us=old.default_spread_us, method=existing.method, created_at=old.created_at,
+                    replaced_at=utcnow()))
         session.execute(update(TuningRecord).where(TuningRecord.id == existing.id).values(
             **{k: values[k] for k in RECORD_FIELDS}))
         return "replaced"
@@ -817,8 +834,9 @@ class TuningDB:
     def save_misses(self, fingerprint: tuple[str, dict[str, Any]], misses: list[MissRow]) -> None:
         """Add each miss (its count and its calls' lengths, to what is stored) to the misses
         table, in one transaction."""
-        if not misses:
+        if not misses or Miss.__tablename__ in self._missing_optional_tables:  # a DB not upgraded
             return
+        absent = self._missing_miss_columns
         with self._write(action="record misses in") as session:
             self._ensure_fingerprint(session, *fingerprint)
             for problem, served, count, lengths in (MissRow(*m) for m in misses):
@@ -828,7 +846,10 @@ class TuningDB:
                               length_mean_sum=lengths.mean * n if lengths else 0.0,
                               length_max_sum=lengths.longest * n if lengths else 0.0,
                               length_spread_sum=lengths.spread * n if lengths else 0.0)
-                self._upsert(session, Miss, values, RECORD_KEY, add=("count",) + MISS_LENGTH_COLUMNS)
+                for column in absent:
+                    values.pop(column)
+                self._upsert(session, Miss, values, RECORD_KEY,
+                             add=("count",) + tuple(c for c in MISS_LENGTH_COLUMNS if c not in absent))
 
     def misses(self, fingerprint_id: str, *, op: str | None = None,
                environment: dict[str, Any] | None = None) -> list[MissRow]:

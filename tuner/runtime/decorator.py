@@ -91,8 +91,7 @@ class AutotunedFunction:
         exact = served == "exact"
         may_tune = tune and not declared and not capturing()
         if not exact and (mode == "lookup" or declared):  # tune and force modes tune it instead
-            lengths = length_stats(self._lengths(*args, **kwargs)) if self._lengths is not None else None
-            runtime.record_miss(self.name, static_json, run, served, lengths)
+            runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
         if declared:
             wants_tune = False  # (all ranks declare alike: no rank waits for another)
@@ -108,6 +107,17 @@ class AutotunedFunction:
                                ranks) or config
             self.tuned.add(memo_key)
         return self._memoise(memo_key, config, epoch)
+
+    def _call_lengths(self, args: tuple, kwargs: dict, declared: bool) -> tuple[float, float, float] | None:
+        """The call's length statistics for its miss: none under graph capture or a
+        declaration (a capture's lengths are not its traffic's), none where no DB would
+        keep them, and a hook that fails costs the call nothing."""
+        if self._lengths is None or declared or capturing() or not runtime.db_readable:
+            return None
+        try:
+            return length_stats(self._lengths(*args, **kwargs))
+        except Exception:  # noqa: BLE001 - statistics for a miss never break the call
+            return None
 
     def _memoise(self, memo_key: tuple, config: Config, epoch: int) -> Config:
         """Keep config for the hot path, unless configure() or graph_capture changed what

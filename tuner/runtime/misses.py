@@ -11,6 +11,8 @@ from typing import Any
 from tuner.db import MissLengths, MissRow, Problem
 from tuner.keys import AttentionRunKey
 
+MAX_LENGTH = 2.0**40  # a kv length beyond any cache (tuner.ops.shapes' limit): not a length
+
 
 def length_stats(lengths: Any) -> tuple[float, float, float] | None:
     """(mean, longest, standard deviation) of a call's host-side kv lengths (a sequence, a
@@ -21,10 +23,10 @@ def length_stats(lengths: Any) -> tuple[float, float, float] | None:
         values = [float(n) for n in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
     except (TypeError, ValueError):
         return None
-    if not values or not all(math.isfinite(v) and v >= 0 for v in values):
+    if not values or not all(math.isfinite(v) and 0 <= v <= MAX_LENGTH for v in values):
         return None
-    mean = sum(values) / len(values)
-    return mean, max(values), math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    mean = math.fsum(values) / len(values)
+    return mean, max(values), math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
 class MissLog:
