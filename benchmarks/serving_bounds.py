@@ -3,7 +3,9 @@ screen timings serving.py stores (every config of the space on each batch, 3 sam
 for each grouping of the cases (a lookup's key), the config with the least total log time
 over the group's cases, chosen in-sample, against FA3's default and the per-case best.
 
-    python benchmarks/serving_bounds.py benchmarks/results/h200/issue12/serving_before.json
+    python benchmarks/serving_bounds.py benchmarks/results/h200/issue12/serving_before.json.xz
+
+(a .json file, or one compressed with xz, as the committed results are)
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import lzma
 import math
 from pathlib import Path
 
@@ -58,7 +61,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path)
     args = ap.parse_args()
-    rows = [r for r in json.loads(args.results.read_text())["rows"] if "screen_us" in r and "per_call" in r]
+    raw = lzma.decompress(args.results.read_bytes()) if args.results.suffix == ".xz" else args.results.read_bytes()
+    rows = [r for r in json.loads(raw)["rows"] if "screen_us" in r and "per_call" in r]
     for name, b in bounds(rows).items():
         if b["geomean_over_default"] is None:
             print(f"{name:66} {b['groups']:4} groups  no case with a common config")
