@@ -26,6 +26,15 @@ def _static_json(value: Any) -> str:
     return to_json() if callable(to_json) else canonical_json(value)
 
 
+def _memoise(memo: dict, memo_key: tuple, config: Config, epoch: int) -> Config:
+    """Keep config for the hot path, unless configure() or graph_capture changed what calls
+    resolve to while it was being resolved (in another thread)."""
+    with runtime.memo_lock:
+        if runtime.epoch == epoch:
+            memo[memo_key] = config
+    return config
+
+
 class AutotunedFunction:
     """Holds a decorated function's settings and memo; the hot path is the closure
     built in autotune(), which reads the memo directly."""
@@ -89,7 +98,7 @@ class AutotunedFunction:
         stored, served = runtime.lookup(self.name, static_json, run, accepts)
         config = default if stored is None else stored
         exact = served == "exact"
-        may_tune = tune and not declared and not capturing()
+        may_tune = tune and not capturing()
         if not exact and (mode == "lookup" or declared):  # tune and force modes tune it instead
             runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
@@ -120,12 +129,7 @@ class AutotunedFunction:
             return None
 
     def _memoise(self, memo_key: tuple, config: Config, epoch: int) -> Config:
-        """Keep config for the hot path, unless configure() or graph_capture changed what
-        calls resolve to while it was being resolved (another thread's)."""
-        with runtime.memo_lock:
-            if runtime.epoch == epoch:
-                self.memo[memo_key] = config
-        return config
+        return _memoise(self.memo, memo_key, config, epoch)
 
 
 class ConfigLookup:
@@ -158,9 +162,7 @@ class ConfigLookup:
                     config = stored
                 if served != "exact":
                     runtime.record_miss(self.name, static_json, run, served)
-            with runtime.memo_lock:
-                if runtime.epoch == epoch:
-                    self.memo[memo_key] = config
+            _memoise(self.memo, memo_key, config, epoch)
         return config
 
 
