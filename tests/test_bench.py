@@ -84,14 +84,14 @@ def test_a_strategy_is_one_module_in_tuner_search(tmp_path, monkeypatch):
     monkeypatch.setattr(search, "__path__", [*search.__path__, str(tmp_path)])
     search.strategies.cache_clear()
     try:
-        assert set(search.strategies()) == {"exhaustive", "halving", "only-default"}
+        assert set(search.strategies()) == {"exhaustive", "guided", "halving", "only-default"}
         timer = RecordingTimer()
         assert [s.config for s in get_strategy("only-default").first([{"c": 0}, {"c": 1}], timer)] == [{"c": 0}]
     finally:
         monkeypatch.undo()
         monkeypatch.delitem(sys.modules, "tuner.search.only_default", raising=False)
         search.strategies.cache_clear()
-    assert set(search.strategies()) == {"exhaustive", "halving"}
+    assert set(search.strategies()) == {"exhaustive", "guided", "halving"}
 
 
 def test_timer_presets_make_the_timer_of_the_device():

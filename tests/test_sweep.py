@@ -336,3 +336,103 @@ def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
         expected = trial.reference if i == 0 else dict(trial.checks)[i]
         torch.testing.assert_close(trial.runs[i]({"chunk": 0}), expected, atol=1e-5, rtol=1e-5)
         assert trial.runs[i].args[0].lengths() == lens
+
+
+# -- guided search and kernels built ahead ---------------------------------------------------
+
+GUIDED_NAMES = ["default"] + [f"s{k}" for k in range(1, 9)]
+
+
+def guided_op(timer, calls):
+    """Configs s1..s8 and the default; s_k is fastest at batch k and slower the further the
+    batch is from k (as a split count tracks the batch size)."""
+
+    def run(inputs, config):
+        name, batch = config["name"], inputs.shape.batch
+        calls.append((batch, name))
+        timer.last = name
+        timer.cost = 100.0 if name == "default" else 50.0 + 5.0 * abs(int(name[1:]) - batch)
+        return split_kv_decode(inputs, 0)
+
+    return Op(name="fake-guided", description="test op", configs=lambda shape: [{"name": n} for n in GUIDED_NAMES],
+              default=lambda shape: {"name": "default"}, run=run, grids={})
+
+
+def _batches(*batches):
+    return [DecodeShape(batch=b, kv_len=64, **SMALL) for b in batches]
+
+
+def test_a_guided_sweep_searches_a_batch_between_anchors_over_their_leaders_only(db_path, monkeypatch):
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    timer, calls = FakeTimer(), []
+    results = sweep(guided_op(timer, calls), _batches(3, 2, 4, 8), TuningDB(db_path), timer=timer, strategy="guided")
+    assert [r.shape.batch for r in results] == [3, 2, 4, 8]  # in the order given
+    # anchors (powers of two) come first, each over every candidate
+    assert [b for b, _ in calls][:len(GUIDED_NAMES)] == [2] * len(GUIDED_NAMES)
+    assert {n for b, n in calls if b == 4} == set(GUIDED_NAMES)
+    # batch 3: the default and the two fastest of batch 2 (s2, then s1/s3) and of batch 4 (s4, s3/s5)
+    tried = {n for b, n in calls if b == 3}
+    assert tried < set(GUIDED_NAMES) and "default" in tried and {"s2", "s4"} <= tried and len(tried) <= 5
+    assert results[0].winner == {"name": "s3"} and results[0].measured == len(tried)
+
+
+def test_a_guided_sweep_searches_every_candidate_where_no_anchor_is_measured(db_path):
+    timer, calls = FakeTimer(), []
+    [result] = sweep(guided_op(timer, calls), _batches(3), TuningDB(db_path), timer=timer, strategy="guided")
+    assert {n for _, n in calls} == set(GUIDED_NAMES) and result.winner == {"name": "s3"}
+
+
+def test_a_resumed_guided_sweep_learns_from_the_anchors_the_db_holds(db_path, monkeypatch):
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    timer = FakeTimer()
+    sweep(guided_op(timer, []), _batches(2, 4), TuningDB(db_path), timer=timer, strategy="guided")
+    calls = []
+    results = sweep(guided_op(timer, calls), _batches(2, 3, 4), TuningDB(db_path), timer=timer, strategy="guided")
+    assert [r.status for r in results] == [SKIPPED, MEASURED, SKIPPED]
+    tried = {n for _, n in calls}
+    assert {b for b, _ in calls} == {3} and "default" in tried and len(tried) <= 5
+    assert results[1].winner == {"name": "s3"}
+
+
+def test_a_guided_sweep_reports_progress_for_every_candidate(db_path):
+    timer, done = FakeTimer(), []
+    op = guided_op(timer, [])
+    shapes = _batches(1, 3, 2, 6, 4)
+    sweep(op, shapes, TuningDB(db_path), timer=timer, strategy="guided", on_advance=lambda n, label: done.append(n))
+    assert sum(done) == sum(len(candidate_configs(op, s)) for s in shapes)
+
+
+def test_a_shapes_kernels_are_built_ahead_once_before_any_config_runs(db_path):
+    """An op's precompile (Triton's: every candidate built in parallel) runs once per shape,
+    with the configs the shape measures, before the first of them runs; one that fails costs
+    the sweep nothing."""
+    timer, calls, built = FakeTimer(), [], []
+    base = guided_op(timer, calls)
+
+    def precompile(inputs, configs):
+        built.append((len(calls), inputs.shape.batch, [c["name"] for c in configs]))
+        if inputs.shape.batch == 2:
+            raise RuntimeError("compiler crashed")
+
+    op = dataclasses.replace(base, precompile=precompile)
+    results = sweep(op, _batches(1, 2), TuningDB(db_path), timer=timer)
+    assert [(b, names) for _, b, names in built] == [(1, GUIDED_NAMES), (2, GUIDED_NAMES)]
+    assert built[0][0] == 0 and built[1][0] == sum(b == 1 for b, _ in calls)  # before that shape's first run
+    assert [r.status for r in results] == [MEASURED, MEASURED]
+
+
+def test_decode_attention_builds_ahead_only_what_each_backend_compiles(monkeypatch):
+    from tuner.ops.decode_attention import BACKENDS, DECODE_ATTENTION
+
+    got = []
+    triton = BACKENDS["triton_decode"]
+    monkeypatch.setitem(BACKENDS, "triton_decode", dataclasses.replace(
+        triton, op=dataclasses.replace(triton.op, precompile=lambda inputs, configs: got.append(configs))))
+    configs = [{"backend": "fa3", "num_splits": 0, "pack_gqa": None},
+               {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 2, "num_warps": 4, "num_stages": 2}]
+    DECODE_ATTENTION.precompile(None, configs)
+    assert got == [[{"block_n": 32, "num_kv_splits": 2, "num_warps": 4, "num_stages": 2}]]

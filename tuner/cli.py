@@ -172,7 +172,7 @@ def sweep_command(
     lengths: Annotated[Optional[str], typer.Option("--lengths", help="What each shape's batch holds: full (every sequence at kv_len, the grids' default) or serving (one batch per length distribution of serving traffic, each with its longest sequence in the kv bucket; timed as their mean). Overrides the shapes'. The same keys as full: --force to re-measure keys that have full-batch winners.")] = None,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
-    search: Annotated[str, typer.Option("--search", help="Search strategy (tuner.search): exhaustive times every config fully; halving times every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully.")] = "exhaustive",
+    search: Annotated[str, typer.Option("--search", help="Search strategy (tuner.search): exhaustive times every config fully; halving times every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully; guided halves on power-of-two batch sizes and searches every other batch size over its two nearest ones' fastest configs (for dense grids such as serving).")] = "exhaustive",
     halving: Annotated[bool, typer.Option("--halving", help="The same as --search halving.")] = False,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = _SWEEP.warmup,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = _SWEEP.repeats,

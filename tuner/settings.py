@@ -49,6 +49,9 @@ BORROW_MIN_GAIN = 1.10
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10
 HALVING_MAX_KEEP = 6
+# guided search (tuner.search.guided): a shape between two anchors is searched over each
+# anchor's winner and this many of its fastest configs of the quick rung (and the default)
+GUIDED_KEEP = 8
 # a missed key whose calls' mean kv length was below this share of their longest was called
 # with mixed lengths: `tuner sweep --from-misses` measures it on serving batches
 MISS_MIXED_BELOW = 0.9
@@ -83,7 +86,12 @@ TIMERS = {
 }
 # successive halving's quick rung: at most this many samples (a quarter of the time on the CPU)
 QUICK_REPEATS_GPU = 5
+# ... and stops after 2 once its samples took this long (calls of milliseconds scatter little)
+QUICK_BUDGET_US_GPU = 3000.0
 QUICK_REPEATS_CPU = 3
+
+# threads that compile a shape's Triton candidates ahead of timing them (tuner.ops.triton_decode)
+COMPILE_WORKERS = min(16, os.cpu_count() or 1)
 
 # the L2 a cold-cache rotation must exceed twice over when the device does not say (H200's)
 DEFAULT_L2_BYTES = 60 * 2**20

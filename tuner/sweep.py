@@ -23,7 +23,7 @@ from tuner.ops.rotation import bytes_read
 from tuner.ops.shapes import shape_from_keys
 from tuner.ops.trial import build_trial
 from tuner.ranks import Ranks
-from tuner.search import DEFAULT_STRATEGY, Step
+from tuner.search import DEFAULT_STRATEGY, Step, get_strategy
 from tuner.search.pipeline import measure
 
 # a shape's status: a new winner measured, its stored winner kept, no config ran right, or
@@ -93,7 +93,9 @@ def sweep(
     """Tune op over shapes into db. on_advance(n, label) reports n configs done.
 
     strategy: the search (tuner.search: "exhaustive" times every config fully; "halving"
-    times every config quickly, then only the contenders fully); halving=True is "halving".
+    times every config quickly, then only the contenders fully; "guided" halves on the
+    power-of-two batches and searches the others over their neighbours' leaders, for dense
+    grids); halving=True is "halving".
 
     ranks (a torch.distributed job, every rank calling sweep with the same arguments and a
     DB they all reach): each shape's first rung is shared round robin; the ranks meet when
@@ -103,7 +105,9 @@ def sweep(
     unavailable = op.unavailable()
     if unavailable:
         raise TunerError(f"op {op.name} cannot run here: {unavailable}")
-    strategy = "halving" if halving else strategy
+    strategy = get_strategy("halving" if halving else strategy)
+    guide = strategy.guide() if hasattr(strategy, "guide") else None  # tuner.search.guided
+    order = guide.order(shapes) if guide is not None else list(range(len(shapes)))
     device = op.device()
     timer = timer or timer_for("sweep-gpu" if device == "cuda" else "sweep-cpu", device)
     env = current_environment()
@@ -111,8 +115,12 @@ def sweep(
     advance = on_advance or (lambda n, label: None)
     results: list[ShapeResult] = []
     seen: dict[Problem, DecodeShape] = {}
-    for shape in shapes:
+    for shape in (shapes[i] for i in order):
         configs = candidate_configs(op, shape)
+        if guide is not None:
+            shortlist = guide.shortlist(shape, configs)
+            advance(len(configs) - len(shortlist), shape.label())  # left out: decided, for the progress bar
+            configs = shortlist
         problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
         label = shape.label()
         if problem in seen:  # same static key and kv bucket: one record holds both
@@ -123,6 +131,9 @@ def sweep(
         seen[problem] = shape
         stored_winner = None if force else db.record(problem, environment=env.data)  # one that applies here
         if stored_winner is not None:
+            if guide is not None:
+                guide.record(shape, [_stored_outcome(m) for m in db.measurements(problem, env.id)
+                                     if m.method.get("lengths", "full") == shape.lengths], stored_winner.config)
             advance(len(configs), label)
             results.append(ShapeResult(
                 shape, SKIPPED, stored_winner.config, stored_winner.median_us,
@@ -167,6 +178,8 @@ def sweep(
         boundary_sync()
         default = configs[0]
         winner, default_timing = result.winner, result.default_timing
+        if guide is not None:  # from what every rank holds alike: the ranks' shortlists agree
+            guide.record(shape, result.first_rung)
         if (ranks is None or ranks.rank == 0) and winner is not None:
             db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
                            method=dict(method, **lengths, min_gain=min_gain, ranks=ranks.world if ranks else 1))
@@ -185,7 +198,8 @@ def sweep(
             shape, MEASURED, winner.config, winner.timing.median_us,
             default_timing and default_timing.median_us, result.measured, result.resumed, result.failures,
         ))
-    return results
+    by_index = dict(zip(order, results))
+    return [by_index[i] for i in range(len(shapes))]
 
 
 def _all_outcomes(db: TuningDB, problem: Problem, fp_id: str, configs: list[Config],

@@ -261,3 +261,42 @@ def test_a_graph_captured_inside_graph_capture_freezes_the_declared_config_and_r
         step(seed)
         graph.replay()
         torch.testing.assert_close(out, _reference(q, k, v, table, lens), **TOL)
+
+
+def test_a_shapes_triton_candidates_are_built_ahead_and_running_them_builds_nothing_more():
+    """Issue 12 item 4: the sweep builds a shape's Triton candidates in parallel before
+    timing any; running each afterwards finds its kernels built. Head dim 80 (a shape no
+    other test runs) so that they are not built already."""
+    from tuner.ops import get_op, make_decode_inputs
+    from tuner.ops.triton_decode import _kernels
+
+    op = get_op("triton_decode")
+    shape = DecodeShape(batch=3, kv_len=1500, num_q_heads=8, num_kv_heads=2, head_dim=80, dtype="bfloat16")
+    inputs = make_decode_inputs(shape, device="cuda", seq_lens=[1500, 700, 40])
+    configs = op.configs(shape)
+    split, merge = _kernels(False)
+
+    def built():
+        return sum(len(k.device_caches[torch.cuda.current_device()][0]) for k in (split, merge))
+
+    before = built()
+    op.precompile(inputs, configs)
+    after = built()
+    assert after > before
+    reference = inputs.reference()
+    for config in configs:
+        torch.testing.assert_close(op.run(inputs, config).float(), reference.float(), **TOL)
+    assert built() == after
+
+
+def test_the_quick_timer_takes_two_samples_of_a_long_call_and_every_sample_of_a_short_one():
+    from tuner.bench import CudaGraphTimer
+
+    def long_call():
+        torch.cuda._sleep(3_000_000)  # about 1.5 ms at H200 clocks
+
+    quick = CudaGraphTimer(warmup=1, repeats=5, budget_us=3000.0)
+    assert quick(long_call).samples == 2
+    assert CudaGraphTimer(warmup=1, repeats=5)(long_call).samples == 5
+    x = torch.zeros(16, device="cuda")
+    assert quick(lambda: x.add_(1)).samples == 5

@@ -17,10 +17,14 @@ from tuner.bench.timer import Rotation, Timing, as_rotation, summarize
 
 
 class CudaGraphTimer:
-    def __init__(self, warmup: int = 3, repeats: int = 20, min_sample_us: float = 200.0) -> None:
-        if warmup < 1 or repeats < 1:
-            raise ValueError("warmup >= 1 and repeats >= 1")
+    def __init__(self, warmup: int = 3, repeats: int = 20, min_sample_us: float = 200.0,
+                 budget_us: float | None = None) -> None:
+        if warmup < 1 or repeats < 1 or (budget_us is not None and budget_us <= 0):
+            raise ValueError("warmup >= 1, repeats >= 1 and budget_us > 0")
         self.warmup, self.repeats = warmup, repeats
+        # sampling stops once 2 samples are in and the samples took this long (a long call's
+        # samples scatter little; its quick rung need not take 5): None, every repeat
+        self.budget_us = budget_us
         # a graph replay shorter than this is replayed several times per sample, so the
         # event timer's resolution (~0.5 us) and replay launch cost stay negligible
         self.min_sample_us = min_sample_us
@@ -36,6 +40,8 @@ class CudaGraphTimer:
             "repeats": self.repeats,
             "min_sample_us": self.min_sample_us,
         }
+        if self.budget_us is not None:
+            method["budget_us"] = self.budget_us
         if self.last_capture_failed:
             method["capture"] = "failed, timed eagerly"
         return method
@@ -43,7 +49,7 @@ class CudaGraphTimer:
     def quick(self) -> "CudaGraphTimer":
         """A cheaper timer for the first, quick rung of a successive-halving sweep."""
         return CudaGraphTimer(warmup=1, repeats=min(self.repeats, settings.QUICK_REPEATS_GPU),
-                              min_sample_us=self.min_sample_us)
+                              min_sample_us=self.min_sample_us, budget_us=settings.QUICK_BUDGET_US_GPU)
 
     def _capture(self, rotation: Sequence[Callable[[], Any]]) -> Callable[[], None]:
         """A replay function for the rotation, or eager calls if capture fails."""
@@ -71,8 +77,8 @@ class CudaGraphTimer:
         self.last_capture_failed = False
         return graph.replay
 
-    def _time(self, replay: Callable[[], None], calls: int) -> float:
-        """Microseconds per call for one sample."""
+    def _time(self, replay: Callable[[], None], calls: int) -> tuple[float, float]:
+        """Microseconds per call for one sample, and the sample's own microseconds."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         replay()
@@ -81,20 +87,28 @@ class CudaGraphTimer:
         once_us = start.elapsed_time(end) * 1000.0
         reps = max(1, int(self.min_sample_us / max(once_us, 1e-3)))
         if reps == 1:
-            return once_us / calls
+            return once_us / calls, once_us
         start.record()
         for _ in range(reps):
             replay()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) * 1000.0 / (reps * calls)
+        total_us = start.elapsed_time(end) * 1000.0
+        return total_us / (reps * calls), total_us + once_us
 
     def __call__(self, fns: Rotation) -> Timing:
         rotation = as_rotation(fns)
         replay = self._capture(rotation)
         for _ in range(self.warmup):
             replay()
-        return summarize([self._time(replay, len(rotation)) for _ in range(self.repeats)])
+        samples, spent = [], 0.0
+        for _ in range(self.repeats):
+            per_call, took = self._time(replay, len(rotation))
+            samples.append(per_call)
+            spent += took
+            if self.budget_us is not None and len(samples) >= 2 and spent >= self.budget_us:
+                break
+        return summarize(samples)
 
     def paired(self, fns_a: Rotation, fns_b: Rotation) -> tuple[Timing, Timing]:
         """Alternate samples of two rotations, so clock and thermal drift hit both alike."""
@@ -115,5 +129,5 @@ class CudaGraphTimer:
         samples: list[list[float]] = [[] for _ in rots]
         for _ in range(self.repeats):
             for replay, rot, out in zip(replays, rots, samples):
-                out.append(self._time(replay, len(rot)))
+                out.append(self._time(replay, len(rot))[0])
         return [summarize(s) for s in samples]

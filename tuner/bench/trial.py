@@ -20,13 +20,16 @@ class Trial:
     for a cold cache); reference: the output of runs[0], which every candidate must match
     within tolerance (atol, rtol); checks: (run index, its reference) for runs whose inputs
     differ from runs[0]'s (a mixed-length trial's other batches), checked likewise; every
-    other run holds the same values as one of those. kv_len: the kv length it measures."""
+    other run holds the same values as one of those. kv_len: the kv length it measures.
+    precompile(configs): builds those configs' kernels ahead (tuner.ops.base.Op.precompile),
+    or None."""
 
     runs: Sequence[Callable[[Config], Any]]
     reference: Any
     tolerance: tuple[float, float]
     kv_len: int
     checks: Sequence[tuple[int, Any]] = ()
+    precompile: Callable[[list[Config]], None] | None = None
 
 
 def cold_l2_copies(nbytes: int, device: str, max_copies: int = 64) -> int:

@@ -146,3 +146,7 @@ class Op:
     make_inputs: Callable[..., DecodeInputs] = make_decode_inputs
     tolerance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(TOLERANCE))
     check: Callable[[Config, DecodeShape], str | None] = lambda config, shape: None
+    # compile what configs will run on these inputs, ahead and in parallel (Triton), so that
+    # timing never waits on a compiler; best effort: a config it could not build fails later,
+    # when it runs, as it would without this. None: nothing to compile
+    precompile: Callable[[DecodeInputs, list[Config]], None] | None = None

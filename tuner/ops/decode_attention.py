@@ -158,6 +158,14 @@ def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
     return BACKENDS[config["backend"]].op.run(inputs, _rest(config))
 
 
+def _precompile(inputs: DecodeInputs, configs: list[Config]) -> None:
+    """Each backend that compiles ahead (tuner.ops.base.Op.precompile) builds its configs."""
+    for name, backend in BACKENDS.items():
+        mine = [_rest(c) for c in configs if c.get("backend") == name]
+        if mine and backend.op.precompile is not None:
+            backend.op.precompile(inputs, mine)
+
+
 def _unavailable() -> str | None:
     if installed():
         return None
@@ -175,6 +183,7 @@ DECODE_ATTENTION = Op(
     unavailable=_unavailable,
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
     check=check_config,
+    precompile=_precompile,
 )
 
 

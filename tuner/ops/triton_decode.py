@@ -22,10 +22,12 @@ import functools
 import math
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from tuner import settings
 from tuner.ops.base import Config, DecodeInputs, Op
 from tuner.ops.rules import config_error, is_int, is_pow2, one_of
 from tuner.ops.shapes import DecodeShape, grid
@@ -312,7 +314,8 @@ def triton_paged_decode(
     num_kv_splits: int = 4,
     num_warps: int = 4,
     num_stages: int = 2,
-) -> torch.Tensor:
+    compile_only: bool = False,
+) -> torch.Tensor | None:
     """Paged decode attention, same layouts and semantics as paged_decode_reference.
 
     q (batch, q_len, Hq, D); k_cache/v_cache (num_pages, page_size, Hkv, D[v]); page_table
@@ -320,6 +323,7 @@ def triton_paged_decode(
     max_kv_len (host-side, >= every cache_seqlens entry) caps num_kv_splits so no split is
     empty for the longest sequence; each sequence divides its own visible keys among the
     splits, so shorter sequences in the batch just leave their last splits idle.
+    compile_only: build the kernels this call would launch, launch nothing, return None.
     """
     batch, q_len, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -362,7 +366,9 @@ def triton_paged_decode(
     scale = 1.0 / math.sqrt(head_dim)
 
     grid1 = (batch * num_kv_heads, _cdiv(rows, block_m), num_splits)
-    split_kernel[grid1](
+    launch = (lambda kernel, grid: functools.partial(kernel.warmup, grid=grid)) if compile_only \
+        else (lambda kernel, grid: kernel[grid])
+    launch(split_kernel, grid1)(
         q, k_cache, v_cache, page_table, cache_seqlens, sinks_arg, part, lse, out,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *page_table.stride(),
         *part_strides, *lse_strides, *out.stride()[:3],
@@ -375,7 +381,7 @@ def triton_paged_decode(
         num_warps=num_warps, num_stages=num_stages,
     )
     if not final:
-        merge_kernel[(batch * q_len * num_q_heads,)](
+        launch(merge_kernel, (batch * q_len * num_q_heads,))(
             part, lse, sinks_arg, out,
             *part_strides, *lse_strides, *out.stride()[:3],
             q_len, num_q_heads, num_splits,
@@ -383,7 +389,7 @@ def triton_paged_decode(
             BLOCK_DV=block_dv, HAS_SINKS=sinks is not None,
             num_warps=4,
         )
-    return out
+    return None if compile_only else out
 
 
 # ---- the op ------------------------------------------------------------------------------
@@ -465,7 +471,7 @@ def _default(shape: DecodeShape) -> Config:
     return {**DEFAULT, "block_n": block_n, "num_kv_splits": splits}
 
 
-def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
+def _run(inputs: DecodeInputs, config: Config, compile_only: bool = False) -> torch.Tensor | None:
     s = inputs.shape
     return triton_paged_decode(
         inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
@@ -473,7 +479,28 @@ def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
         sinks=inputs.sinks,
         block_n=int(config["block_n"]), num_kv_splits=int(config["num_kv_splits"]),
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+        compile_only=compile_only,
     )
+
+
+def _precompile(inputs: DecodeInputs, configs: list[Config]) -> None:
+    """Build every config's kernels for these inputs, before any is timed: in parallel on
+    settings.COMPILE_WORKERS threads where this Triton compiles in the background (its
+    AsyncCompileMode), else one after another. The interpreter compiles nothing."""
+    if inputs.q.device.type != "cuda" or type(_kernels(False)[0]).__name__ == "InterpretedFunction":
+        return
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # an older Triton: compiled here, in turn
+        AsyncCompileMode = None
+    todo = [c for c in configs if check_config(c) is None]
+    if AsyncCompileMode is None:
+        for config in todo:
+            _run(inputs, config, compile_only=True)
+        return
+    with ThreadPoolExecutor(max_workers=settings.COMPILE_WORKERS) as pool, AsyncCompileMode(pool):
+        for config in todo:
+            _run(inputs, config, compile_only=True)
 
 
 def _unavailable() -> str | None:
@@ -499,6 +526,7 @@ TRITON_DECODE = Op(
     unavailable=_unavailable,
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
     check=check_config,
+    precompile=_precompile,
     grids={
         # interpreter-sized: every program and kv block costs milliseconds there
         "cpu-tiny": grid([1, 2], [64, 128], **_TINY),

@@ -7,6 +7,7 @@ verification of shipped winners all run through it; what they store, and where, 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,10 +27,12 @@ class Measured:
     measurements were made here or resumed from earlier ones."""
 
     outcomes: list[Outcome] = field(default_factory=list)
+    first_rung: list[Outcome] = field(default_factory=list)  # every rank's alike (gathered)
     winner: Outcome | None = None
     default_timing: Timing | None = None
     measured: int = 0
     resumed: int = 0
+    precompile_s: float = 0.0  # seconds spent building kernels ahead (Trial.precompile)
 
     @property
     def failures(self) -> int:
@@ -87,6 +90,13 @@ def measure(
         return outcome
 
     first = strategy.first(configs, timer)
+    if trial.precompile is not None:
+        start = time.perf_counter()
+        try:
+            trial.precompile([s.config for s in first if resume is None or resume(s.config) is None])
+        except Exception:  # best effort: a config that cannot be built fails when it runs
+            pass
+        result.precompile_s = time.perf_counter() - start
     outcomes = []
     for i, step in enumerate(first):
         if ranks is None or ranks.mine(i):
@@ -96,6 +106,7 @@ def measure(
     if ranks is not None and gather is not None:
         ranks.barrier()
         outcomes = gather([s.config for s in first], outcomes)
+    result.first_rung = list(outcomes)
     leader = ranks is None or ranks.rank == 0
     rung = max((s.rung for s in first), default=1)
     while leader:

@@ -1,0 +1,81 @@
+"""Guided search, for dense grids (a serving grid's every capture batch size): shapes whose
+batch is a power of two are the anchors, searched as halving searches, over every candidate;
+every other shape only over the configs that ranked best in the quick rung at its nearest
+anchors below and above its batch (same static key, query length, kv length and kind of
+batch), their winners and the default, halving among those. A winner moves slowly with the
+batch size (the split count roughly halves as the batch doubles), so the anchors' leaders
+hold the in-between shapes' winners at a fraction of the measurements; where a family has
+no anchor measured, a shape is searched over every candidate."""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING, Sequence
+
+from tuner import settings
+from tuner.bench import OK, Outcome, with_default_first
+from tuner.keys import canonical_json
+from tuner.search.base import Config
+from tuner.search.halving import Halving
+
+if TYPE_CHECKING:  # search composes ops, never imports them to run
+    from tuner.ops.shapes import DecodeShape
+
+# (static key, query length, kv length, kind of batch): the shapes a guide compares
+Family = tuple[str, int, int, str]
+
+
+def is_anchor(batch: int) -> bool:
+    return batch >= 1 and batch & (batch - 1) == 0
+
+
+def _family(shape: DecodeShape) -> Family:
+    return shape.static_key().to_json(), shape.q_len, shape.kv_len, shape.lengths
+
+
+class Guide:
+    """What one sweep's anchors taught it: per family, per anchor batch, its leading configs."""
+
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = settings.GUIDED_KEEP if keep is None else keep
+        self._leaders: dict[Family, dict[int, list[Config]]] = {}
+
+    @staticmethod
+    def order(shapes: Sequence[DecodeShape]) -> list[int]:
+        """The shapes' indices, anchors first, each group in the given order."""
+        return sorted(range(len(shapes)), key=lambda i: not is_anchor(shapes[i].batch))
+
+    def record(self, shape: DecodeShape, outcomes: Sequence[Outcome], winner: Config | None = None) -> None:
+        """An anchor's outcomes (its quick rung, or what a DB stored of it): its leaders are
+        its winner and its `keep` fastest correct configs. Other shapes teach nothing."""
+        if not is_anchor(shape.batch):
+            return
+        ok = sorted((o for o in outcomes if o.status == OK and o.timing is not None), key=lambda o: o.timing.median_us)
+        leaders = ([winner] if winner is not None else []) + [o.config for o in ok[:self.keep]]
+        if leaders:
+            self._leaders.setdefault(_family(shape), {})[shape.batch] = leaders
+
+    def shortlist(self, shape: DecodeShape, configs: list[Config]) -> list[Config]:
+        """The candidates to search for shape (configs: all of them, the default first): all
+        for an anchor or a shape whose family has no anchor yet; else the default and the
+        leaders of the nearest anchor on each side that are among configs."""
+        anchors = self._leaders.get(_family(shape))
+        if is_anchor(shape.batch) or not anchors:
+            return configs
+        batches = sorted(anchors)
+        at = bisect.bisect_left(batches, shape.batch)
+        near = batches[max(0, at - 1):at + 1]
+        allowed = {canonical_json(c): c for c in configs}
+        picked = [allowed[k] for b in near for k in map(canonical_json, anchors[b]) if k in allowed]
+        return with_default_first(configs[0], picked)
+
+
+class Guided(Halving):
+    name = "guided"
+    description = "halving on power-of-two batches; other batches over their neighbours' leaders"
+
+    def guide(self) -> Guide:
+        return Guide()
+
+
+STRATEGY = Guided()
