@@ -249,6 +249,7 @@ def main() -> None:
     ap.add_argument("--heads", choices=("issue", "shipped"), default="issue",
                     help="issue: MODELS (3 shipped head configurations, 2 others); shipped: all 11 shipped ones "
                          "and the 2 others")
+    ap.add_argument("--models", help="only the head configurations whose name holds this text (e.g. \"(other)\")")
     ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device "
                                                  "or call; a case keeps its seed)")
     args = ap.parse_args()
@@ -270,6 +271,10 @@ def main() -> None:
         heads = {"smoke": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")}
     else:
         heads = MODELS if args.heads == "issue" else shipped_heads()
+    if args.models:
+        heads = {name: spec for name, spec in heads.items() if args.models in name}
+        if not heads:
+            ap.error(f"--models {args.models!r} names no head configuration")
     todo = [(i, c) for i, c in enumerate(cases(args.smoke, heads)[:args.limit]) if i % parts == part]
     rows: list[dict] = []
     started = time.perf_counter()

@@ -238,6 +238,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny grid on the CPU (Triton interpreted)")
     ap.add_argument("--seconds", type=float, default=540.0,
                     help="start no kv length's sweep nor agreement shape after this long")
+    ap.add_argument("--agree-seconds", type=float, default=120.0,
+                    help="start no agreement shape after this long past the sweeps")
     args = ap.parse_args()
     started = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -270,7 +272,8 @@ def main() -> None:
             write()
 
         phase_sweep(op, name, grids[name], db, args.search, device, deadline, progress)
-    for rows in phase_agree(op, grids[heads[0]], db, device, args.agree, args.search, deadline):
+    agree_deadline = max(deadline, time.perf_counter()) + args.agree_seconds
+    for rows in phase_agree(op, grids[heads[0]], db, device, args.agree, args.search, agree_deadline):
         doc["agreement"] = rows
         doc["agreement_summary"] = summarize_agreement(rows, args.search)
         write()

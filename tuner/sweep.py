@@ -168,14 +168,14 @@ def sweep(
                 max_error=outcome.max_error, error=outcome.error,
             )
 
-        boundary_sync()
+        boundary_sync(release=False)
         result = measure(
             trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume, record=record,
             ranks=ranks, gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape.lengths),
             advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
         )
         del trial  # free the device before the next shape's inputs
-        boundary_sync()
+        boundary_sync(release=False)
         default = configs[0]
         winner, default_timing = result.winner, result.default_timing
         if guide is not None:  # from what every rank holds alike: the ranks' shortlists agree

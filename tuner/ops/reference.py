@@ -60,8 +60,9 @@ def paged_decode_reference(
     group = num_q_heads // num_kv_heads
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     out = torch.empty(batch, q_len, num_q_heads, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    lengths = cache_seqlens.tolist()  # one read of the device, not one per sequence
     for b in range(batch):
-        kv_len = int(cache_seqlens[b])
+        kv_len = int(lengths[b])
         pages = page_table[b, : (kv_len + page_size - 1) // page_size].long()
         k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:kv_len].float()
         v = v_cache[pages].reshape(-1, num_kv_heads, v_cache.shape[-1])[:kv_len].float()

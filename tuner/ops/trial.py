@@ -21,7 +21,8 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
     # outputs and the reference's work
     need = (3 if shape.lengths == "full" else 5) * shape.kv_bytes()
     if device == "cuda":
-        free = torch.cuda.mem_get_info()[0]
+        # what PyTorch's cache holds unused is free to this process too
+        free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     else:
         try:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
