@@ -91,6 +91,20 @@ def test_sweep_with_successive_halving(db_path, tiny_shapes):
     one_line_error(sweep(db_path, tiny_shapes, "--search", "no-such-search"), "no-such-search")
 
 
+def test_a_sweep_halves_unless_told_otherwise(db_path, tiny_shapes):
+    """Halving is the default search (it agreed with a precise timing as well as exhaustive
+    search on the H200, at under half the GPU time); --search exhaustive times all fully."""
+    def rungs(path):
+        db = TuningDB(path)
+        return {m.rung for r in db.records() for m in db.measurements(r.problem, r.fingerprint_id)}
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    assert rungs(db_path) == {0, 1}
+    other = db_path.with_name("exhaustive.db")
+    assert sweep(other, tiny_shapes, "--search", "exhaustive").exit_code == 0
+    assert rungs(other) == {1}
+
+
 def test_sweep_a_named_grid(db_path):
     result = cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--db", db_path, "--repeats", 2,
                  "--warmup", 0, "--max-seconds", 0.01)

@@ -31,7 +31,7 @@ def test_torchrun_sweep_shares_the_work_and_every_rank_has_the_same_winners(tmp_
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "tuner", "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(db_path),
-         "--repeats", "3"],
+         "--repeats", "3", "--search", "exhaustive"],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -36,7 +36,7 @@ def _sweep_in_child(db_path, shapes, barrier=None):
     if barrier is not None:
         barrier.wait()
     db = TuningDB(db_path)
-    results = sweep(OP, shapes, db, timer=_timer())
+    results = sweep(OP, shapes, db, timer=_timer(), strategy="exhaustive")
     os._exit(0 if all(r.status in (MEASURED, SKIPPED) for r in results) else 3)
 
 
@@ -101,7 +101,10 @@ def test_sigkill_at_random_points_leaves_a_sound_db_that_resumes(tmp_path):
         while child.is_alive() and _stored_measurements(db_path) < target:
             time.sleep(0.002)
         time.sleep(rng.uniform(0.0, 0.05))
-        os.kill(child.pid, signal.SIGKILL)
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it finished, and is_alive() reaped it
+            pass
         child.join()
         if not db_path.exists():
             stats["killed_before_any_record"] += 1
@@ -114,7 +117,7 @@ def test_sigkill_at_random_points_leaves_a_sound_db_that_resumes(tmp_path):
             stats["finished_before_kill"] += 1
         elif sum(done.values()):
             stats["killed_mid_sweep"] += 1
-        results = sweep(OP, shapes, db, timer=_timer())
+        results = sweep(OP, shapes, db, timer=_timer(), strategy="exhaustive")
         for shape, result in zip(shapes, results):
             p = _problem(shape)
             if p in had_winner:

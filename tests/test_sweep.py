@@ -151,18 +151,18 @@ def test_interrupted_sweep_resumes_measuring_only_what_is_missing(db_path):
     # shape 2 then gets its default and "fast" measured before the 16th call dies
     op = fake_op(timer, COSTS, calls=calls, interrupt_after=15)
     with pytest.raises(KeyboardInterrupt):
-        sweep(op, op.grids["g"], db, timer=timer)
+        sweep(op, op.grids["g"], db, timer=timer, strategy="exhaustive")
     assert len(db.records()) == 1  # the first shape finished and was stored
     calls2 = []
     op2 = fake_op(timer, COSTS, calls=calls2)
-    results = sweep(op2, op2.grids["g"], db, timer=timer)
+    results = sweep(op2, op2.grids["g"], db, timer=timer, strategy="exhaustive")
     assert results[0].status == SKIPPED and results[0].winner == {"name": "fast"}
     # the second shape had 2 configs measured before the interrupt; only 4 remain
     assert (results[1].resumed, results[1].measured) == (2, 4)
     assert len(db.records()) == 2
     # and a third run measures nothing at all
     calls3 = []
-    results = sweep(fake_op(timer, COSTS, calls=calls3), op.grids["g"], db, timer=timer)
+    results = sweep(fake_op(timer, COSTS, calls=calls3), op.grids["g"], db, timer=timer, strategy="exhaustive")
     assert [r.status for r in results] == [SKIPPED, SKIPPED] and calls3 == []
 
 
@@ -271,7 +271,7 @@ def test_each_measurement_stores_its_timers_method_as_of_that_measurement(db_pat
     timer = FallingBackTimer()
     op = fake_op(timer, COSTS)
     db = TuningDB(db_path)
-    sweep(op, op.grids["g"][:1], db, timer=timer)
+    sweep(op, op.grids["g"][:1], db, timer=timer, strategy="exhaustive")
     rows = {m.config["name"]: m for m in db.measurements(db.records()[0].problem, current_fingerprint_id())}
     assert rows["slightly"].method.get("capture") == "failed, timed eagerly"
     assert "capture" not in rows["fast"].method and "capture" not in rows["default"].method

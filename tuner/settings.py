@@ -45,6 +45,11 @@ MAX_Q_DISTANCE = 1.0
 # own default by this much: a config tuned for one batch size can lose to the default an
 # octave away (measured: benchmarks/results/h200/mixed_lengths_*.json)
 BORROW_MIN_GAIN = 1.10
+# the search a sweep runs unless told (tuner.search): halving, since it agreed with a precise
+# exhaustive timing as well as exhaustive search did, at under half its GPU time (H200,
+# benchmarks/results/h200/issue12/sweep_cost_*.json: within 2% on 12 of 12 serving shapes,
+# 9.4 against 20.4 ms per candidate)
+DEFAULT_STRATEGY = "halving"
 # successive halving: the quick rung keeps the default and the configs within this fraction
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10

@@ -9,10 +9,11 @@ import functools
 import importlib
 import pkgutil
 
+from tuner import settings
 from tuner.errors import TunerError
 from tuner.search.base import Step, Strategy
 
-DEFAULT_STRATEGY = "exhaustive"
+DEFAULT_STRATEGY = settings.DEFAULT_STRATEGY
 
 
 @functools.cache
