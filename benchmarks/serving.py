@@ -12,6 +12,9 @@ L2 by the bytes a call reads: tuner.ops.rotation):
 - graph: one graph per batch size, captured with the server's max context (MAX_CONTEXT)
   as max_kv_len and page-table width, replayed over the case's lengths; the config is what
   the call resolves to at capture, fixed for every replay;
+- graph_unknown: the same graphs, captured inside tuner.graph_capture() with no lengths
+  (unknown): a stored config is frozen only where it won at every kv bucket up to the bound
+  for that batch size, else FA3's default;
 - graph_declared: the same graphs, captured inside tuner.graph_capture(lengths) with the
   deployment's declared traffic (4096 lengths drawn from the case's distribution and cap,
   apart from the batch's own), so the frozen config is keyed on the lengths replays see:
@@ -65,7 +68,7 @@ CAPS = (1024, 4096, 16384, 65536, 131072)
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
 SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
-MODES = ("per_call", "graph", "graph_declared", "graph_declared_pooled")
+MODES = ("per_call", "graph", "graph_unknown", "graph_declared", "graph_declared_pooled")
 WIDE_MODES = MODES[1:]  # the modes whose calls carry the capture bound
 # graph_declared_pooled's one declaration: 1024 lengths per distribution and cap
 POOLED = [n for c in CAPS for d in DISTRIBUTIONS for n in draw_lengths(d, 1024, c, seed=7)]
@@ -155,11 +158,13 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
         declared_config = dispatch.config_for(*ga, **gk)
     with tuner.graph_capture(POOLED):
         pooled_config = dispatch.config_for(*ga, **gk)
-    calls = {"per_call": per_call, "graph": graph, "graph_declared": graph, "graph_declared_pooled": graph}
-    defaults = {"per_call": dispatch.default(a, k), "graph": dispatch.default(ga, gk)}  # FA3's: the same
-    defaults["graph_declared"] = defaults["graph_declared_pooled"] = defaults["graph"]
+    with tuner.graph_capture():  # lengths unknown
+        unknown_config = dispatch.config_for(*ga, **gk)
+    calls = {"per_call": per_call, **{m: graph for m in WIDE_MODES}}
+    defaults = {"per_call": dispatch.default(a, k), **{m: dispatch.default(ga, gk) for m in WIDE_MODES}}
     tuned = {"per_call": dispatch.config_for(*a, **k), "graph": dispatch.config_for(*ga, **gk),
-             "graph_declared": declared_config, "graph_declared_pooled": pooled_config}
+             "graph_unknown": unknown_config, "graph_declared": declared_config,
+             "graph_declared_pooled": pooled_config}
     row.update(default=defaults, tuner=tuned)
 
     # the oracle: every candidate on exactly this batch (per call), the fastest re-timed

@@ -306,7 +306,45 @@ def test_graph_capture_keys_a_batch_on_its_longest_sequence_weighted_by_length(d
         assert run(fn, 16, 2**17, calls) == 16  # the longest of 16 is almost surely 1000: kv 1024's winner
 
 
-@pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"], None])
+def test_graph_capture_of_unknown_lengths_freezes_only_what_wins_at_every_length(db_path):
+    """Issue 12: the 128k bucket's winner, frozen into a graph replayed over any length, ran
+    at 0.46x of the default on short batches (H200). With lengths unknown, a graph keeps a
+    stored config only where it won at every kv bucket up to the bound for its batch."""
+    for kv in (1024, 4096, 2**17):
+        store(db_path, 16, kv, {"block": 64})  # batch 16: one winner everywhere
+    store(db_path, 8, 1024, {"block": 16})  # batch 8: the short lengths' winner differs
+    store(db_path, 8, 2**17, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    bound = 2**17
+    assert run(fn, 8, bound, calls) == 64  # eagerly at the bound: that key's own winner
+    with tuner.graph_capture() as declared:
+        assert not declared.known
+        assert run(fn, 16, bound, calls) == 64  # the one winner of every bucket
+        assert run(fn, 8, bound, calls) == 32  # winners differ by length: the default
+        assert run(fn, 8, 1024, calls) == 16  # a bound of 1024: only that bucket's winner counts
+        assert run(fn, 4, bound, calls) == 32  # no winner of its own batch: the default, nothing borrowed
+    assert run(fn, 8, bound, calls) == 64  # outside, as before
+
+
+def test_a_cuda_graph_capture_without_declaration_freezes_only_what_wins_at_every_length(db_path, monkeypatch):
+    """The same rule inside a plain CUDA-graph capture, for a call not resolved before it; what
+    it resolved is not kept, so eager calls after it get their own key's winner."""
+    import tuner.runtime.decorator as decorator
+
+    store(db_path, 8, 1024, {"block": 16})
+    store(db_path, 8, 2**17, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    monkeypatch.setattr(decorator, "capturing", lambda: True)
+    assert run(fn, 8, 2**17, calls) == 32
+    monkeypatch.setattr(decorator, "capturing", lambda: False)
+    assert run(fn, 8, 2**17, calls) == 64
+
+
+@pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"]])
 def test_graph_capture_refuses_what_is_not_lengths(lengths):
     with pytest.raises(tuner.TunerError, match="graph_capture"):
         with tuner.graph_capture(lengths):

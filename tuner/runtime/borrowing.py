@@ -16,7 +16,7 @@ import math
 from typing import Callable, NamedTuple
 
 from tuner import settings
-from tuner.keys import AttentionRunKey, Config, nearest_run_keys
+from tuner.keys import AttentionRunKey, Config, canonical_json, nearest_run_keys
 
 
 
@@ -52,3 +52,20 @@ def choose(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
         if accepts is None or accepts(config):
             return config, "nearest"
     return None, "default"
+
+
+def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
+                  accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
+    """The config for a call frozen into a CUDA graph whose lengths are unknown (captured with
+    only a bound: every length up to it will replay): the winners stored for the call's batch
+    and query length at every kv bucket up to its own, if they are one config (it beat, or
+    was, the default at each of them); else none, the default. How it was found is "exact"
+    when the call's own key has a winner, else "nearest" or "default", as choose says.
+    Measured on the H200: the 128k bucket's winner frozen for all lengths ran at 0.46x of
+    FA3's default on short batches (benchmarks/results/h200/issue12/serving_other.json)."""
+    found = "exact" if run in table else "default"
+    same = [w.config for k, w in table.items()
+            if k.batch == run.batch and k.max_q_len == run.max_q_len and k.kv_len_bucket <= run.kv_len_bucket]
+    if not same or len({canonical_json(c) for c in same}) > 1 or (accepts is not None and not accepts(same[0])):
+        return None, found
+    return same[0], "exact" if found == "exact" else "nearest"

@@ -8,9 +8,11 @@ graph_capture(lengths), a tuned call (and the FlashInfer wrappers' plan lookup) 
 length on the declaration instead: an int
 (the typical longest sequence of a batch), or sample lengths of the deployment's traffic
 (per sequence; for a batch of b the key is the length-weighted median of the
-longest of b draws). Every config of
-the ops tuner ships runs correctly at any length up to the bound the call passes, so only
-speed depends on the choice.
+longest of b draws). Inside graph_capture() with no lengths, and in a CUDA-graph capture
+outside it (for a call not resolved before it), the lengths are unknown: a stored config is
+kept only where it is the winner at every kv bucket up to the bound, else the default runs
+(tuner.runtime.borrowing.choose_frozen). Every config of the ops tuner ships runs correctly
+at any length up to the bound the call passes, so only speed depends on the choice.
 """
 
 from __future__ import annotations
@@ -26,9 +28,14 @@ from tuner.runtime.state import runtime
 
 class DeclaredLengths:
     """The kv lengths a deployment's graphs will see: one typical batch maximum, or samples
-    of per-sequence lengths."""
+    of per-sequence lengths; or None, unknown (known is False)."""
 
-    def __init__(self, lengths: int | Iterable[int]) -> None:
+    def __init__(self, lengths: int | Iterable[int] | None) -> None:
+        self.known = lengths is not None
+        self._by_batch: dict[int, int] = {}
+        if lengths is None:
+            self.samples: list[int] = []
+            return
         refused = TunerError(f"graph_capture(lengths): an int or integer sample lengths, got {lengths!r:.60}")
         if isinstance(lengths, (bool, str, bytes)):
             raise refused
@@ -48,7 +55,6 @@ class DeclaredLengths:
         if not values or values[0] < 1:
             raise TunerError("graph_capture(lengths): at least one length, each >= 1")
         self.samples = values
-        self._by_batch: dict[int, int] = {}
 
     def kv_len(self, batch: int) -> int:
         """The kv length a batch of `batch` draws is keyed on: the median of its longest
@@ -71,13 +77,18 @@ class DeclaredLengths:
         return kv
 
     def __repr__(self) -> str:
+        if not self.known:
+            return "DeclaredLengths(unknown)"
         return f"DeclaredLengths({len(self.samples)} samples, {self.samples[0]}..{self.samples[-1]})"
 
 
 @contextmanager
-def graph_capture(lengths: int | Iterable[int]) -> Iterator[DeclaredLengths]:
+def graph_capture(lengths: int | Iterable[int] | None = None) -> Iterator[DeclaredLengths]:
     """Calls inside resolve their configs for the declared lengths (see the module's
-    docstring), and nothing is tuned there; the memos resolved before are set aside and put
+    docstring), and nothing is tuned there. With no lengths (unknown), a call keeps a
+    stored config only if it is the winner at every kv bucket up to the call's bound for
+    its batch (tuner.runtime.borrowing.choose_frozen), else the default: a graph replayed
+    over any length is never frozen with what suits only the longest; the memos resolved before are set aside and put
     back on exit (unless configure() ran inside: then they resolve anew), so calls outside
     resolve as before. Process-wide, like the runtime's mode: while it is active every
     thread's tuned calls key on the declaration. Not nestable."""
@@ -107,7 +118,7 @@ def declared_kv_len(batch: int, kv_len: int) -> int:
     """The kv length a call keys on: its own, or inside graph_capture the declared one
     (never more than the call's bound)."""
     declared = runtime.declared_lengths
-    return kv_len if declared is None else min(kv_len, declared.kv_len(batch))
+    return kv_len if declared is None or not declared.known else min(kv_len, declared.kv_len(batch))
 
 
 __all__ = ["DeclaredLengths", "declared_kv_len", "graph_capture"]

@@ -88,19 +88,24 @@ class AutotunedFunction:
         static, batch, q_len, _ = memo_key
         if mode == "off" or static is None:
             return self._memoise(memo_key, default, epoch)
-        declared = runtime.declared_lengths is not None
+        declaration = runtime.declared_lengths
+        declared = declaration is not None
+        # a graph replayed over lengths unknown here: keep only what wins at every length
+        frozen = not declaration.known if declared else capturing()
         try:
             static_json = self.static_json(static)
             run = attention_run_key(batch, q_len, declared_kv_len(batch, kv_len))
         except (ValueError, TypeError):
             return self._memoise(memo_key, default, epoch)
         accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, *args, **kwargs)))
-        stored, served = runtime.lookup(self.name, static_json, run, accepts)
+        stored, served = runtime.lookup(self.name, static_json, run, accepts, frozen=frozen)
         config = default if stored is None else stored
         exact = served == "exact"
         may_tune = tune and not capturing()
         if not exact and (mode == "lookup" or declared):  # tune and force modes tune it instead
             runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
+        if frozen and not declared:
+            return config  # not memoised: the calls after this capture resolve as before
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
         if declared:
             wants_tune = False  # (all ranks declare alike: no rank waits for another)
@@ -157,7 +162,9 @@ class ConfigLookup:
                 static_json = self.static_json(static)
                 run = attention_run_key(batch, q_len, declared_kv_len(batch, kv_len))
                 accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, static, q_len)))
-                stored, served = runtime.lookup(self.name, static_json, run, accepts)
+                declaration = runtime.declared_lengths
+                stored, served = runtime.lookup(self.name, static_json, run, accepts,
+                                                frozen=declaration is not None and not declaration.known)
                 if stored is not None:
                     config = stored
                 if served != "exact":

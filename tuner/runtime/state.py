@@ -18,7 +18,7 @@ from tuner.db import TuningDB, current_environment
 from tuner.db.location import DBError
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
-from tuner.runtime.borrowing import Config, Winner, choose
+from tuner.runtime.borrowing import Config, Winner, choose, choose_frozen
 from tuner.runtime.misses import MissLog
 from tuner.runtime.table import Table, load_table
 
@@ -101,10 +101,13 @@ class Runtime:
             return self._table
 
     def lookup(self, name: str, static_json: str, run: AttentionRunKey,
-               accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
-        """The config for a key and how it was found (tuner.runtime.borrowing.choose)."""
-        return choose(self.table().get((name, static_json), {}), run, max_distance=self.max_distance,
-                      accepts=accepts)
+               accepts: Callable[[Config], bool] | None = None, frozen: bool = False) -> tuple[Config | None, str]:
+        """The config for a key and how it was found (tuner.runtime.borrowing.choose; frozen:
+        for a graph replayed over unknown lengths, choose_frozen)."""
+        winners = self.table().get((name, static_json), {})
+        if frozen:
+            return choose_frozen(winners, run, accepts=accepts)
+        return choose(winners, run, max_distance=self.max_distance, accepts=accepts)
 
     def store(self, key: tuple[str, str], run: AttentionRunKey, config: Config, gain: float) -> None:
         """A winner tuned in this process, served from now on like a stored one."""
