@@ -30,6 +30,43 @@ def test_decide_keeps_a_default_no_challenger_looked_faster_than_without_retimin
     assert decide(None, [default, Outcome({"c": 1}, OK, t(11))], {"c": 0}, timer=None) == (default, default.timing)
 
 
+class MixTimer:
+    """Times a rotation as the mean cost of its calls; each call returns (config, batch)."""
+
+    def __init__(self, cost):
+        self.cost = cost  # config -> per batch cost
+
+    def _time(self, rotation):
+        costs = [self.cost[c][j] for c, j in (fn() for fn in rotation)]
+        return t(sum(costs) / len(costs))
+
+    def paired(self, a, b):
+        return self._time(a), self._time(b)
+
+
+# a serving trial's runs: two copies each of two batches (run c * 2 + j is copy c of batch j)
+MIX_RUNS = [lambda config, j=j: (config["c"], j) for _ in range(2) for j in range(2)]
+MIX_PARTS = [[0, 2], [1, 3]]
+
+
+def test_a_winner_of_a_mix_must_not_lose_on_any_of_its_batches():
+    """Measured on the H200: a config chosen on the mean of a serving trial's batches ran at
+    0.78x of FA3's default on one distribution's batches."""
+    default = Outcome({"c": 0}, OK, t(100))
+    lopsided = Outcome({"c": 1}, OK, t(60))  # 20 on one batch, 100 * 1.3 on the other
+    even = Outcome({"c": 2}, OK, t(80))
+    timer = MixTimer({0: [100, 100], 1: [20, 130], 2: [80, 80]})
+    winner, default_timing = decide(MIX_RUNS, [default, lopsided, even], {"c": 0}, timer=timer, parts=MIX_PARTS)
+    assert winner.config == {"c": 2} and winner.timing.median_us == 80 and default_timing.median_us == 100
+    # without the parts (a trial of one batch), the mean decides
+    assert decide(MIX_RUNS, [default, lopsided, even], {"c": 0}, timer=timer)[0].config == {"c": 1}
+    # no challenger holds on every batch: the default stays
+    assert decide(MIX_RUNS, [default, lopsided], {"c": 0}, timer=timer, parts=MIX_PARTS)[0].config == {"c": 0}
+    # a loss within settings.MAX_PART_LOSS (2%) on one batch is no loss
+    timer.cost[1] = [20, 101.5]
+    assert decide(MIX_RUNS, [default, lopsided], {"c": 0}, timer=timer, parts=MIX_PARTS)[0].config == {"c": 1}
+
+
 def test_summarize_median_and_iqr():
     s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
     assert s.median_us == 3.0 and s.samples == 5 and s.spread_us == pytest.approx(2.0)

@@ -338,6 +338,23 @@ def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
         assert trial.runs[i].args[0].lengths() == lens
 
 
+def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch):
+    """decide() holds a winner to every batch of the mix: each part must be one batch's
+    copies, and every run in exactly one part."""
+    import tuner.ops.trial as trial_module
+    from tuner.ops.traffic import serving_draws
+
+    monkeypatch.setattr(trial_module, "cold_l2_copies", lambda nbytes, device: 2)
+    shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
+    trial = trial_module.build_trial(get_op("torch_split_decode"), shape, "cpu", seed=5)
+    draws = serving_draws(3, 64, 5)
+    assert len(trial.runs) == 6 and sorted(i for part in trial.parts for i in part) == list(range(6))
+    for part, lens in zip(trial.parts, draws, strict=True):
+        assert [trial.runs[i].args[0].lengths() for i in part] == [lens, lens]
+    full = trial_module.build_trial(get_op("torch_split_decode"), dataclasses.replace(shape, lengths="full"), "cpu")
+    assert full.parts == []  # one batch: nothing to hold a winner to beyond the mean
+
+
 # -- guided search and kernels built ahead ---------------------------------------------------
 
 GUIDED_NAMES = ["default"] + [f"s{k}" for k in range(1, 9)]

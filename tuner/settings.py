@@ -37,6 +37,10 @@ def env_shipped() -> str | None:
 # a winner must beat the library default by more than the noise and by this fraction of the
 # default's time (sweep, tune mode, verification, the LightLLM export's pack_gqa stand-in)
 MIN_GAIN = 0.01
+# a winner on a serving trial's mix of batches must not lose to the default on any one of
+# them by more than this (tuner.bench.decide), and up to this many challengers are confirmed
+MAX_PART_LOSS = 0.02
+CONFIRM_TRIES = 3
 # nearest-key lookup (tuner.keys.run): octaves of batch + kv, and of query length, a stored
 # winner may be from the call
 MAX_DISTANCE = 2.0

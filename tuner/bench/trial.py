@@ -30,6 +30,7 @@ class Trial:
     kv_len: int
     checks: Sequence[tuple[int, Any]] = ()
     precompile: Callable[[list[Config]], None] | None = None
+    parts: Sequence[Sequence[int]] = ()  # a mix's runs, one list of indices per batch (tuner.bench.decide)
 
 
 def cold_l2_copies(nbytes: int, device: str, max_copies: int = 64) -> int:

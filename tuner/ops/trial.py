@@ -56,5 +56,8 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial
     # the batches differ only in lengths, which kernels read from the device: one batch's
     # kernels are every batch's
     precompile = functools.partial(op.precompile, copies[0][0]) if op.precompile is not None else None
+    # runs[c * len(copies) + j] is copy c of batch j
+    parts = [list(range(j, len(runs), len(copies))) for j in range(len(copies))] if len(copies) > 1 else []
     return Trial(runs=runs, reference=references[0], tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len,
-                 checks=[(i, ref) for i, ref in enumerate(references) if i > 0], precompile=precompile)
+                 checks=[(i, ref) for i, ref in enumerate(references) if i > 0], precompile=precompile,
+                 parts=parts)

@@ -121,7 +121,7 @@ def measure(
     if leader and decide_winner:
         try:
             result.winner, result.default_timing = decide(trial.runs, outcomes, default, timer=timer,
-                                                          min_gain=min_gain)
+                                                          min_gain=min_gain, parts=trial.parts)
         except (RuntimeError, MemoryError):
             if not keep_default_if_confirm_fails:
                 raise
