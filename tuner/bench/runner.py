@@ -133,17 +133,38 @@ def decide(
                          key=lambda o: o.timing.median_us)
     t_default = default.timing
     for challenger in challengers[:settings.CONFIRM_TRIES if parts else 1]:
-        t_challenger, t_default = timer.paired(rotation(runs, challenger.config), rotation(runs, default.config))
-        if not beats(t_challenger, t_default, min_gain):
-            continue
-        if all(_holds_on(runs, part, challenger.config, default.config, timer) for part in parts):
+        if parts:
+            (t_challenger, t_default), holds = _confirm_by_part(runs, parts, challenger.config, default.config, timer)
+        else:
+            (t_challenger, t_default), holds = timer.paired(rotation(runs, challenger.config),
+                                                            rotation(runs, default.config)), True
+        if holds and beats(t_challenger, t_default, min_gain):
             return replace(challenger, timing=t_challenger), t_default
     return replace(default, timing=t_default), t_default
 
 
-def _holds_on(runs: Runs, part: Sequence[int], config: dict[str, Any], default: dict[str, Any], timer: Any) -> bool:
-    """config is no slower than default on the runs of one part than settings.MAX_PART_LOSS."""
+def _confirm_by_part(runs: Runs, parts: Sequence[Sequence[int]], config: dict[str, Any], default: dict[str, Any],
+                     timer: Any) -> tuple[tuple[Timing, Timing], bool]:
+    """config and default timed side by side on each part alone (in one interleaved run where
+    the timer has one): their timings on the whole mix (the parts' means: each part holds
+    as many runs), and whether config lost to the default on no part by more than
+    settings.MAX_PART_LOSS. A part's rotation holds fewer bytes than the mix's, so its L2 may
+    be warmer; both configs are timed alike."""
     calls = [runs] if callable(runs) else list(runs)
-    subset = [calls[i] for i in part]
-    t_config, t_default = timer.paired(rotation(subset, config), rotation(subset, default))
-    return t_config.median_us <= t_default.median_us * (1 + settings.MAX_PART_LOSS)
+    subsets = [[calls[i] for i in part] for part in parts]
+    rotations = [rotation(sub, c) for c in (config, default) for sub in subsets]
+    if hasattr(timer, "interleaved"):
+        timings = timer.interleaved(rotations)
+    else:
+        timings = [t for pair in (timer.paired(rotations[i], rotations[len(parts) + i]) for i in range(len(parts)))
+                   for t in pair]
+        timings = timings[0::2] + timings[1::2]
+    mine, theirs = timings[:len(parts)], timings[len(parts):]
+    holds = all(a.median_us <= b.median_us * (1 + settings.MAX_PART_LOSS) for a, b in zip(mine, theirs))
+    return (_mean_timing(mine), _mean_timing(theirs)), holds
+
+
+def _mean_timing(timings: Sequence[Timing]) -> Timing:
+    n = len(timings)
+    return Timing(sum(t.median_us for t in timings) / n, sum(t.spread_us for t in timings) / n,
+                  min(t.samples for t in timings))
