@@ -450,6 +450,35 @@ def test_runtime_misses_are_listed_and_swept(tmp_path, db_path):
     assert "no missed keys" in cli("sweep", "torch_split_decode", "--from-misses", "--db", db_path).output
 
 
+def test_a_grid_is_swept_for_every_static_key_the_runtime_missed(tmp_path, db_path):
+    """--grid with --from-misses: a new deployment's whole grid (the serving grid, say) for the
+    static keys its calls missed, not only the run keys they happened to call."""
+    import tuner
+    from tuner.ops import DecodeShape, get_grid, get_op
+
+    common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+    static_json = DecodeShape(batch=1, kv_len=200, **common).static_key().to_json()
+    TuningDB(db_path).close()  # misses are kept only where a DB exists
+    tuner.configure(db=db_path, mode="lookup")
+
+    @tuner.autotune("torch_split_decode", configs=[{"chunk": 0}], default={"chunk": 0},
+                    key=lambda batch, kv: (static_json, batch, 1, kv), static_json=lambda s: s)
+    def decode(batch, kv, *, config):
+        return config
+
+    decode(3, 300)
+    assert tuner.flush_misses() == 1
+    swept = cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--from-misses", "--db", db_path,
+                "--repeats", "2", "--warmup", "0", "--max-seconds", "0.01")
+    assert swept.exit_code == 0, swept.output
+    records = TuningDB(db_path).records()
+    assert {r.problem.static_key for r in records} == {static_json}
+    grid = get_grid(get_op("torch_split_decode"), "cpu-tiny")
+    assert {r.problem.run_key for r in records} == {s.run_key() for s in grid}
+    one_line_error(cli("sweep", "torch_split_decode", "--shapes", str(tmp_path / "x.json"), "--from-misses",
+                       "--db", db_path), "--shapes")
+
+
 def test_misses_are_not_recorded_without_a_readable_db(tmp_path):
     import tuner
 

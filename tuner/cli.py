@@ -168,7 +168,7 @@ def sweep_command(
     op_name: Annotated[str, typer.Argument(metavar="OP", help="Op to tune (see `tuner ops`).")],
     grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: cpu-small on CPU, decode on GPU).")] = None,
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
-    from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket; on serving batches (--lengths serving) where the missed calls' lengths were mixed.")] = False,
+    from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket; on serving batches (--lengths serving) where the missed calls' lengths were mixed. With --grid: the grid's run keys (e.g. serving: every capture batch size x kv 1k-128k) for every static key the runtime missed, a new deployment's whole grid.")] = False,
     lengths: Annotated[Optional[str], typer.Option("--lengths", help="What each shape's batch holds: full (every sequence at kv_len, the grids' default) or serving (one batch per length distribution of serving traffic, each with its longest sequence in the kv bucket; timed as their mean). Overrides the shapes'. The same keys as full: --force to re-measure keys that have full-batch winners.")] = None,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
@@ -196,8 +196,9 @@ def sweep_command(
 
         if lengths is not None and lengths not in LENGTHS:
             raise TunerError(f"--lengths must be one of {', '.join(LENGTHS)}, got {lengths!r:.40}")
-        if sum(x is not None and x is not False for x in (grid, shapes_file, from_misses)) > 1:
-            raise TunerError("give one of --grid, --shapes, --from-misses")
+        if shapes_file is not None and (grid is not None or from_misses):
+            raise TunerError("give one of --grid, --shapes, --from-misses (--grid with --from-misses: the grid's run "
+                             "keys for the missed static keys)")
         why = op.unavailable()
         if why is not None:
             raise TunerError(f"op {op.name} cannot run here: {why}")
@@ -209,10 +210,23 @@ def sweep_command(
 
             database = _open_db_to_sweep(db, force)
             missed = database.misses(current_fingerprint_id(), op=op.name, environment=current_fingerprint())
-            shapes = [s for s in (shape_from_miss(m) for m in missed) if s is not None]
-            if len(shapes) < len(missed):
-                err.print(f"[yellow]warning:[/] {len(missed) - len(shapes)} missed keys are not attention shapes "
-                          "a sweep can build; left out", highlight=False)
+            if grid is not None:
+                from tuner.ops.shapes import shape_from_keys
+
+                statics = list(dict.fromkeys(m.problem.static_key for m in missed))
+                runs = get_grid(op, grid)
+                per_static = [[dataclasses.replace(s, lengths=g.lengths) for g in runs
+                               if (s := shape_from_keys(static, g.run_key())) is not None] for static in statics]
+                shapes = [s for group in per_static for s in group]
+                unbuilt = sum(not group for group in per_static)
+                if unbuilt:
+                    err.print(f"[yellow]warning:[/] {unbuilt} missed static keys are not attention shapes a sweep "
+                              "can build; left out", highlight=False)
+            else:
+                shapes = [s for s in (shape_from_miss(m) for m in missed) if s is not None]
+                if len(shapes) < len(missed):
+                    err.print(f"[yellow]warning:[/] {len(missed) - len(shapes)} missed keys are not attention "
+                              "shapes a sweep can build; left out", highlight=False)
             if not shapes:
                 console.print(f"no missed keys to tune for {op.name} (`tuner show --misses`)")
                 return
