@@ -39,6 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import heads as head_configs
 import torch
 from run_info import header
 
@@ -55,13 +56,11 @@ MAX_CONTEXT = 131072  # the graph mode's capture-time bound: max_kv_len and page
 # name: DecodeShape fields besides batch and kv_len. "shipped" ones have tunings in
 # tuning_cache/; the others (the freshly swept keys) have none there
 MODELS: dict[str, dict] = {
-    "Llama-3.1-8B tp1 (shipped)": dict(num_q_heads=32, num_kv_heads=8),
-    "Llama-3.1-70B tp8 (shipped)": dict(num_q_heads=8, num_kv_heads=1),
-    "Qwen2.5-7B tp1 (shipped)": dict(num_q_heads=28, num_kv_heads=4),
-    "hd256 softcap50 window4095 (other)": dict(num_q_heads=16, num_kv_heads=8, head_dim=256, softcap=50.0,
-                                               window=(4095, 0)),
-    # bfloat16: FA3 (sgl-kernel 0.4.5) refuses float16 sinks ("sinks must have dtype bfloat16")
-    "hd64 sinks window127 (other)": dict(num_q_heads=64, num_kv_heads=8, head_dim=64, sinks=True, window=(127, 0)),
+    "Llama-3.1-8B tp1 (shipped)": head_configs.LLAMA_8B_TP1,
+    "Llama-3.1-70B tp8 (shipped)": head_configs.LLAMA_70B_TP8,
+    "Qwen2.5-7B tp1 (shipped)": head_configs.QWEN_7B_TP1,
+    "hd256 softcap50 window4095 (other)": head_configs.HD256_SOFTCAP_WINDOW,
+    "hd64 sinks window127 (other)": head_configs.HD64_SINKS_WINDOW,
 }
 BATCHES = (1, 3, 8, 24, 64, 136, 256)  # drawn from CAPTURE_BATCHES
 CAPS = (1024, 4096, 16384, 65536, 131072)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import heads as head_configs
 import torch
 from run_info import header
 
@@ -47,12 +48,11 @@ from tuner.sweep import candidate_configs, sweep
 
 # named head configurations: DecodeShape fields besides batch and kv_len
 HEADS: dict[str, dict[str, Any]] = {
-    "32/8": dict(num_q_heads=32, num_kv_heads=8),
-    "8/1": dict(num_q_heads=8, num_kv_heads=1),
-    "28/4": dict(num_q_heads=28, num_kv_heads=4),
-    "16/8 hd256 softcap50 window4095": dict(num_q_heads=16, num_kv_heads=8, head_dim=256, softcap=50.0,
-                                            window=(4095, 0)),
-    "64/8 hd64 sinks window127": dict(num_q_heads=64, num_kv_heads=8, head_dim=64, sinks=True, window=(127, 0)),
+    "32/8": head_configs.LLAMA_8B_TP1,
+    "8/1": head_configs.LLAMA_70B_TP8,
+    "28/4": head_configs.QWEN_7B_TP1,
+    "16/8 hd256 softcap50 window4095": head_configs.HD256_SOFTCAP_WINDOW,
+    "64/8 hd64 sinks window127": head_configs.HD64_SINKS_WINDOW,
     "cpu-tiny": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32"),
 }
 PRECISE_REPEATS = 30
