@@ -15,7 +15,8 @@ Phase 2, on --agree shapes of the first head configuration (evenly through its g
 candidate timed with the sweep's full timer (exhaustive), then successive halving on the same
 trial, each timed; then the exhaustive run's three fastest, halving's winner, the phase-1
 winner and the default re-timed side by side with a long timer (30 samples). Agreement of a
-search on a shape: the precise time of the fastest of those over that of the search's winner.
+search on a shape: the precise time of the fastest of those over that of the search's winner
+("sweep": the phase-1 winner; runs before 2026-12-01 15:30 named it after its search).
 FlashInfer is left out of decode_attention's space unless --backends names it (its plan is
 host work a captured decode graph cannot hold). The JSON is written as it goes.
 """
@@ -151,8 +152,7 @@ def _sweep_summary(op, name, shapes, results, search, seconds, clock) -> dict:
     )
 
 
-def phase_agree(op, shapes: list[DecodeShape], db: TuningDB, device: str, count: int, search: str,
-                deadline: float):
+def phase_agree(op, shapes: list[DecodeShape], db: TuningDB, device: str, count: int, deadline: float):
     """Yields the rows so far after each shape; stops past the deadline."""
     env = current_environment()
     full_timer = timer_for("sweep-gpu" if device == "cuda" else "sweep-cpu", device)
@@ -183,7 +183,7 @@ def phase_agree(op, shapes: list[DecodeShape], db: TuningDB, device: str, count:
             stored = db.record(Problem(op.name, shape.static_key().to_json(), shape.run_key()), env.id)
             chosen = {"exhaustive": ok[0].config if ok else None,
                       "halving": halving.winner.config if halving.winner else None,
-                      search: stored.config if stored else None, "default": configs[0]}
+                      "sweep": stored.config if stored else None, "default": configs[0]}
             finalists: list[dict] = []
             for c in [o.config for o in ok[:FINALISTS]] + [c for c in chosen.values() if c is not None]:
                 if c not in finalists:
@@ -209,9 +209,9 @@ def _geomean(xs: list[float]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def summarize_agreement(rows: list[dict], search: str) -> dict:
+def summarize_agreement(rows: list[dict]) -> dict:
     out = {}
-    for k in ("exhaustive", "halving", search):
+    for k in ("exhaustive", "halving", "sweep"):
         vals = [r["agreement"][k] for r in rows if "agreement" in r and r["agreement"].get(k)]
         if vals:
             out[k] = dict(shapes=len(vals), geomean=_geomean(vals), worst=min(vals),
@@ -273,9 +273,9 @@ def main() -> None:
 
         phase_sweep(op, name, grids[name], db, args.search, device, deadline, progress)
     agree_deadline = max(deadline, time.perf_counter()) + args.agree_seconds
-    for rows in phase_agree(op, grids[heads[0]], db, device, args.agree, args.search, agree_deadline):
+    for rows in phase_agree(op, grids[heads[0]], db, device, args.agree, agree_deadline):
         doc["agreement"] = rows
-        doc["agreement_summary"] = summarize_agreement(rows, args.search)
+        doc["agreement_summary"] = summarize_agreement(rows)
         write()
     write()
     print(json.dumps(doc.get("agreement_summary", {})), flush=True)

@@ -60,7 +60,7 @@ def worker(args: argparse.Namespace) -> None:
             default = op.default(shape)
             configs = [default] if same_config(default, r["config"]) else [default, r["config"]]
             # the sweep's own trial and pipeline: each checked against the reference, re-timed side by side
-            result = measure(build_trial(op, shape, device), configs, default, timer)
+            result = measure(build_trial(op, shape, device), configs, default, timer, strategy="exhaustive")
             winner, default_timing = result.winner, result.default_timing
             boundary_sync()
             row = {

@@ -310,10 +310,12 @@ def test_graph_capture_of_unknown_lengths_freezes_only_what_wins_at_every_length
     """Issue 12: the 128k bucket's winner, frozen into a graph replayed over any length, ran
     at 0.46x of the default on short batches (H200). With lengths unknown, a graph keeps a
     stored config only where it won at every kv bucket up to the bound for its batch."""
-    for kv in (1024, 4096, 2**17):
-        store(db_path, 16, kv, {"block": 64})  # batch 16: one winner everywhere
+    for kv in (2**k for k in range(10, 18)):
+        store(db_path, 16, kv, {"block": 64})  # batch 16: one winner at every bucket, 1k-128k
     store(db_path, 8, 1024, {"block": 16})  # batch 8: the short lengths' winner differs
     store(db_path, 8, 2**17, {"block": 64})
+    for kv in (2**k for k in range(11, 18)):
+        store(db_path, 2, kv, {"block": 64})  # batch 2: one winner, but none measured at 1k
     tuner.configure(db=db_path, mode="lookup")
     calls = []
     fn = make_fn(calls)
@@ -325,6 +327,8 @@ def test_graph_capture_of_unknown_lengths_freezes_only_what_wins_at_every_length
         assert run(fn, 8, bound, calls) == 32  # winners differ by length: the default
         assert run(fn, 8, 1024, calls) == 16  # a bound of 1024: only that bucket's winner counts
         assert run(fn, 4, bound, calls) == 32  # no winner of its own batch: the default, nothing borrowed
+        assert run(fn, 2, bound, calls) == 32  # a bucket unmeasured (1k): the default
+        assert run(fn, 2, 4096, calls) == 32
     assert run(fn, 8, bound, calls) == 64  # outside, as before
 
 
@@ -340,6 +344,9 @@ def test_a_cuda_graph_capture_without_declaration_freezes_only_what_wins_at_ever
     fn = make_fn(calls)
     monkeypatch.setattr(decorator, "capturing", lambda: True)
     assert run(fn, 8, 2**17, calls) == 32
+    for _ in range(3):
+        assert run(fn, 4, 2**17, calls) == 32  # no winner of its own: the default, nothing borrowed
+    assert tuner.flush_misses() == 0  # a capture at the bound says nothing of the traffic's keys
     monkeypatch.setattr(decorator, "capturing", lambda: False)
     assert run(fn, 8, 2**17, calls) == 64
 

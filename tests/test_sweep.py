@@ -415,6 +415,22 @@ def test_a_resumed_guided_sweep_learns_from_the_anchors_the_db_holds(db_path, mo
     assert results[1].winner == {"name": "s3"}
 
 
+def test_a_shape_none_of_whose_neighbours_leaders_it_can_run_is_searched_whole(db_path, monkeypatch):
+    """Candidate spaces differ with the batch (Triton's split counts): a shortlist of only the
+    default would store the default as the shape's winner for good."""
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    timer, calls = FakeTimer(), []
+    op = guided_op(timer, calls)
+    # batch 3's own space: the default and s5..s8, none of which lead at batches 2 and 4
+    op = dataclasses.replace(op, configs=lambda shape: [{"name": n} for n in GUIDED_NAMES
+                                                        if shape.batch != 3 or n == "default" or n >= "s5"])
+    results = sweep(op, _batches(2, 3, 4), TuningDB(db_path), timer=timer, strategy="guided")
+    assert {n for b, n in calls if b == 3} == {"default", "s5", "s6", "s7", "s8"}
+    assert results[1].winner == {"name": "s5"}
+
+
 def test_a_guided_sweep_reports_progress_for_every_candidate(db_path):
     timer, done = FakeTimer(), []
     op = guided_op(timer, [])

@@ -54,6 +54,9 @@ BORROW_MIN_GAIN = 1.10
 # benchmarks/results/h200/issue12/sweep_cost_*.json: within 2% on 12 of 12 serving shapes,
 # 9.4 against 20.4 ms per candidate)
 DEFAULT_STRATEGY = "halving"
+# a config frozen into a graph of unknown lengths must have won at every kv bucket from this
+# one up to the bound (tuner.runtime.borrowing.choose_frozen): a serving grid's first bucket
+FROZEN_FROM_KV = 1024
 # successive halving: the quick rung keeps the default and the configs within this fraction
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10

@@ -66,26 +66,32 @@ class CudaGraphTimer:
             rotation[0]()
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.stream(stream):
-                graph.capture_begin()
-                try:
-                    for fn in rotation:
-                        fn()
-                finally:
-                    graph.capture_end()
-        except Exception:
-            torch.cuda.synchronize()
-            self.last_capture_failed = True
+        for attempt in range(2):
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.stream(stream):
+                    graph.capture_begin()
+                    try:
+                        for fn in rotation:
+                            fn()
+                    finally:
+                        graph.capture_end()
+            except Exception:
+                torch.cuda.synchronize()
+                del graph
+                # a capture cannot take memory from PyTorch's cache (its allocator frees none
+                # while capturing): empty it and try once more before timing eagerly
+                torch.cuda.empty_cache()
+                continue
+            self.last_capture_failed = False
+            return graph.replay
+        self.last_capture_failed = True
 
-            def eager() -> None:
-                for fn in rotation:
-                    fn()
+        def eager() -> None:
+            for fn in rotation:
+                fn()
 
-            return eager
-        self.last_capture_failed = False
-        return graph.replay
+        return eager
 
     def _stream(self) -> torch.cuda.Stream:
         if self._capture_stream is None:

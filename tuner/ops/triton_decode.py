@@ -494,13 +494,19 @@ def _precompile(inputs: DecodeInputs, configs: list[Config]) -> None:
     except ImportError:  # an older Triton: compiled here, in turn
         AsyncCompileMode = None
     todo = [c for c in configs if check_config(c) is None]
-    if AsyncCompileMode is None:
+
+    def build_each() -> None:
         for config in todo:
-            _run(inputs, config, compile_only=True)
+            try:
+                _run(inputs, config, compile_only=True)
+            except Exception:  # noqa: BLE001 - that config fails when it runs; the others are built
+                pass
+
+    if AsyncCompileMode is None:
+        build_each()
         return
     with ThreadPoolExecutor(max_workers=settings.COMPILE_WORKERS) as pool, AsyncCompileMode(pool):
-        for config in todo:
-            _run(inputs, config, compile_only=True)
+        build_each()
 
 
 def _unavailable() -> str | None:

@@ -57,15 +57,25 @@ def choose(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
 def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
                   accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
     """The config for a call frozen into a CUDA graph whose lengths are unknown (captured with
-    only a bound: every length up to it will replay): the winners stored for the call's batch
-    and query length at every kv bucket up to its own, if they are one config (it beat, or
-    was, the default at each of them); else none, the default. How it was found is "exact"
-    when the call's own key has a winner, else "nearest" or "default", as choose says.
-    Measured on the H200: the 128k bucket's winner frozen for all lengths ran at 0.46x of
-    FA3's default on short batches (benchmarks/results/h200/issue12/serving_other.json)."""
+    only a bound: every length up to it will replay): the one config stored as the winner
+    for the call's batch and query length at every kv bucket from settings.FROZEN_FROM_KV
+    (or the call's own bucket, if lower) up to the call's own; none (the default) if the
+    winners differ or any of those buckets has none, since an unmeasured length may be
+    where it loses. How it was found is "exact" when the call's own key has a winner, else
+    "default". Measured on the H200: the 128k bucket's winner frozen for all lengths ran at
+    0.46x of FA3's default on short batches (benchmarks/results/h200/issue12/serving_other_2734bd6.json)."""
     found = "exact" if run in table else "default"
-    same = [w.config for k, w in table.items()
-            if k.batch == run.batch and k.max_q_len == run.max_q_len and k.kv_len_bucket <= run.kv_len_bucket]
-    if not same or len({canonical_json(c) for c in same}) > 1 or (accepts is not None and not accepts(same[0])):
+    top = run.kv_len_bucket
+    bucket = min(settings.FROZEN_FROM_KV, top)
+    configs = set()
+    chosen: Config | None = None
+    while bucket <= top:
+        winner = table.get(AttentionRunKey(run.batch, run.max_q_len, bucket))
+        if winner is None:
+            return None, found
+        configs.add(canonical_json(winner.config))
+        chosen = winner.config
+        bucket *= 2
+    if len(configs) != 1 or chosen is None or (accepts is not None and not accepts(chosen)):
         return None, found
-    return same[0], "exact" if found == "exact" else "nearest"
+    return chosen, found

@@ -100,12 +100,14 @@ class AutotunedFunction:
         accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, *args, **kwargs)))
         stored, served = runtime.lookup(self.name, static_json, run, accepts, frozen=frozen)
         config = default if stored is None else stored
+        if frozen and not declared:
+            # not memoised, so the calls after this capture resolve as before; and no miss:
+            # a capture at the bound says nothing of the traffic's keys
+            return config
         exact = served == "exact"
         may_tune = tune and not capturing()
         if not exact and (mode == "lookup" or declared):  # tune and force modes tune it instead
             runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
-        if frozen and not declared:
-            return config  # not memoised: the calls after this capture resolve as before
         wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
         if declared:
             wants_tune = False  # (all ranks declare alike: no rank waits for another)

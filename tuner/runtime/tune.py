@@ -44,7 +44,9 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
     preset = settings.TIMERS["runtime"]
     timer = WallClockTimer(warmup=preset.warmup, repeats=preset.repeats, min_repeats=preset.min_repeats,
                            max_seconds=preset.max_seconds, cuda_sync=torch.cuda.is_available())
-    result = measure(trial, configs, default, timer)  # every rank measures its own call
+    # every rank measures its own call; exhaustively, as tune mode always has (halving, the
+    # sweeps' default, was measured on sweeps only)
+    result = measure(trial, configs, default, timer, strategy="exhaustive")
     winner, default_timing = result.winner, result.default_timing
     if ranks is not None:  # rank 0's choice, as an index into the configs every rank listed alike
         index = next((i for i, c in enumerate(configs) if winner and same_config(c, winner.config)), -1)

@@ -2,7 +2,7 @@
 batch is a power of two are the anchors, searched as halving searches, over every candidate;
 every other shape only over the configs that ranked best in the quick rung at its nearest
 anchors below and above its batch (same static key, query length, kv length and kind of
-batch), their winners and the default, halving among those. A winner moves slowly with the
+batch) and the default, halving among those. A winner moves slowly with the
 batch size (the split count roughly halves as the batch doubles), so the anchors' leaders
 hold the in-between shapes' winners at a fraction of the measurements; where a family has
 no anchor measured, a shape is searched over every candidate."""
@@ -47,7 +47,9 @@ class Guide:
 
     def record(self, shape: DecodeShape, outcomes: Sequence[Outcome], winner: Config | None = None) -> None:
         """An anchor's outcomes (its quick rung, or what a DB stored of it): its leaders are
-        its winner and its `keep` fastest correct configs. Other shapes teach nothing."""
+        its `keep` fastest correct configs, and its winner when given (a stored one; a sweep
+        gives none for a shape it measures, since only rank 0 holds that before the ranks
+        meet). Other shapes teach nothing."""
         if not is_anchor(shape.batch):
             return
         ok = sorted((o for o in outcomes if o.status == OK and o.timing is not None), key=lambda o: o.timing.median_us)
@@ -67,6 +69,8 @@ class Guide:
         near = batches[max(0, at - 1):at + 1]
         allowed = {canonical_json(c): c for c in configs}
         picked = [allowed[k] for b in near for k in map(canonical_json, anchors[b]) if k in allowed]
+        if not picked:  # none of the leaders can run this shape: search it all
+            return configs
         return with_default_first(configs[0], picked)
 
 

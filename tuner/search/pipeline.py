@@ -92,8 +92,9 @@ def measure(
     first = strategy.first(configs, timer)
     if trial.precompile is not None:
         start = time.perf_counter()
-        try:
-            trial.precompile([s.config for s in first if resume is None or resume(s.config) is None])
+        try:  # this rank's share of the first rung (the later rungs' find Triton's disk cache)
+            trial.precompile([s.config for i, s in enumerate(first) if (ranks is None or ranks.mine(i))
+                              and (resume is None or resume(s.config) is None)])
         except Exception:  # best effort: a config that cannot be built fails when it runs
             pass
         result.precompile_s = time.perf_counter() - start
@@ -106,6 +107,9 @@ def measure(
     if ranks is not None and gather is not None:
         ranks.barrier()
         outcomes = gather([s.config for s in first], outcomes)
+        # every rank has read the first rung before rank 0's later rungs overwrite its rows:
+        # the ranks' first rungs, and a guided search's shortlists built on them, agree
+        ranks.barrier()
     result.first_rung = list(outcomes)
     leader = ranks is None or ranks.rank == 0
     rung = max((s.rung for s in first), default=1)
