@@ -10,8 +10,8 @@ length on the declaration instead: an int
 (per sequence; for a batch of b the key is the length-weighted median of the
 longest of b draws). Inside graph_capture() with no lengths, and in a CUDA-graph capture
 outside it (for a call not resolved before it), the lengths are unknown: a stored config is
-kept only where it is the winner at every kv bucket up to the bound, else the default runs
-(tuner.runtime.borrowing.choose_frozen). Every config of the ops tuner ships runs correctly
+kept only where it is the winner at every kv bucket from settings.FROZEN_FROM_KV up to the
+bound, else the default runs (tuner.runtime.borrowing.choose_frozen). Every config of the ops tuner ships runs correctly
 at any length up to the bound the call passes, so only speed depends on the choice.
 """
 
@@ -86,8 +86,9 @@ class DeclaredLengths:
 def graph_capture(lengths: int | Iterable[int] | None = None) -> Iterator[DeclaredLengths]:
     """Calls inside resolve their configs for the declared lengths (see the module's
     docstring), and nothing is tuned there. With no lengths (unknown), a call keeps a
-    stored config only if it is the winner at every kv bucket up to the call's bound for
-    its batch (tuner.runtime.borrowing.choose_frozen), else the default: a graph replayed
+    stored config only if it is the winner for its batch at every kv bucket from
+    settings.FROZEN_FROM_KV up to the call's bound (tuner.runtime.borrowing.choose_frozen),
+    else the default: a graph replayed
     over any length is never frozen with what suits only the longest; the memos resolved before are set aside and put
     back on exit (unless configure() ran inside: then they resolve anew), so calls outside
     resolve as before. Process-wide, like the runtime's mode: while it is active every
