@@ -2,6 +2,7 @@
 per GPU, each GPU taking every n-th head configuration, all writing one DB.
 
     python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540 [--set serving]
+        [--search guided] [--ops decode_attention]
 
 GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
@@ -9,7 +10,8 @@ models.py; they resume, so a run cut off by --seconds is finished by running it 
 Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code) to LOGS/sweeps.jsonl.
 --set serving sweeps issue 12's serving grid: give it a DB of its own, since its keys are
 the grid's and a DB holding the grid's winners keeps them (the sweeps run without --force,
-so that they resume).
+so that they resume); its decode_attention sweeps leave FlashInfer out (--backends), as a
+captured decode graph cannot hold its per-call plan.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=540.0, help="stop every sweep after this long (resumable)")
     ap.add_argument("--set", choices=("grid", "serving"), default="grid",
                     help="grid: the shipped tunings' grids (models.SWEEPS); serving: issue 12's serving grid")
+    ap.add_argument("--search", default="halving", help="the sweeps' search (tuner.search), e.g. guided for serving")
+    ap.add_argument("--ops", help="only these ops' sweeps, comma-separated (e.g. decode_attention)")
     args = ap.parse_args()
     sweeps = models.SWEEPS if args.set == "grid" else models.SERVING_SWEEPS
     devices = gpus()
@@ -78,6 +82,8 @@ def main() -> None:
     for part, gpu in enumerate(devices):
         steps = []
         for name, _, op in sweeps:
+            if args.ops and op not in args.ops.split(","):
+                continue
             shapes = split(json.loads((HERE / "shapes" / name).read_text()), len(devices))[part]
             if not shapes:
                 continue
@@ -96,7 +102,10 @@ def main() -> None:
                 left = deadline - time.monotonic()
                 if left <= 1:
                     break
-                cmd = [sys.executable, "-m", "tuner", "sweep", op, "--shapes", str(path), "--halving", "--db", args.db]
+                cmd = [sys.executable, "-m", "tuner", "sweep", op, "--shapes", str(path), "--search", args.search,
+                       "--db", args.db]
+                if op == "decode_attention" and args.set == "serving":  # graphs cannot hold FlashInfer's plan
+                    cmd += ["--backends", "fa3,triton_decode"]
                 t0 = time.monotonic()
                 proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 try:

@@ -40,7 +40,7 @@ from tuner.bench import CudaGraphTimer, boundary_sync, measure_config, timer_for
 from tuner.bench.runner import rotation
 from tuner.db import Problem, TuningDB, current_environment
 from tuner.ops import DecodeShape, get_op
-from tuner.ops.decode_attention import BACKENDS
+from tuner.ops.decode_attention import backends_only
 from tuner.ops.traffic import serving_grid
 from tuner.ops.trial import build_trial
 from tuner.search.guided import is_anchor
@@ -243,9 +243,11 @@ def main() -> None:
     args = ap.parse_args()
     started = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
-    for name in list(BACKENDS):
-        if name not in args.backends.split(","):
-            BACKENDS.pop(name)
+    with backends_only(args.backends.split(",")):
+        run(args, started, device)
+
+
+def run(args: argparse.Namespace, started: float, device: str) -> None:
     op = get_op(args.op)
     heads = args.heads or (["cpu-tiny"] if args.smoke else ["16/8 hd256 softcap50 window4095"])
     db = TuningDB(args.db)

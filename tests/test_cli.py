@@ -105,6 +105,26 @@ def test_a_sweep_halves_unless_told_otherwise(db_path, tiny_shapes):
     assert rungs(other) == {1}
 
 
+def test_a_decode_attention_sweep_searches_only_the_backends_named(db_path):
+    from tuner.ops.decode_attention import BACKENDS
+
+    before = list(BACKENDS)
+    result = cli("sweep", "decode_attention", "--grid", "cpu-tiny", "--db", db_path, "--backends", "triton_decode",
+                 "--repeats", 2, "--warmup", 0, "--max-seconds", 0.01)
+    assert result.exit_code == 0, result.output
+    db = TuningDB(db_path)
+    backends = {m.config["backend"] for r in db.records() for m in db.measurements(r.problem, r.fingerprint_id)}
+    assert backends == {"triton_decode"} and list(BACKENDS) == before  # and put back after
+    # FA3 alone cannot run on a CPU, where Triton (interpreted) could: the others are left out
+    one_line_error(cli("sweep", "decode_attention", "--grid", "cpu-tiny", "--db", db_path, "--backends", "fa3"),
+                   "cannot run here")
+    one_line_error(cli("sweep", "decode_attention", "--grid", "cpu-tiny", "--db", db_path, "--backends", "nope"),
+                   "nope")
+    one_line_error(cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--db", db_path, "--backends", "fa3"),
+                   "--backends")
+    assert list(BACKENDS) == before
+
+
 def test_sweep_a_named_grid(db_path):
     result = cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--db", db_path, "--repeats", 2,
                  "--warmup", 0, "--max-seconds", 0.01)

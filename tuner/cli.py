@@ -174,6 +174,7 @@ def sweep_command(
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
     search: Annotated[str, typer.Option("--search", help="Search strategy (tuner.search): halving (the default) times every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully; exhaustive times every config fully; guided halves on power-of-two batch sizes and searches every other batch size over its two nearest ones' fastest configs (for dense grids such as serving).")] = settings.DEFAULT_STRATEGY,
     halving: Annotated[bool, typer.Option("--halving", help="The same as --search halving (the default).")] = False,
+    backends: Annotated[Optional[str], typer.Option("--backends", help="decode_attention only: search only these backends, comma-separated (e.g. fa3,triton_decode: leave out FlashInfer, whose per-call plan a captured decode graph cannot hold).")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = _SWEEP.warmup,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = _SWEEP.repeats,
     max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
@@ -183,12 +184,18 @@ def sweep_command(
 
     Resumable: rerun the same command after an interruption and only what is missing is measured. Each candidate is checked against the reference before it is timed; a winner must beat the library default by more than the noise.
     """
-    with _user_errors():
+    with _user_errors(), contextlib.ExitStack() as scope:
         from tuner.bench import timer_for
         from tuner.ops import get_grid, get_op, load_shapes
         from tuner.sweep import sweep
 
         op = get_op(op_name)
+        if backends is not None:
+            if op.name != "decode_attention":
+                raise TunerError(f"--backends is for decode_attention, not {op.name}")
+            from tuner.ops.decode_attention import backends_only
+
+            scope.enter_context(backends_only(b.strip() for b in backends.split(",") if b.strip()))
         from tuner.search import get_strategy
 
         strategy = get_strategy("halving" if halving else search).name

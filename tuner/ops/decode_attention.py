@@ -11,13 +11,15 @@ no CUDA-graph capture). The sweep and the serving entry point
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
+from tuner.errors import TunerError
 from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket
 from tuner.ops import fa3 as fa3_op
 from tuner.ops.base import Config, DecodeInputs, Op
@@ -115,6 +117,26 @@ BACKENDS: dict[str, Backend] = {
     "triton_decode": Backend(TRITON_DECODE, _triton_call),
     "flashinfer": Backend(FLASHINFER, _flashinfer_call, takes=_flashinfer_takes, graph_capturable=False),
 }
+
+
+@contextlib.contextmanager
+def backends_only(names: Iterable[str]) -> Iterator[None]:
+    """Within it, decode_attention knows only these backends (its config space, default and
+    calls): a sweep for CUDA-graph serving leaves out FlashInfer, whose plan is host work
+    per call that a captured graph cannot hold."""
+    keep = list(dict.fromkeys(names))
+    unknown = [n for n in keep if n not in BACKENDS]
+    if unknown or not keep:
+        raise TunerError(f"backends: {', '.join(unknown) or 'none given'}; known: {', '.join(BACKENDS)}")
+    saved = dict(BACKENDS)
+    for name in saved:
+        if name not in keep:
+            del BACKENDS[name]
+    try:
+        yield
+    finally:
+        BACKENDS.clear()
+        BACKENDS.update(saved)
 
 
 def installed() -> tuple[Backend, ...]:
