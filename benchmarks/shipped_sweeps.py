@@ -54,6 +54,14 @@ def split(shapes: list[dict], parts: int) -> list[list[dict]]:
     return [[s for s in shapes if order.index(head_config(s)) % parts == i] for i in range(parts)]
 
 
+def sweep_command(op: str, path: Path, args: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, "-m", "tuner", "sweep", op, "--shapes", str(path), "--search", args.search,
+           "--db", args.db]
+    if op == "decode_attention" and args.set == "serving":  # graphs cannot hold FlashInfer's plan
+        cmd += ["--backends", "fa3,triton_decode"]
+    return cmd
+
+
 def _signal(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -70,6 +78,7 @@ def main() -> None:
                     help="grid: the shipped tunings' grids (models.SWEEPS); serving: issue 12's serving grid")
     ap.add_argument("--search", default="halving", help="the sweeps' search (tuner.search), e.g. guided for serving")
     ap.add_argument("--ops", help="only these ops' sweeps, comma-separated (e.g. decode_attention)")
+    ap.add_argument("--dry-run", action="store_true", help="print each GPU's sweep commands, run nothing")
     args = ap.parse_args()
     sweeps = models.SWEEPS if args.set == "grid" else models.SERVING_SWEEPS
     devices = gpus()
@@ -91,6 +100,12 @@ def main() -> None:
             path.write_text(json.dumps(shapes))
             steps.append((op, path, name))
         scripts.append((part, gpu, steps))
+    if args.dry_run:
+        for part, gpu, steps in scripts:
+            for op, path, name in steps:
+                print(f"GPU {gpu}: {' '.join(sweep_command(op, path, args))}  # {len(json.loads(path.read_text()))} "
+                      f"shapes of {name}")
+        return
 
     results: list[dict] = []
 
@@ -102,10 +117,7 @@ def main() -> None:
                 left = deadline - time.monotonic()
                 if left <= 1:
                     break
-                cmd = [sys.executable, "-m", "tuner", "sweep", op, "--shapes", str(path), "--search", args.search,
-                       "--db", args.db]
-                if op == "decode_attention" and args.set == "serving":  # graphs cannot hold FlashInfer's plan
-                    cmd += ["--backends", "fa3,triton_decode"]
+                cmd = sweep_command(op, path, args)
                 t0 = time.monotonic()
                 proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 try:
