@@ -301,3 +301,27 @@ def test_the_quick_timer_takes_two_samples_of_a_long_call_and_every_sample_of_a_
     assert CudaGraphTimer(warmup=1, repeats=5)(long_call).samples == 5
     x = torch.zeros(16, device="cuda")
     assert quick(lambda: x.add_(1)).samples == 5
+
+
+def test_a_capture_that_runs_out_of_memory_is_tried_again_and_one_that_cannot_be_captured_runs_eagerly():
+    from tuner.bench import CudaGraphTimer
+
+    x = torch.zeros(16, device="cuda")
+    attempts = []
+
+    def flaky():  # the first capture runs out of memory, the next one fits
+        if torch.cuda.is_current_stream_capturing():
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        x.add_(1)
+
+    timer = CudaGraphTimer(warmup=1, repeats=3)
+    timer(flaky)
+    assert len(attempts) == 2 and not timer.last_capture_failed
+
+    def host_sync():  # reads the device back: no capture can hold it
+        return float(x.sum())
+
+    timer(host_sync)
+    assert timer.last_capture_failed and timer.method["capture"] == "failed, timed eagerly"

@@ -76,11 +76,13 @@ class CudaGraphTimer:
                             fn()
                     finally:
                         graph.capture_end()
-            except Exception:
+            except Exception as e:
                 torch.cuda.synchronize()
                 del graph
+                if attempt or not _out_of_memory(e):
+                    break  # a call that cannot be captured (a host-side plan): timed eagerly
                 # a capture cannot take memory from PyTorch's cache (its allocator frees none
-                # while capturing): empty it and try once more before timing eagerly
+                # while capturing): empty it and try once more
                 torch.cuda.empty_cache()
                 continue
             self.last_capture_failed = False
@@ -152,3 +154,7 @@ class CudaGraphTimer:
             for replay, rot, out in zip(replays, rots, samples):
                 out.append(self._time(replay, len(rot))[0])
         return [summarize(s) for s in samples]
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
