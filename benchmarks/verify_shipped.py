@@ -14,6 +14,7 @@ n-th record. Resumable: records already in --db for this environment are not re-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -57,6 +58,9 @@ def worker(args: argparse.Namespace) -> None:
                 continue
             op = get_op(r["op"])
             shape = shape_from_keys(static_json, run)
+            # a winner swept on serving batches is re-timed on the same kind of batch
+            lengths = r["method"].get("lengths", "full")
+            shape = dataclasses.replace(shape, lengths=lengths)
             default = op.default(shape)
             configs = [default] if same_config(default, r["config"]) else [default, r["config"]]
             # the sweep's own trial and pipeline: each checked against the reference, re-timed side by side
@@ -73,7 +77,8 @@ def worker(args: argparse.Namespace) -> None:
             if winner is not None:
                 db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
                                method=dict(timer.method, device=device, min_gain=settings.MIN_GAIN,
-                                           kv_len=shape.kv_len, verified_from=r["method"]))
+                                           kv_len=shape.kv_len, verified_from=r["method"],
+                                           **({} if lengths == "full" else {"lengths": lengths})))
                 row.update(winner=winner.config, winner_us=winner.timing.median_us,
                            default_us=default_timing and default_timing.median_us,
                            kept_sweep_winner=same_config(winner.config, r["config"]))
