@@ -325,3 +325,25 @@ def test_a_capture_that_runs_out_of_memory_is_tried_again_and_one_that_cannot_be
 
     timer(host_sync)
     assert timer.last_capture_failed and timer.method["capture"] == "failed, timed eagerly"
+
+
+def test_a_serving_sweep_on_the_gpu_stores_winners_that_hold_on_every_batch_of_the_mix(tmp_path):
+    """The serving sweep end to end on the H200: kernels built ahead, CUDA-graph timing of
+    the mixed-length trial, the winner confirmed against FA3's default on each batch of the
+    mix (tuner.bench.decide's parts); FlashInfer left out, as for graphs."""
+    from tuner.db import TuningDB
+    from tuner.ops import get_op
+    from tuner.ops.decode_attention import backends_only
+    from tuner.sweep import MEASURED, sweep
+
+    shapes = [DecodeShape(batch=b, kv_len=kv, num_q_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM,
+                          lengths="serving") for b, kv in ((3, 1024), (24, 4096))]
+    db = TuningDB(tmp_path / "serving.db")
+    with backends_only(["fa3", "triton_decode"]):
+        results = sweep(get_op("decode_attention"), shapes, db)
+    assert [r.status for r in results] == [MEASURED, MEASURED]
+    for r in results:
+        assert r.winner["backend"] in ("fa3", "triton_decode")
+        assert r.speedup is None or r.speedup >= 1.0  # a winner beat the default, or is it
+    records = db.records()
+    assert len(records) == 2 and all(rec.method.get("lengths") == "serving" for rec in records)
