@@ -22,43 +22,37 @@ SHAPES = [dict(batch=1, kv_len=512, **SMALL), dict(batch=2, kv_len=1024, **SMALL
           dict(batch=3, kv_len=300, q_len=2, **SMALL)]
 
 
-def test_a_guided_torchrun_sweep_ends_with_one_set_of_winners_on_every_rank(tmp_path):
-    """Guided search under ranks: each rank shortlists from the gathered first rung, which
-    every rank reads before rank 0's later rungs overwrite it, so the ranks' shortlists (and
-    round robins) agree."""
-    shapes = [dict(batch=b, kv_len=512, **SMALL) for b in (1, 2, 3, 4)]
+def _torchrun_sweep(tmp_path, shapes: list[dict], db_path, search: str) -> list[tuple[str, str, str, str]]:
+    """`tuner sweep` under torchrun on 2 CPU ranks; each rank's (rank, winners, measured here,
+    winners digest) line."""
     shapes_file = tmp_path / "shapes.json"
     shapes_file.write_text(json.dumps(shapes))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TUNER_DB", None)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "tuner", "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(tmp_path / "g.db"),
-         "--repeats", "3", "--search", "guided"],
+         "-m", "tuner", "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(db_path),
+         "--repeats", "3", "--search", search],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = re.findall(r"rank (\d)/2: (\d+) winners, measured (\d+) here, winners digest (\w+)", result.stdout)
     assert sorted(int(r) for r, *_ in lines) == [0, 1], result.stdout
+    return lines
+
+
+def test_a_guided_torchrun_sweep_ends_with_one_set_of_winners_on_every_rank(tmp_path):
+    """Guided search under ranks: each rank shortlists from the gathered first rung, which
+    every rank reads before rank 0's later rungs overwrite it, so the ranks' shortlists (and
+    round robins) agree."""
+    shapes = [dict(batch=b, kv_len=512, **SMALL) for b in (1, 2, 3, 4)]
+    lines = _torchrun_sweep(tmp_path, shapes, tmp_path / "g.db", "guided")
     assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 4 for _, n, _, _ in lines)
-    assert "not measured" not in result.stdout + result.stderr
 
 
 def test_torchrun_sweep_shares_the_work_and_every_rank_has_the_same_winners(tmp_path):
-    shapes_file = tmp_path / "shapes.json"
-    shapes_file.write_text(json.dumps(SHAPES))
     db_path = tmp_path / "dist.db"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("TUNER_DB", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "tuner", "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(db_path),
-         "--repeats", "3", "--search", "exhaustive"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = re.findall(r"rank (\d)/2: (\d+) winners, measured (\d+) here, winners digest (\w+)", result.stdout)
-    assert sorted(int(r) for r, *_ in lines) == [0, 1], result.stdout
+    lines = _torchrun_sweep(tmp_path, SHAPES, db_path, "exhaustive")
     assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 3 for _, n, _, _ in lines)
     op = get_op("torch_split_decode")
     shapes = [DecodeShape(**s) for s in SHAPES]
