@@ -72,6 +72,22 @@ def test_reference_honours_each_sequences_length():
     torch.testing.assert_close(short, sdpa_oracle(inputs))
 
 
+@pytest.mark.parametrize("extra", [{}, {"q_len": 3}, {"window": (5, 0)}, {"softcap": 2.0, "sinks": True}])
+def test_reference_over_mixed_lengths_in_a_wide_table_matches_the_independent_oracle(extra):
+    shape = DecodeShape(batch=5, kv_len=23, **dict(SMALL, **extra))
+    inputs = make_decode_inputs(shape, seq_lens=[23, 4, 17, 9, 12], table_width=40, seed=4)
+    got = inputs.reference()
+    want = sdpa_oracle(inputs, window=shape.window if shape.window != (-1, -1) else None,
+                       softcap=shape.softcap or None, sinks=inputs.sinks)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_sequence_with_no_keys_attends_to_nothing_in_any_chunk():
+    inputs = make_decode_inputs(DecodeShape(batch=3, kv_len=10, **SMALL), seq_lens=[10, 0, 6], seed=5)
+    out = inputs.reference()
+    assert torch.count_nonzero(out[1]) == 0 and torch.count_nonzero(out[0]) > 0
+
+
 def test_inputs_have_a_valid_page_table():
     s = DecodeShape(batch=3, kv_len=10, **SMALL)
     inputs = make_decode_inputs(s)
