@@ -133,33 +133,29 @@ def decide(
                          key=lambda o: o.timing.median_us)
     t_default = default.timing
     for challenger in challengers[:settings.CONFIRM_TRIES if parts else 1]:
-        if parts:
-            (t_challenger, t_default), holds = _confirm_by_part(runs, parts, challenger.config, default.config, timer)
-        else:
-            (t_challenger, t_default), holds = timer.paired(rotation(runs, challenger.config),
-                                                            rotation(runs, default.config)), True
+        (t_challenger, t_default), holds = _confirm(runs, parts, challenger.config, default.config, timer)
         if holds and beats(t_challenger, t_default, min_gain):
             return replace(challenger, timing=t_challenger), t_default
     return replace(default, timing=t_default), t_default
 
 
-def _confirm_by_part(runs: Runs, parts: Sequence[Sequence[int]], config: dict[str, Any], default: dict[str, Any],
-                     timer: Any) -> tuple[tuple[Timing, Timing], bool]:
-    """config and default timed side by side on each part alone (in one interleaved run where
-    the timer has one): their timings on the whole mix (the parts' means: each part holds
-    as many runs), and whether config lost to the default on no part by more than
-    settings.MAX_PART_LOSS. A part's rotation holds fewer bytes than the mix's, so its L2 may
-    be warmer; both configs are timed alike."""
+def _confirm(runs: Runs, parts: Sequence[Sequence[int]], config: dict[str, Any], default: dict[str, Any],
+             timer: Any) -> tuple[tuple[Timing, Timing], bool]:
+    """config and default timed side by side: on the whole rotation when there are no parts;
+    else on each part alone (in one interleaved run where the timer has one), their mix's
+    timings being the parts' means (each part holds as many runs). Also whether config lost
+    to the default on no part by more than settings.MAX_PART_LOSS. A part's rotation holds
+    fewer bytes than the mix's, so its L2 may be warmer; both configs are timed alike."""
+    if not parts:
+        return timer.paired(rotation(runs, config), rotation(runs, default)), True
     calls = [runs] if callable(runs) else list(runs)
     subsets = [[calls[i] for i in part] for part in parts]
-    rotations = [rotation(sub, c) for c in (config, default) for sub in subsets]
     if hasattr(timer, "interleaved"):
-        timings = timer.interleaved(rotations)
+        timings = timer.interleaved([rotation(sub, c) for c in (config, default) for sub in subsets])
+        mine, theirs = timings[:len(parts)], timings[len(parts):]
     else:
-        timings = [t for pair in (timer.paired(rotations[i], rotations[len(parts) + i]) for i in range(len(parts)))
-                   for t in pair]
-        timings = timings[0::2] + timings[1::2]
-    mine, theirs = timings[:len(parts)], timings[len(parts):]
+        pairs = [timer.paired(rotation(sub, config), rotation(sub, default)) for sub in subsets]
+        mine, theirs = [a for a, _ in pairs], [b for _, b in pairs]
     holds = all(a.median_us <= b.median_us * (1 + settings.MAX_PART_LOSS) for a, b in zip(mine, theirs))
     return (_mean_timing(mine), _mean_timing(theirs)), holds
 

@@ -7,7 +7,6 @@ verification of shipped winners all run through it; what they store, and where, 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,7 +31,6 @@ class Measured:
     default_timing: Timing | None = None
     measured: int = 0
     resumed: int = 0
-    precompile_s: float = 0.0  # seconds spent building kernels ahead (Trial.precompile)
 
     @property
     def failures(self) -> int:
@@ -91,13 +89,11 @@ def measure(
 
     first = strategy.first(configs, timer)
     if trial.precompile is not None:
-        start = time.perf_counter()
         try:  # this rank's share of the first rung (the later rungs' find Triton's disk cache)
             trial.precompile([s.config for i, s in enumerate(first) if (ranks is None or ranks.mine(i))
                               and (resume is None or resume(s.config) is None)])
         except Exception:  # best effort: a config that cannot be built fails when it runs
             pass
-        result.precompile_s = time.perf_counter() - start
     outcomes = []
     for i, step in enumerate(first):
         if ranks is None or ranks.mine(i):
