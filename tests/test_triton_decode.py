@@ -59,18 +59,27 @@ CASES = {
     "head_dim_40": dict(head_dim=40),
     "head_dim_24_gqa_mtp": dict(head_dim=24, q_len=2, num_q_heads=6, num_kv_heads=3),
     "many_rows": dict(num_q_heads=32, num_kv_heads=1, q_len=3),  # 96 rows: 2 row blocks of 64
+    # 2 row blocks whose windows start apart: the merge must find each block's own splits
+    "many_rows_window": dict(num_q_heads=32, num_kv_heads=1, q_len=3, window=(15, -1)),  # spans 18, 16
 }
+# splits over the longest sequence (1, 3), and by each sequence's own length (16 keys a split)
+SPLITS = {"1": dict(num_kv_splits=1), "3": dict(num_kv_splits=3),
+          "by_length": dict(num_kv_splits=8, tokens_per_split=16)}
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits", list(SPLITS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference(case: str, splits: int) -> None:
+def test_matches_reference(case: str, splits: str) -> None:
     inputs = make_decode_inputs(dataclasses.replace(BASE, **CASES[case]), device=DEVICE)
-    _check(inputs, _decode(inputs, block_n=16, num_kv_splits=splits))
+    _check(inputs, _decode(inputs, block_n=16, **SPLITS[splits]))
 
 
-@pytest.mark.parametrize("splits", [1, 4])
-def test_different_lengths_in_one_batch(splits: int) -> None:
+@pytest.mark.parametrize("splits", [dict(num_kv_splits=1), dict(num_kv_splits=4),
+                                    dict(num_kv_splits=8, tokens_per_split=16),
+                                    dict(num_kv_splits=3, tokens_per_split=16)])
+def test_different_lengths_in_one_batch(splits: dict[str, int]) -> None:
+    """Each sequence its own length: with tokens_per_split the 150-key one is split in
+    (at most) num_kv_splits, the 2-key one not at all, and each writes the right output."""
     shape = dataclasses.replace(BASE, batch=4, kv_len=150, q_len=2, sinks=True, window=(40, -1))
     inputs = make_decode_inputs(shape, device=DEVICE)
     # shorter sequences: the kernel reads their lengths on the device; the page table stays
@@ -79,10 +88,10 @@ def test_different_lengths_in_one_batch(splits: int) -> None:
         inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
         causal=shape.causal, window=shape.window, sinks=inputs.sinks,
     )
-    out = _decode(inputs, max_kv_len=150, block_n=16, num_kv_splits=splits)
+    out = _decode(inputs, max_kv_len=150, block_n=16, **splits)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     # the short rows really differ from a full-length run (the lengths were used)
-    full = _decode(make_decode_inputs(shape, device=DEVICE), block_n=16, num_kv_splits=splits)
+    full = _decode(make_decode_inputs(shape, device=DEVICE), block_n=16, **splits)
     assert (out[1:] - full[1:]).abs().amax() > 1e-2
 
 
@@ -90,8 +99,8 @@ def test_different_lengths_in_one_batch(splits: int) -> None:
 def test_empty_sequence_outputs_zero(with_sinks: bool) -> None:
     inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=with_sinks), device=DEVICE)
     inputs.cache_seqlens = torch.tensor([80, 0], dtype=torch.int32, device=DEVICE)
-    for splits in (1, 4):
-        out = _decode(inputs, block_n=16, num_kv_splits=splits)
+    for splits in (dict(num_kv_splits=1), dict(num_kv_splits=4), dict(num_kv_splits=8, tokens_per_split=16)):
+        out = _decode(inputs, block_n=16, **splits)
         assert torch.isfinite(out).all()
         assert out[1].abs().amax() == 0
         assert out[0].abs().amax() > 0
@@ -103,7 +112,10 @@ def test_more_splits_than_needed() -> None:
     # max_kv_len far above the real length keeps all 8 splits: most of them get no keys
     for max_kv_len in (40, 4096):
         _check(inputs, _decode(inputs, max_kv_len=max_kv_len, block_n=16, num_kv_splits=8))
+        _check(inputs, _decode(inputs, max_kv_len=max_kv_len, block_n=16, num_kv_splits=8, tokens_per_split=16))
     _check(inputs, _decode(inputs, block_n=64, num_kv_splits=8))
+    with pytest.raises(ValueError, match="tokens_per_split"):
+        _decode(inputs, block_n=16, num_kv_splits=8, tokens_per_split=-1)
 
 
 def test_every_cpu_tiny_config() -> None:
@@ -136,7 +148,16 @@ def test_op_config_space() -> None:
     assert (32, 2) in pairs and (32, 4) not in pairs and (64, 1) in pairs and (64, 2) not in pairs
     if not torch.cuda.is_available():  # the brief's CPU space, warps and stages fixed
         long = dataclasses.replace(tiny, kv_len=4096)
-        assert len(op.configs(long)) == 12 and {c["num_warps"] for c in op.configs(long)} == {4}
+        assert len(op.configs(long)) == 13 and {c["num_warps"] for c in op.configs(long)} == {4}
+    # splits by each sequence's length where the keys hold two splits of it, else not
+    by_length = [c for c in op.configs(dataclasses.replace(tiny, kv_len=4096)) if "tokens_per_split" in c]
+    assert by_length and all(c["tokens_per_split"] * 2 <= 4096 for c in by_length)
+    assert not [c for c in op.configs(dataclasses.replace(tiny, kv_len=16)) if "tokens_per_split" in c]
+    # configs stored before the knob (without it) are still valid; bad values are not
+    old = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
+    assert op.check(old, tiny) is None and op.check({**old, "tokens_per_split": 512}, tiny) is None
+    assert "tokens_per_split" in op.check({**old, "tokens_per_split": -1}, tiny)
+    assert "unknown" in op.check({**old, "splits_per_token": 1}, tiny)
     # a sliding window shrinks what is split: 32 visible keys, not 4096
     windowed = dataclasses.replace(tiny, kv_len=4096, window=(31, -1))
     assert all(c["num_kv_splits"] * c["block_n"] <= 32 for c in op.configs(windowed))

@@ -29,17 +29,19 @@ def optional(rule: Rule) -> Rule:
 IS_BOOL = one_of(True, False)
 
 
-def config_error(config: Any, rules: dict[str, Rule]) -> str | None:
-    """Why `config` breaks `rules` (exactly these fields, each value passing its test), or None."""
+def config_error(config: Any, rules: dict[str, Rule], optional_fields: dict[str, Rule] | None = None) -> str | None:
+    """Why `config` breaks `rules` (exactly these fields, each value passing its test, plus
+    any of `optional_fields`: knobs added later, absent from configs stored before), or None."""
     if not isinstance(config, dict):
         return f"a config is an object, got {type(config).__name__}"
+    optional_fields = optional_fields or {}
     missing = sorted(set(rules) - set(config))
     if missing:
         return f"missing {', '.join(missing)}"
-    unknown = sorted(set(config) - set(rules))
+    unknown = sorted(set(config) - set(rules) - set(optional_fields))
     if unknown:
         return f"unknown field(s) {', '.join(map(str, unknown))}"
-    for name, rule in rules.items():
+    for name, rule in [*rules.items(), *((n, r) for n, r in optional_fields.items() if n in config)]:
         if not rule(config[name]):
             return f"{name}={config[name]!r:.40} is not a value this op takes"
     return None

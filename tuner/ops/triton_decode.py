@@ -38,17 +38,26 @@ from tuner.ops.traffic import serving_grid
 # and the interpreter patches the `tl` it finds there.
 triton: Any = None
 tl: Any = None
+_split_plan: Any = None  # the interpreted kernels' helper (see the end of _define_kernels)
 
 # the config space. CPU (interpreter): small blocks and few splits keep each run short.
 CPU_BLOCK_NS = (16, 32, 64)
 CPU_SPLITS = (1, 2, 4, 8)
+CPU_TOKENS_PER_SPLIT = (32,)
 # CUDA: larger blocks (16 is left out as too small for a GPU's tensor cores); split counts
-# come from _cuda_splits. Issue 3's sweeps on the H200 are what will judge this space.
+# come from _cuda_splits. (block_n, num_warps, num_stages): the eight that won a shape of
+# the H200's shipped and serving sweeps (tuning_cache/h200.tunings.json and
+# benchmarks/results/h200/issue12/serving_sweeps_2734bd6.tunings.json; the other four of
+# the 3 x 2 x 2 never did).
 CUDA_BLOCK_NS = (32, 64, 128)
+CUDA_KERNEL_SHAPES = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3),
+                      (128, 4, 2), (128, 4, 3))
 CUDA_MAX_SPLITS = 128
 CUDA_WAVES = 4
-CUDA_WARPS = (4, 8)
-CUDA_STAGES = (2, 3)
+# splits from each sequence's own length (tokens_per_split), at most CUDA_MAX_SPLITS, with
+# the three kernel shapes that won most
+CUDA_TOKENS_PER_SPLIT = (512, 2048, 8192)
+CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs
 DEFAULT: Config = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
 
@@ -65,6 +74,33 @@ def _define_kernels() -> tuple[Any, Any]:
     triton, tl = _triton, _tl
 
     @triton.jit
+    def _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
+                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, BY_TOKENS: tl.constexpr):
+        # keys any row of this row block may see: [lo, hi). The window masks are compiled in
+        # only where they can bite: left >= 0, or right >= 0 with several queries (a lone
+        # query sits at the last position, so no key lies to its right)
+        lo = seq_len * 0
+        hi = seq_len
+        if MASK_LEFT:  # the block's first query sees furthest left
+            first_pos = seq_len - q_len + (row_block * BLOCK_M) // GROUP
+            lo = tl.maximum(first_pos - left, 0)
+        if MASK_RIGHT:  # and its last query furthest right
+            last_pos = seq_len - q_len + tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+            hi = tl.minimum(last_pos + right + 1, seq_len)
+        span = tl.maximum(hi - lo, 0)
+        # this sequence's split count: all num_splits, or one per tokens_per_split of its own
+        # keys (at most num_splits), so a short sequence beside a long one splits less
+        splits = span * 0 + num_splits
+        if BY_TOKENS:
+            splits = tl.minimum(tl.maximum((span + tokens_per_split - 1) // tokens_per_split, 1), num_splits)
+        # each split whole BLOCK_N blocks; rounding may leave the last ones without keys:
+        # `used` counts those that have some (one at least: it writes a keyless row's output)
+        chunk = tl.maximum(((span + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N, BLOCK_N)
+        used = tl.maximum((span + chunk - 1) // chunk, 1)
+        return lo, hi, chunk, used
+
+    @triton.jit
     def _decode_split_kernel(
         Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
         stride_qb, stride_qs, stride_qh,
@@ -74,7 +110,7 @@ def _define_kernels() -> tuple[Any, Any]:
         stride_pb, stride_ps, stride_ph, stride_pk,
         stride_lb, stride_ls, stride_lh,
         stride_ob, stride_os, stride_oh,
-        q_len, num_kv_heads, num_splits, scale, softcap, left, right,
+        q_len, num_kv_heads, num_splits, tokens_per_split, scale, softcap, left, right,
         GROUP: tl.constexpr,
         HEAD_DIM: tl.constexpr,
         HEAD_DIM_V: tl.constexpr,
@@ -89,6 +125,7 @@ def _define_kernels() -> tuple[Any, Any]:
         HAS_SINKS: tl.constexpr,
         FINAL: tl.constexpr,
         F32_DOT: tl.constexpr,
+        BY_TOKENS: tl.constexpr,
     ):
         # int64 index math throughout: no int32 overflow on large caches or batches (and the
         # interpreter skips its per-op int32 overflow checks, a large share of its run time)
@@ -106,20 +143,9 @@ def _define_kernels() -> tuple[Any, Any]:
         head = kvh * GROUP + rows % GROUP
         pos = seq_len - q_len + qi  # the queries are the last q_len tokens
 
-        # keys any row of this block may see: [lo, hi). The window masks are compiled in only
-        # where they can bite: left >= 0, or right >= 0 with several queries (a lone query
-        # sits at the last position, so no key lies to its right)
-        lo = 0
-        hi = seq_len
-        if MASK_LEFT:  # the block's first query sees furthest left
-            first_pos = seq_len - q_len + (row_block * BLOCK_M) // GROUP
-            lo = tl.maximum(first_pos - left, 0)
-        if MASK_RIGHT:  # and its last query furthest right
-            last_pos = seq_len - q_len + tl.minimum((row_block * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
-            hi = tl.minimum(last_pos + right + 1, seq_len)
-        # this split's share, whole BLOCK_N blocks (the last split may get less or nothing)
-        span = tl.maximum(hi - lo, 0)
-        chunk = ((span + num_splits - 1) // num_splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        lo, hi, chunk, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
+                                          GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, BY_TOKENS)
+        # this split's share (a split past `used` has none: it loops zero times, stores nothing)
         start = lo + split * chunk
         end = tl.minimum(start + chunk, hi)
 
@@ -183,65 +209,89 @@ def _define_kernels() -> tuple[Any, Any]:
             acc = acc * alpha[:, None] + pv
             m_i = m_new
 
-        if FINAL:
-            # one split: normalise here, sink included, and write q's dtype
-            if HAS_SINKS:
-                sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
-                m_all = tl.maximum(m_i, sink)
-                m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
-                alpha = tl.exp(m_i - m_all)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha + tl.exp(sink - m_all)
-            # l_i == 0 only when nothing was seen, and then acc == 0: output 0
-            out = acc / tl.maximum(l_i, 1e-30)[:, None]
-            o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
-            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-        else:
+        out_ok = row_ok[:, None] & dv_ok[None, :]
+        if not FINAL:  # a sequence over several splits: this one's share, for the merge
+            in_merge = (used > 1) & (split < used)
             part = acc / tl.maximum(l_i, 1e-30)[:, None]
             lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
             p_ptrs = (Part + b * stride_pb + qi[:, None] * stride_ps + head[:, None] * stride_ph
                       + split * stride_pk + offs_dv[None, :])
-            tl.store(p_ptrs, part, mask=row_ok[:, None] & dv_ok[None, :])
-            tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse, mask=row_ok)
+            # (a scalar condition joins a mask through tl.where: the interpreter's `&` of a
+            # boolean block and a scalar gives integers, which it refuses as a mask)
+            tl.store(p_ptrs, part, mask=tl.where(in_merge, out_ok, False))
+            tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse,
+                     mask=tl.where(in_merge, row_ok, False))
+            out_ok = tl.where((used == 1) & (split == 0), out_ok, False)
+        # a sequence in one split (every sequence, when FINAL): its output, normalised here
+        # with the sink, in q's dtype; no merge
+        if HAS_SINKS:
+            sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+            alpha = tl.exp(m_i - m_all)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp(sink - m_all)
+        # l_i == 0 only when nothing was seen, and then acc == 0: output 0
+        out = acc / tl.maximum(l_i, 1e-30)[:, None]
+        o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
 
     @triton.jit
     def _decode_merge_kernel(
-        Part, Lse, Sinks, Out,
+        Part, Lse, SeqLens, Sinks, Out,
         stride_pb, stride_ps, stride_ph, stride_pk,
         stride_lb, stride_ls, stride_lh,
         stride_ob, stride_os, stride_oh,
-        q_len, num_q_heads, num_splits,
+        q_len, num_q_heads, num_splits, tokens_per_split, left, right,
+        GROUP: tl.constexpr,
         HEAD_DIM_V: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_DV: tl.constexpr,
+        MASK_LEFT: tl.constexpr,
+        MASK_RIGHT: tl.constexpr,
         HAS_SINKS: tl.constexpr,
+        BY_TOKENS: tl.constexpr,
     ):
         pid = tl.program_id(0).to(tl.int64)  # one (sequence, query token, q head) each
         h = pid % num_q_heads
         qi = (pid // num_q_heads) % q_len
         b = pid // (num_q_heads * q_len)
-        offs_s = tl.arange(0, BLOCK_S)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        s_ok = offs_s < num_splits
-        dv_ok = offs_dv < HEAD_DIM_V
+        # the splits stage 1 wrote for this row: its row block's plan, computed again
+        seq_len = tl.load(SeqLens + b).to(tl.int64)
+        row_block = (qi * GROUP + h % GROUP) // BLOCK_M
+        _, _, _, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
+                                    GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, BY_TOKENS)
+        if used > 1:  # one split: stage 1 wrote the output itself
+            offs_s = tl.arange(0, BLOCK_S)
+            offs_dv = tl.arange(0, BLOCK_DV)
+            s_ok = offs_s < used  # only the splits written are read
+            dv_ok = offs_dv < HEAD_DIM_V
 
-        lse = tl.load(Lse + b * stride_lb + qi * stride_ls + h * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
-        m = tl.max(lse, 0)
-        if HAS_SINKS:
-            sink = tl.load(Sinks + h).to(tl.float32)
-            m = tl.maximum(m, sink)
-        m = tl.where(m == float("-inf"), 0.0, m)  # nothing seen anywhere: weights are all 0
-        w = tl.exp(lse - m)
-        denom = tl.sum(w, 0)
-        if HAS_SINKS:
-            denom = denom + tl.exp(sink - m)  # the sink attends to nothing: denominator only
-        p_ptrs = (Part + b * stride_pb + qi * stride_ps + h * stride_ph
-                  + offs_s[:, None] * stride_pk + offs_dv[None, :])
-        part = tl.load(p_ptrs, mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
-        out = tl.sum(part * w[:, None], 0) / tl.maximum(denom, 1e-30)
-        tl.store(Out + b * stride_ob + qi * stride_os + h * stride_oh + offs_dv, out.to(Out.dtype.element_ty),
-                 mask=dv_ok)
+            lse = tl.load(Lse + b * stride_lb + qi * stride_ls + h * stride_lh + offs_s, mask=s_ok,
+                          other=float("-inf"))
+            m = tl.max(lse, 0)
+            if HAS_SINKS:
+                sink = tl.load(Sinks + h).to(tl.float32)
+                m = tl.maximum(m, sink)
+            m = tl.where(m == float("-inf"), 0.0, m)  # nothing seen anywhere: weights are all 0
+            w = tl.exp(lse - m)
+            denom = tl.sum(w, 0)
+            if HAS_SINKS:
+                denom = denom + tl.exp(sink - m)  # the sink attends to nothing: denominator only
+            p_ptrs = (Part + b * stride_pb + qi * stride_ps + h * stride_ph
+                      + offs_s[:, None] * stride_pk + offs_dv[None, :])
+            part = tl.load(p_ptrs, mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
+            out = tl.sum(part * w[:, None], 0) / tl.maximum(denom, 1e-30)
+            tl.store(Out + b * stride_ob + qi * stride_os + h * stride_oh + offs_dv, out.to(Out.dtype.element_ty),
+                     mask=dv_ok)
 
+    if type(_decode_split_kernel).__name__ == "InterpretedFunction":
+        # the interpreter runs a kernel's source again in its module's globals, so the helper
+        # it calls must be a global there; compiled kernels find theirs in their closure
+        # (which wins over globals), so a compiled and an interpreted set can live side by side
+        globals()["_split_plan"] = _split_plan
     return _decode_split_kernel, _decode_merge_kernel
 
 
@@ -314,6 +364,7 @@ def triton_paged_decode(
     num_kv_splits: int = 4,
     num_warps: int = 4,
     num_stages: int = 2,
+    tokens_per_split: int = 0,
     compile_only: bool = False,
 ) -> torch.Tensor | None:
     """Paged decode attention, same layouts and semantics as paged_decode_reference.
@@ -321,8 +372,11 @@ def triton_paged_decode(
     q (batch, q_len, Hq, D); k_cache/v_cache (num_pages, page_size, Hkv, D[v]); page_table
     (batch, max_pages); cache_seqlens (batch,) on the device, read only by the kernel.
     max_kv_len (host-side, >= every cache_seqlens entry) caps num_kv_splits so no split is
-    empty for the longest sequence; each sequence divides its own visible keys among the
-    splits, so shorter sequences in the batch just leave their last splits idle.
+    empty for the longest sequence. tokens_per_split 0: each sequence divides its own
+    visible keys among all num_kv_splits splits. tokens_per_split > 0: each sequence gets a
+    split per tokens_per_split of its own visible keys, at most num_kv_splits, so one long
+    sequence among short ones is split finely while the short ones are not split (a split
+    with no keys exits at once; a sequence in one split skips the merge).
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
     batch, q_len, num_q_heads, head_dim = q.shape
@@ -344,7 +398,15 @@ def triton_paged_decode(
     right = right if right >= 0 else -1
     if causal:
         right = 0 if right < 0 else min(right, 0)
-    num_splits = max(1, min(num_kv_splits, _cdiv(max_kv_len, block_n)))
+    if tokens_per_split < 0:
+        raise ValueError(f"tokens_per_split must be >= 0, got {tokens_per_split}")
+    by_tokens = tokens_per_split > 0
+    if by_tokens:  # enough splits for the longest visible span, at most num_kv_splits
+        visible = _visible_bound(max_kv_len, q_len, left, right)
+        num_splits = max(1, min(num_kv_splits, _cdiv(visible, max(tokens_per_split, block_n))))
+    else:
+        num_splits = max(1, min(num_kv_splits, _cdiv(max_kv_len, block_n)))
+    mask_left, mask_right = left >= 0, right >= 0 and q_len > 1
     rows = q_len * group
     block_m = min(MAX_BLOCK_M, max(16, _next_pow2(rows)))  # tl.dot needs >= 16
     block_d = max(16, _next_pow2(head_dim))
@@ -372,21 +434,23 @@ def triton_paged_decode(
         q, k_cache, v_cache, page_table, cache_seqlens, sinks_arg, part, lse, out,
         *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *page_table.stride(),
         *part_strides, *lse_strides, *out.stride()[:3],
-        q_len, num_kv_heads, num_splits, scale, float(softcap or 1.0), left, right,
+        q_len, num_kv_heads, num_splits, tokens_per_split, scale, float(softcap or 1.0), left, right,
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        MASK_LEFT=left >= 0, MASK_RIGHT=right >= 0 and q_len > 1,
+        MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
         HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None, FINAL=final,
-        F32_DOT=f32_dot,
+        F32_DOT=f32_dot, BY_TOKENS=by_tokens,
         num_warps=num_warps, num_stages=num_stages,
     )
     if not final:
         launch(merge_kernel, (batch * q_len * num_q_heads,))(
-            part, lse, sinks_arg, out,
+            part, lse, cache_seqlens, sinks_arg, out,
             *part_strides, *lse_strides, *out.stride()[:3],
-            q_len, num_q_heads, num_splits,
-            HEAD_DIM_V=head_dim_v, BLOCK_S=_next_pow2(num_splits),
-            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None,
+            q_len, num_q_heads, num_splits, tokens_per_split, left, right,
+            GROUP=group, HEAD_DIM_V=head_dim_v, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_S=_next_pow2(num_splits), BLOCK_DV=block_dv,
+            MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
+            HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens,
             num_warps=4,
         )
     return None if compile_only else out
@@ -395,14 +459,19 @@ def triton_paged_decode(
 # ---- the op ------------------------------------------------------------------------------
 
 
+def _visible_bound(kv_len: int, q_len: int, left: int, right: int) -> int:
+    """Keys the q_len queries together can see (right already capped by causality)."""
+    if left < 0 or right < 0:
+        return kv_len
+    return min(kv_len, left + q_len + right)
+
+
 def _visible_len(shape: DecodeShape) -> int:
     """Keys the widest query can see: what the splits actually divide."""
     left, right = shape.window
     if shape.causal:
         right = 0 if right < 0 else min(right, 0)
-    if left < 0 or right < 0:
-        return shape.kv_len
-    return min(shape.kv_len, left + shape.q_len + right)
+    return _visible_bound(shape.kv_len, shape.q_len, left, right)
 
 
 def _splits_fit(visible: int, block_n: int, splits: int) -> bool:
@@ -437,30 +506,44 @@ def _cuda_splits(shape: DecodeShape) -> list[int]:
 
 
 def _configs(shape: DecodeShape) -> list[Config]:
+    """Splits over the longest sequence (num_kv_splits, each sequence divides its keys among
+    all of them) and, where the keys hold two splits or more, splits by each sequence's
+    own length (tokens_per_split)."""
     visible = _visible_len(shape)
     if torch.cuda.is_available():
         block_ns, splits = _block_ns(visible, CUDA_BLOCK_NS), _cuda_splits(shape)
-        warps, stages = CUDA_WARPS, CUDA_STAGES
+        kernel_shapes = [k for k in CUDA_KERNEL_SHAPES if k[0] in block_ns]
+        token_shapes = [k for k in CUDA_TOKEN_KERNEL_SHAPES if k[0] in block_ns] or kernel_shapes[:1]
+        tokens, max_splits = CUDA_TOKENS_PER_SPLIT, CUDA_MAX_SPLITS
     else:
         # the interpreter ignores warps and stages: keep them fixed (no duplicate candidates)
-        block_ns, splits = _block_ns(visible, CPU_BLOCK_NS), list(CPU_SPLITS)
-        warps, stages = (DEFAULT["num_warps"],), (DEFAULT["num_stages"],)
-    return [
+        w, st = DEFAULT["num_warps"], DEFAULT["num_stages"]
+        kernel_shapes = [(n, w, st) for n in _block_ns(visible, CPU_BLOCK_NS)]
+        splits, token_shapes = list(CPU_SPLITS), kernel_shapes[:1]
+        tokens, max_splits = CPU_TOKENS_PER_SPLIT, CPU_SPLITS[-1]
+    even = [
         {"block_n": n, "num_kv_splits": s, "num_warps": w, "num_stages": st}
-        for n in block_ns
+        for n, w, st in kernel_shapes
         for s in splits
         if _splits_fit(visible, n, s)  # no split left without keys
-        for w in warps
-        for st in stages
     ]
+    by_length = [
+        {"block_n": n, "num_kv_splits": max_splits, "num_warps": w, "num_stages": st, "tokens_per_split": t}
+        for t in tokens
+        if _cdiv(visible, t) >= 2  # one split would be the even configs' single split
+        for n, w, st in token_shapes
+    ]
+    return even + by_length
 
 
 RULES = {"block_n": is_pow2(16, 1024), "num_kv_splits": is_int(1, 4096), "num_warps": one_of(1, 2, 4, 8, 16),
          "num_stages": is_int(1, 8)}
+# added after configs were stored and shipped without it (they mean 0)
+OPTIONAL_RULES = {"tokens_per_split": is_int(0, 1 << 24)}
 
 
 def check_config(config: Config, shape: DecodeShape | None = None) -> str | None:
-    return config_error(config, RULES)
+    return config_error(config, RULES, OPTIONAL_RULES)
 
 
 def _default(shape: DecodeShape) -> Config:
@@ -479,7 +562,7 @@ def _run(inputs: DecodeInputs, config: Config, compile_only: bool = False) -> to
         sinks=inputs.sinks,
         block_n=int(config["block_n"]), num_kv_splits=int(config["num_kv_splits"]),
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
-        compile_only=compile_only,
+        tokens_per_split=int(config.get("tokens_per_split", 0)), compile_only=compile_only,
     )
 
 
