@@ -1,0 +1,220 @@
+"""How close decode attention comes to the HBM roofline on batches as servers make them.
+
+    python benchmarks/roofline.py --out $OUT/roofline.json [--seconds 540] [--before FILE]
+
+For each case, the roofline is the KV bytes the call must read (each sequence's visible
+keys, every kv head, K and V) over HBM_BYTES_PER_S; a backend's fraction is the roofline
+time over its time. Backends, each where it can run here: FA3's default and FA3's best
+config, FlashInfer's best, and ours (tuner's Triton kernel) at its best config; with
+--before FILE (an earlier tuner/ops/triton_decode.py: `git show REV:tuner/ops/triton_decode.py
+> FILE`), the earlier kernel and its config space at their best too, so one run gives our
+kernel before and after side by side.
+
+Cases: serving.py's, per call (head configurations x capture-list batch sizes x length caps
+1k-128k x length distributions; max_kv_len and the page table the batch's own). Each
+backend's configs are searched by successive halving on the case's batch (every output
+checked against the torch reference), then every backend's best is re-timed side by side
+in one interleaved run (CUDA graphs, cold L2 by the bytes a call reads). Issue 13's targets
+for ours: >= TARGET_FRACTION of the roofline where a call reads >= TARGET_BYTES, else at
+most the roofline time + TARGET_SLACK_US. The JSON is written after every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from run_info import header
+from serving import MODELS, cases, shipped_heads
+
+from tuner.bench import OK, CudaGraphTimer, WallClockTimer
+from tuner.bench.trial import Trial, cold_l2_copies
+from tuner.ops import DecodeShape, get_op, make_decode_inputs
+from tuner.ops.rotation import bytes_read, fresh_page_copies
+from tuner.ops.traffic import draw_lengths
+from tuner.search.pipeline import measure
+
+HBM_BYTES_PER_S = 4.4e12  # the H200's HBM bandwidth as issue 13 takes it (KV bytes / 4.4 TB/s)
+TARGET_BYTES = 64 * 2**20
+TARGET_FRACTION = 0.85
+TARGET_SLACK_US = 5.0
+BACKENDS = ("fa3", "flashinfer", "ours")
+
+
+def kv_bytes_needed(shape: DecodeShape, lengths: list[int]) -> int:
+    """The KV bytes a call cannot avoid reading: each sequence's visible keys, all kv heads (K
+    and V, each head_dim wide)."""
+    left = shape.window[0]
+    per_token = shape.num_kv_heads * 2 * shape.head_dim \
+        * torch.empty(0, dtype=getattr(torch, shape.dtype)).element_size()
+    return sum(n if left < 0 else min(n, left + shape.q_len) for n in lengths) * per_token
+
+
+def load_before(path: Path):
+    """The TRITON_DECODE op of an earlier triton_decode module, under a name of its own."""
+    spec = importlib.util.spec_from_file_location("triton_decode_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TRITON_DECODE
+
+
+def contenders(wanted: set[str], before) -> dict[str, tuple]:
+    """name -> (op, configs of a shape or None for the default alone): what can run here."""
+    out: dict[str, tuple] = {}
+    for name in ("fa3", "flashinfer"):
+        if name in wanted:
+            op = get_op(name)
+            if op.unavailable() is None:
+                out[f"{name}_default"] = (op, None)
+                out[f"{name}_best"] = (op, op.configs)
+    if "ours" in wanted:
+        op = get_op("triton_decode")
+        if op.unavailable() is None:
+            out["ours_best"] = (op, op.configs)
+            if before is not None:
+                out["ours_before_best"] = (before, before.configs)
+    return out
+
+
+def run_case(case: dict, spec: dict, device: str, final, backends: dict[str, tuple], seed: int) -> dict:
+    lens = draw_lengths(case["distribution"], case["batch"], case["cap"], seed)
+    shape = DecodeShape(batch=case["batch"], kv_len=max(lens), **spec)
+    inputs = make_decode_inputs(shape, device=device, seed=seed, seq_lens=lens)
+    reference = inputs.reference()
+    copies = fresh_page_copies(inputs, cold_l2_copies(bytes_read(inputs), device))
+    del inputs
+    needed = kv_bytes_needed(shape, lens)
+    row = dict(case, kv_max=max(lens), kv_mean=sum(lens) / len(lens), kv_bytes=needed,
+               roofline_us=needed / HBM_BYTES_PER_S * 1e6, copies=len(copies))
+    best: dict[str, tuple] = {}  # name -> (op, config)
+    for name, (op, configs) in backends.items():
+        trial = Trial(runs=[functools.partial(op.run, c) for c in copies], reference=reference,
+                      tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len,
+                      precompile=functools.partial(op.precompile, copies[0]) if op.precompile else None)
+        default = op.default(shape)
+        space = [default] if configs is None else configs(shape)
+        try:
+            m = measure(trial, space, default, final, strategy="halving", min_gain=0.0)
+        except Exception as e:  # noqa: BLE001 - this backend cannot run the case
+            row[name] = dict(error=f"{type(e).__name__}: {e}"[:200])
+            continue
+        ran = [o for o in m.outcomes if o.status == OK]
+        if m.winner is None or not ran:
+            row[name] = dict(error="no config ran right", configs=len(space))
+            continue
+        best[name] = (op, m.winner.config)
+        row[name] = dict(config=m.winner.config, configs=len(space), failed=m.failures)
+    # every backend's best side by side, in one interleaved run
+    names = list(best)
+    rotations = [[functools.partial(best[n][0].run, c, best[n][1]) for c in copies] for n in names]
+    timings = final.interleaved(rotations) if hasattr(final, "interleaved") else [final(r) for r in rotations]
+    for name, timing in zip(names, timings):
+        us = timing.median_us
+        row[name].update(us=us, fraction=row["roofline_us"] / us)
+    ours = row.get("ours_best", {})
+    if "us" in ours:
+        ours["meets_target"] = (ours["fraction"] >= TARGET_FRACTION if needed >= TARGET_BYTES
+                                else ours["us"] <= row["roofline_us"] + TARGET_SLACK_US)
+    before = row.get("ours_before_best", {})
+    if "us" in ours and "us" in before:
+        row["ours_over_before"] = before["us"] / ours["us"]
+    return row
+
+
+def geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def summary(rows: list[dict], names: list[str]) -> dict:
+    out: dict = {}
+    for name in names:
+        fractions = [r[name]["fraction"] for r in rows if "fraction" in r.get(name, {})]
+        out[name] = {"cases": len(fractions), "fraction_geomean": geomean(fractions),
+                     "fraction_worst": min(fractions, default=None)}
+    for name in ("ours_best", "ours_before_best"):
+        done = [r for r in rows if "fraction" in r.get(name, {})]
+        big = [r for r in done if r["kv_bytes"] >= TARGET_BYTES]
+        small = [r for r in done if r["kv_bytes"] < TARGET_BYTES]
+        out.setdefault(name, {}).update(
+            big_cases=len(big), big_meeting_fraction=sum(r[name]["fraction"] >= TARGET_FRACTION for r in big),
+            small_cases=len(small),
+            small_within_slack=sum(r[name]["us"] <= r["roofline_us"] + TARGET_SLACK_US for r in small),
+            small_worst_excess_us=max((r[name]["us"] - r["roofline_us"] for r in small), default=None))
+    ratios = [r["ours_over_before"] for r in rows if "ours_over_before" in r]
+    out["ours_over_before"] = {"cases": len(ratios), "geomean": geomean(ratios), "worst": min(ratios, default=None),
+                               "slower_by_2pct": sum(x < 1 / 1.02 for x in ratios)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--seconds", type=float, default=540.0, help="stop starting cases after this long")
+    ap.add_argument("--limit", type=int, help="run only the first LIMIT cases")
+    ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device)")
+    ap.add_argument("--heads", choices=("issue", "shipped"), default="issue",
+                    help="issue: serving.py's MODELS; shipped: every shipped head configuration and the others")
+    ap.add_argument("--models", help="only the head configurations whose name holds this text")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
+    ap.add_argument("--before", type=Path, help="an earlier tuner/ops/triton_decode.py, timed beside ours")
+    ap.add_argument("--smoke", action="store_true", help="a few tiny cases on the CPU (Triton interpreted)")
+    args = ap.parse_args()
+    try:
+        part, parts = (int(x) for x in args.part.split("/"))
+        assert 0 <= part < parts
+    except (ValueError, AssertionError):
+        ap.error(f"--part K/N with 0 <= K < N, got {args.part!r}")
+    wanted = set(args.backends.split(","))
+    if not wanted <= set(BACKENDS):
+        ap.error(f"--backends: unknown {', '.join(sorted(wanted - set(BACKENDS)))}")
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    final = CudaGraphTimer(warmup=2, repeats=15) if device == "cuda" else WallClockTimer(
+        warmup=1, repeats=2, min_repeats=2)
+    if args.smoke:
+        heads = {"smoke": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")}
+    else:
+        heads = MODELS if args.heads == "issue" else shipped_heads()
+    if args.models:
+        heads = {name: spec for name, spec in heads.items() if args.models in name}
+        if not heads:
+            ap.error(f"--models {args.models!r} names no head configuration")
+    backends = contenders(wanted, load_before(args.before) if args.before else None)
+    names = list(backends)
+    todo = [(i, c) for i, c in enumerate(cases(args.smoke, heads)[:args.limit]) if i % parts == part]
+    rows: list[dict] = []
+    started = time.perf_counter()
+
+    def write() -> dict:
+        doc = {**header("roofline", started), "hbm_bytes_per_s": HBM_BYTES_PER_S, "cases_planned": len(todo),
+               "backends": names, "models": heads,
+               "targets": dict(bytes=TARGET_BYTES, fraction=TARGET_FRACTION, slack_us=TARGET_SLACK_US),
+               "summary": summary(rows, names), "rows": rows}
+        args.out.write_text(json.dumps(doc, indent=1, default=str))
+        return doc
+
+    for i, case in todo:
+        if time.perf_counter() - started > args.seconds:
+            break
+        try:
+            row = run_case(case, heads[case["model"]], device, final, backends, seed=i)
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            row = dict(case, error=f"{type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        line = f"{case['model'][:26]:26} b{case['batch']:<4} L{case['cap']:<7} {case['distribution']:9}"
+        line += "".join(f" {n} {row[n]['fraction']:.2f}" for n in names if "fraction" in row.get(n, {}))
+        print(line + (" " + row["error"] if "error" in row else ""), flush=True)
+        write()
+    doc = write()
+    print(json.dumps(doc["summary"], default=str))
+
+
+if __name__ == "__main__":
+    main()
