@@ -169,6 +169,25 @@ def _recording_triton(monkeypatch):
     return ran
 
 
+def test_every_knob_of_a_triton_config_reaches_the_kernel(monkeypatch):
+    """tokens_per_split was added to the Triton kernel's configs and not passed on: a
+    by-length winner ran as splits over the longest sequence."""
+    import tuner.ops.decode_attention as da
+    from tuner.ops.triton_decode import TRITON_DECODE
+    given = []
+    monkeypatch.setattr(da, "triton_paged_decode", lambda q, *a, **knobs: given.append(knobs) or torch.zeros_like(q))
+    shape = dataclasses.replace(SHAPE, kv_len=256)
+    inputs = make_decode_inputs(shape)
+    configs = TRITON_DECODE.configs(shape)
+    assert any("tokens_per_split" in c for c in configs)
+    for config in configs:
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                         shape.kv_len, config={"backend": "triton_decode", **config})
+    for config, knobs in zip(configs, given, strict=True):
+        assert {name: knobs[name] for name in config} == config
+        assert knobs["tokens_per_split"] == config.get("tokens_per_split", 0)
+
+
 def test_a_fallback_runs_the_default_of_the_kv_buckets_top(monkeypatch):
     """A FlashInfer winner without host lengths (or under capture) falls back to the default
     backend. Its config came from the call's exact kv length, so one key ran (and a graph
