@@ -201,6 +201,50 @@ def test_interpreter_switched_on_without_env() -> None:
     assert result.returncode != 0 and "before TRITON_INTERPRET=1 was set" in result.stderr, result.stderr
 
 
+_COMPILE_FOR_H200 = """
+import itertools
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tuner.ops.triton_decode import _define_kernels
+
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", PageTable="*i32", SeqLens="*i32", Sinks="*bf16", Part="*fp32",
+                Lse="*fp32", Out="*bf16")
+FLOATS = ("scale", "softcap")
+
+
+def compile_for_h200(kernel, constants, **options):
+    names = {p.name for p in kernel.params if p.is_constexpr}
+    assert names == set(constants), sorted(names ^ set(constants))
+    signature = {n: "constexpr" if n in names else POINTERS.get(n) or ("fp32" if n in FLOATS else
+                 "i64" if n.startswith("stride") else "i32") for n in kernel.arg_names}
+    return triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+split, merge = _define_kernels()
+assert type(split).__name__ == "JITFunction", type(split).__name__
+for final, by_tokens, masks, head_dim, page in [(False, True, True, 128, 16), (False, False, False, 64, 1),
+                                                (True, False, True, 256, 16), (True, True, False, 128, 1)]:
+    compile_for_h200(split, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page, BLOCK_M=16,
+                                 BLOCK_N=64, BLOCK_D=head_dim, BLOCK_DV=head_dim, MASK_LEFT=masks, MASK_RIGHT=masks,
+                                 HAS_SOFTCAP=masks, HAS_SINKS=not masks, FINAL=final, F32_DOT=False,
+                                 BY_TOKENS=by_tokens), num_warps=4, num_stages=3)
+for by_tokens, masks in [(True, True), (False, False)]:
+    compile_for_h200(merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128, BLOCK_DV=128,
+                                 MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SINKS=masks, BY_TOKENS=by_tokens), num_warps=4)
+print("compiled")
+"""
+
+
+def test_the_kernels_compile_for_an_h200() -> None:
+    """The interpreter runs what a compiled kernel cannot (Python semantics: a helper found
+    through a closure, a value whose type differs between branches, a mask of integers), and
+    GPU time is scarce: the kernels are compiled here for sm_90, to PTX and a cubin, with
+    the installed Triton's own compiler (no GPU needed)."""
+    result = _python(_COMPILE_FOR_H200)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-3000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_bfloat16_decode() -> None:
