@@ -11,6 +11,7 @@ when it is at least as new (created_at), unless the writer asks to replace regar
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from contextlib import contextmanager
@@ -36,6 +37,20 @@ from tuner.db.schema import (
 from tuner.keys import AttentionRunKey, canonical_json
 
 WRITE_LOCK_TIMEOUT_S = 120.0
+
+
+@functools.lru_cache(maxsize=64)
+def _upsert_statement(dialect: str, model: type, columns: tuple[str, ...], key: tuple[str, ...], replace: bool,
+                      add: tuple[str, ...]) -> Any:
+    """The upsert of a row of these columns, values bound at execution: built once, since
+    building a statement costs more than running it (a sweep writes every measurement)."""
+    stmt = (sqlite if dialect == "sqlite" else postgresql).insert(model)
+    if not replace:
+        return stmt.on_conflict_do_nothing(index_elements=list(key))
+    # coalesced: a column added after a row was written is null there
+    set_ = {k: func.coalesce(getattr(model, k), 0) + func.coalesce(getattr(stmt.excluded, k), 0)
+            if k in add else getattr(stmt.excluded, k) for k in columns if k not in key}
+    return stmt.on_conflict_do_update(index_elements=list(key), set_=set_)
 PROBLEM_COLUMNS = ("op", "static_key", "batch", "max_q_len", "kv_len_bucket")
 RECORD_KEY = [*PROBLEM_COLUMNS, "fingerprint_id"]
 STATUSES = ("ok", "wrong", "error", "oom")
@@ -511,17 +526,10 @@ class TuningDB:
         """Insert, or on a key conflict replace the other columns (or keep the row: replace=False);
         columns in `add` are added to the stored value instead of replacing it."""
         dialect = session.bind.dialect.name
-        update_values = {k: v for k, v in values.items() if k not in key}
         if dialect in ("sqlite", "postgresql"):
-            stmt = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(**values)
-            if replace:
-                # coalesced: a column added after a row was written is null there
-                set_ = {k: func.coalesce(getattr(model, k), 0) + func.coalesce(getattr(stmt.excluded, k), 0)
-                        if k in add else v for k, v in update_values.items()}
-                session.execute(stmt.on_conflict_do_update(index_elements=key, set_=set_))
-            else:
-                session.execute(stmt.on_conflict_do_nothing(index_elements=key))
+            session.execute(_upsert_statement(dialect, model, tuple(values), tuple(key), replace, add), values)
             return
+        update_values = {k: v for k, v in values.items() if k not in key}
         existing = session.scalars(
             select(model).where(*(getattr(model, k) == values[k] for k in key))
         ).one_or_none()
@@ -543,7 +551,9 @@ class TuningDB:
     # -- writes ------------------------------------------------------------------------
 
     def _ensure_fingerprint(self, session: Session, fingerprint_id: str, data: dict[str, Any]) -> None:
-        if session.get(Fingerprint, fingerprint_id) is None:  # writers to a server DB may race here
+        # an insert that keeps a row already there: one statement, and no race between writers
+        # to a server DB (a look first would cost a query on every measurement of a sweep)
+        if session.bind.dialect.name in ("sqlite", "postgresql") or session.get(Fingerprint, fingerprint_id) is None:
             values = {"id": fingerprint_id, "data": canonical_json(data), "created_at": utcnow()}
             self._upsert(session, Fingerprint, values, ["id"], replace=False)
 
