@@ -95,6 +95,43 @@ def test_different_lengths_in_one_batch(splits: dict[str, int]) -> None:
     assert (out[1:] - full[1:]).abs().amax() > 1e-2
 
 
+def test_splits_by_length_over_many_sequences_of_mixed_lengths() -> None:
+    """The persistent schedule finds each item's sequence in a prefix sum over every
+    sequence: more of them than the smallest such vector (64) holds, one long among short
+    ones and some empty, on a few programs that each take many items."""
+    shape = dataclasses.replace(BASE, batch=70, kv_len=96, num_q_heads=2, num_kv_heads=1, head_dim=16, sinks=True)
+    inputs = make_decode_inputs(shape, device=DEVICE)
+    lengths = [96] + [(7 * i) % 41 for i in range(1, 70)]  # 0 to 40, and a 96
+    inputs.cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    ref = paged_decode_reference(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                                 causal=shape.causal, window=shape.window, sinks=inputs.sinks)
+    out = _decode(inputs, block_n=16, num_kv_splits=8, tokens_per_split=16)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_splits_by_length_within_the_partial_results_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partial results are held to PART_MAX_BYTES: fewer splits (longer ones), same output."""
+    import tuner.ops.triton_decode as td
+
+    inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=True), device=DEVICE)
+    # one split's partial results of the whole batch: float32 rows of every (sequence, q head)
+    one_split = BASE.batch * BASE.q_len * BASE.num_q_heads * BASE.head_dim * 4
+    monkeypatch.setattr(td, "PART_MAX_BYTES", 2 * one_split)
+    empty, held = torch.empty, []
+
+    def recording_empty(*size, dtype=None, **kwargs):
+        t = empty(*size, dtype=dtype, **kwargs)
+        if dtype == torch.float32:
+            held.append(t.nbytes)
+        return t
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    out = _decode(inputs, block_n=16, num_kv_splits=8, tokens_per_split=16)
+    monkeypatch.undo()
+    _check(inputs, out)
+    assert max(held) == 2 * one_split  # 2 splits, not the 5 that 80 keys in 16s would get
+
+
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_empty_sequence_outputs_zero(with_sinks: bool) -> None:
     inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=with_sinks), device=DEVICE)
@@ -202,7 +239,6 @@ def test_interpreter_switched_on_without_env() -> None:
 
 
 _COMPILE_FOR_H200 = """
-import itertools
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -221,17 +257,23 @@ def compile_for_h200(kernel, constants, **options):
     return triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32), options=options)
 
 
-split, merge = _define_kernels()
-assert type(split).__name__ == "JITFunction", type(split).__name__
-for final, by_tokens, masks, head_dim, page in [(False, True, True, 128, 16), (False, False, False, 64, 1),
-                                                (True, False, True, 256, 16), (True, True, False, 128, 1)]:
-    compile_for_h200(split, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page, BLOCK_M=16,
-                                 BLOCK_N=64, BLOCK_D=head_dim, BLOCK_DV=head_dim, MASK_LEFT=masks, MASK_RIGHT=masks,
-                                 HAS_SOFTCAP=masks, HAS_SINKS=not masks, FINAL=final, F32_DOT=False,
-                                 BY_TOKENS=by_tokens), num_warps=4, num_stages=3)
+kernels = _define_kernels()
+assert type(kernels.split).__name__ == "JITFunction", type(kernels.split).__name__
+for final, masks, head_dim, page in [(False, True, 128, 16), (False, False, 64, 1), (True, True, 256, 16)]:
+    compile_for_h200(kernels.split, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page,
+                                         BLOCK_M=16, BLOCK_N=64, BLOCK_D=head_dim, BLOCK_DV=head_dim,
+                                         MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SOFTCAP=masks, HAS_SINKS=not masks,
+                                         FINAL=final, F32_DOT=False), num_warps=4, num_stages=3)
+for masks, row_blocks in [(True, 2), (False, 1)]:
+    compile_for_h200(kernels.persistent, dict(GROUP=4, HEAD_DIM=128, HEAD_DIM_V=128, PAGE_SIZE=16, BLOCK_M=16,
+                                              BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128, MASK_LEFT=masks,
+                                              MASK_RIGHT=masks, HAS_SOFTCAP=masks, HAS_SINKS=not masks,
+                                              F32_DOT=False, ROW_BLOCKS=row_blocks, BLOCK_U=256),
+                     num_warps=4, num_stages=2)
 for by_tokens, masks in [(True, True), (False, False)]:
-    compile_for_h200(merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128, BLOCK_DV=128,
-                                 MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SINKS=masks, BY_TOKENS=by_tokens), num_warps=4)
+    compile_for_h200(kernels.merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128, BLOCK_DV=128,
+                                         MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SINKS=masks, BY_TOKENS=by_tokens),
+                     num_warps=4)
 print("compiled")
 """
 

@@ -1,12 +1,22 @@
-"""Split-KV paged decode in Triton: block size, kv splits, warps and stages are the knobs.
+"""Split-KV paged decode in Triton: block size, kv splits (how many, and how chosen), warps
+and stages are the knobs.
 
-Stage 1 runs one program per (sequence, kv head, block of query rows, kv split). Its rows
-are every (query token, q head) pair that reads that kv head, so K and V are loaded once
-per GQA group. It walks its share of the keys the rows can see (window and causal bounds
+Stage 1 attends one split of one (sequence, kv head, block of query rows). Its rows are
+every (query token, q head) pair that reads that kv head, so K and V are loaded once per
+GQA group. It walks its share of the keys the rows can see (window and causal bounds
 applied first), BLOCK_N tokens at a time through the page table, with an online softmax,
 and writes a normalised partial output plus its log-sum-exp. Stage 2 merges the splits by
-log-sum-exp, adds the sinks to the denominator and writes q's dtype. With a single split
-stage 1 finishes the job itself and stage 2 is skipped.
+log-sum-exp, adds the sinks to the denominator and writes q's dtype. A sequence whose keys
+fit one split gets its output from stage 1, and stage 2 passes over it; with a single
+split for every sequence stage 2 is not launched.
+
+How the keys are split:
+- tokens_per_split 0 (the even split): every sequence divides its keys among num_kv_splits
+  splits, one stage-1 program each, on a grid sized for the longest sequence;
+- tokens_per_split > 0 (splits by length): each sequence gets a split per tokens_per_split
+  of its own keys, at most num_kv_splits, so one long sequence among short ones is split
+  finely and the short ones are not; a fixed number of persistent programs take the
+  (split, kv head) items there are, so no program is started for a split no sequence has.
 
 Triton is imported lazily, on first use: `import tuner` stays fast, and the interpreter
 (TRITON_INTERPRET=1, which Triton reads when @triton.jit runs) can be switched on before
@@ -23,7 +33,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -38,7 +48,9 @@ from tuner.ops.traffic import serving_grid
 # and the interpreter patches the `tl` it finds there.
 triton: Any = None
 tl: Any = None
-_split_plan: Any = None  # the interpreted kernels' helper (see the end of _define_kernels)
+# the interpreted kernels' helpers (see the end of _define_kernels)
+_split_plan: Any = None
+_attend_split: Any = None
 
 # the config space. CPU (interpreter): small blocks and few splits keep each run short.
 CPU_BLOCK_NS = (16, 32, 64)
@@ -58,14 +70,25 @@ CUDA_WAVES = 4
 # the three kernel shapes that won most
 CUDA_TOKENS_PER_SPLIT = (512, 2048, 8192)
 CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
+# the persistent schedule's programs (tokens_per_split > 0): per SM on a GPU; the interpreter
+# runs programs one after another, and a few exercise the loop over items
+PERSISTENT_PROGRAMS_PER_SM = 8
+INTERPRETED_PROGRAMS = 3
+PART_MAX_BYTES = 256 * 2**20  # partial results of the splits by length, at most
 MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs
 DEFAULT: Config = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
 
 _kernels_lock = threading.Lock()
-_kernels_cache: dict[bool, tuple[Any, Any]] = {}  # interpret? -> (stage 1, stage 2)
+_kernels_cache: dict[bool, Kernels] = {}  # interpret? -> the kernels
 
 
-def _define_kernels() -> tuple[Any, Any]:
+class Kernels(NamedTuple):
+    split: Any  # stage 1 on a grid: a program per (sequence x kv head, row block, split)
+    persistent: Any  # stage 1 on a fixed number of programs, each looping over (split, kv head) items
+    merge: Any  # stage 2: a program per (sequence, query token, q head)
+
+
+def _define_kernels() -> Kernels:
     """Import triton and decorate the kernels; the caller has set TRITON_INTERPRET as wanted."""
     global triton, tl
     import triton as _triton
@@ -77,6 +100,7 @@ def _define_kernels() -> tuple[Any, Any]:
     def _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, BY_TOKENS: tl.constexpr):
+        # (elementwise: for one sequence's row block, or for vectors of them)
         # keys any row of this row block may see: [lo, hi). The window masks are compiled in
         # only where they can bite: left >= 0, or right >= 0 with several queries (a lone
         # query sits at the last position, so no key lies to its right)
@@ -101,8 +125,8 @@ def _define_kernels() -> tuple[Any, Any]:
         return lo, hi, chunk, used
 
     @triton.jit
-    def _decode_split_kernel(
-        Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
+    def _attend_split(
+        Q, K, V, PageTable, Sinks, Part, Lse, Out,
         stride_qb, stride_qs, stride_qh,
         stride_kp, stride_ks, stride_kh,
         stride_vp, stride_vs, stride_vh,
@@ -110,44 +134,21 @@ def _define_kernels() -> tuple[Any, Any]:
         stride_pb, stride_ps, stride_ph, stride_pk,
         stride_lb, stride_ls, stride_lh,
         stride_ob, stride_os, stride_oh,
-        q_len, num_kv_heads, num_splits, tokens_per_split, scale, softcap, left, right,
-        GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        HEAD_DIM_V: tl.constexpr,
-        PAGE_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_DV: tl.constexpr,
-        MASK_LEFT: tl.constexpr,
-        MASK_RIGHT: tl.constexpr,
-        HAS_SOFTCAP: tl.constexpr,
-        HAS_SINKS: tl.constexpr,
-        FINAL: tl.constexpr,
-        F32_DOT: tl.constexpr,
-        BY_TOKENS: tl.constexpr,
+        b, kvh, row_block, split, seq_len, start, end, used, q_len, scale, softcap, left, right,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+        MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+        FINAL: tl.constexpr, F32_DOT: tl.constexpr,
     ):
-        # int64 index math throughout: no int32 overflow on large caches or batches (and the
-        # interpreter skips its per-op int32 overflow checks, a large share of its run time)
-        pid_bh = tl.program_id(0).to(tl.int64)
-        row_block = tl.program_id(1).to(tl.int64)
-        split = tl.program_id(2).to(tl.int64)
-        b = pid_bh // num_kv_heads
-        kvh = pid_bh % num_kv_heads
-        seq_len = tl.load(SeqLens + b).to(tl.int64)
-
+        # one split [start, end) of one (sequence, kv head, row block): attention of its rows
+        # over those keys, written as a partial result for the merge (log-sum-exp beside it)
+        # or, where the sequence has one split (`used` == 1, or FINAL), as the output
         # row r is query token r // GROUP of q head kvh * GROUP + r % GROUP
         rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < q_len * GROUP
         qi = rows // GROUP
         head = kvh * GROUP + rows % GROUP
         pos = seq_len - q_len + qi  # the queries are the last q_len tokens
-
-        lo, hi, chunk, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
-                                          GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, BY_TOKENS)
-        # this split's share (a split past `used` has none: it loops zero times, stores nothing)
-        start = lo + split * chunk
-        end = tl.minimum(start + chunk, hi)
 
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
@@ -237,6 +238,96 @@ def _define_kernels() -> tuple[Any, Any]:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
 
     @triton.jit
+    def _decode_split_kernel(
+        Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
+        stride_qb, stride_qs, stride_qh,
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        stride_tb, stride_tp,
+        stride_pb, stride_ps, stride_ph, stride_pk,
+        stride_lb, stride_ls, stride_lh,
+        stride_ob, stride_os, stride_oh,
+        q_len, num_kv_heads, num_splits, scale, softcap, left, right,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+        MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+        FINAL: tl.constexpr, F32_DOT: tl.constexpr,
+    ):
+        # int64 index math throughout: no int32 overflow on large caches or batches (and the
+        # interpreter skips its per-op int32 overflow checks, a large share of its run time)
+        pid_bh = tl.program_id(0).to(tl.int64)
+        row_block = tl.program_id(1).to(tl.int64)
+        split = tl.program_id(2).to(tl.int64)
+        b = pid_bh // num_kv_heads
+        kvh = pid_bh % num_kv_heads
+        seq_len = tl.load(SeqLens + b).to(tl.int64)
+        lo, hi, chunk, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, 0,
+                                          GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False)
+        # this split's share (a split past `used` has none: it loops zero times, stores nothing)
+        start = lo + split * chunk
+        end = tl.minimum(start + chunk, hi)
+        _attend_split(Q, K, V, PageTable, Sinks, Part, Lse, Out,
+                      stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
+                      stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
+                      stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
+                      stride_ob, stride_os, stride_oh,
+                      b, kvh, row_block, split, seq_len, start, end, used, q_len, scale, softcap, left, right,
+                      GROUP, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                      MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_SINKS, FINAL, F32_DOT)
+
+    @triton.jit
+    def _decode_persistent_kernel(
+        Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
+        stride_qb, stride_qs, stride_qh,
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        stride_tb, stride_tp,
+        stride_pb, stride_ps, stride_ph, stride_pk,
+        stride_lb, stride_ls, stride_lh,
+        stride_ob, stride_os, stride_oh,
+        batch, q_len, num_kv_heads, num_splits, tokens_per_split, num_programs, scale, softcap, left, right,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+        MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+        F32_DOT: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_U: tl.constexpr,
+    ):
+        # Each (sequence, row block) "unit" gets a split per tokens_per_split of its own keys
+        # (at most num_splits); an item is one split of one unit for one kv head. The items
+        # are numbered unit by unit, split by split, kv head by kv head, and the programs
+        # take them in turn: only real work is scheduled, however the lengths are mixed
+        # (a grid sized for the longest sequence would start a program for every split of
+        # every sequence, most of them idle).
+        pid = tl.program_id(0).to(tl.int64)
+        units = tl.arange(0, BLOCK_U).to(tl.int64)
+        unit_ok = units < batch * ROW_BLOCKS
+        unit_lens = tl.load(SeqLens + units // ROW_BLOCKS, mask=unit_ok, other=0).to(tl.int64)
+        _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
+                                         tokens_per_split, GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
+        unit_used = tl.where(unit_ok, unit_used, 0)
+        ends = tl.cumsum(unit_used, 0)  # a unit's splits are slots [ends - used, ends)
+        total = tl.sum(unit_used, 0) * num_kv_heads
+        for item in range(pid, total, num_programs):
+            slot = item // num_kv_heads
+            kvh = item % num_kv_heads
+            unit = tl.sum((ends <= slot).to(tl.int64), 0)  # the unit holding this slot
+            split = slot - tl.sum(tl.where(units == unit, ends - unit_used, 0), 0)
+            b = unit // ROW_BLOCKS
+            row_block = unit % ROW_BLOCKS
+            seq_len = tl.load(SeqLens + b).to(tl.int64)
+            lo, hi, chunk, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
+                                              GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
+            start = lo + split * chunk
+            end = tl.minimum(start + chunk, hi)
+            _attend_split(Q, K, V, PageTable, Sinks, Part, Lse, Out,
+                          stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
+                          stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
+                          stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
+                          stride_ob, stride_os, stride_oh,
+                          b, kvh, row_block, split, seq_len, start, end, used, q_len, scale, softcap, left, right,
+                          GROUP, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                          MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_SINKS, False, F32_DOT)
+
+    @triton.jit
     def _decode_merge_kernel(
         Part, Lse, SeqLens, Sinks, Out,
         stride_pb, stride_ps, stride_ph, stride_pk,
@@ -288,11 +379,11 @@ def _define_kernels() -> tuple[Any, Any]:
                      mask=dv_ok)
 
     if type(_decode_split_kernel).__name__ == "InterpretedFunction":
-        # the interpreter runs a kernel's source again in its module's globals, so the helper
-        # it calls must be a global there; compiled kernels find theirs in their closure
+        # the interpreter runs a kernel's source again in its module's globals, so the helpers
+        # it calls must be globals there; compiled kernels find theirs in their closure
         # (which wins over globals), so a compiled and an interpreted set can live side by side
-        globals()["_split_plan"] = _split_plan
-    return _decode_split_kernel, _decode_merge_kernel
+        globals().update(_split_plan=_split_plan, _attend_split=_attend_split)
+    return Kernels(_decode_split_kernel, _decode_persistent_kernel, _decode_merge_kernel)
 
 
 def _prepare_env() -> None:
@@ -306,8 +397,8 @@ def _prepare_env() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _kernels(interpret: bool) -> tuple[Any, Any]:
-    """The two kernels, compiled (interpret=False) or run by Triton's interpreter; cached."""
+def _kernels(interpret: bool) -> Kernels:
+    """The kernels, compiled (interpret=False) or run by Triton's interpreter; cached."""
     with _kernels_lock:
         if interpret in _kernels_cache:
             return _kernels_cache[interpret]
@@ -325,7 +416,7 @@ def _kernels(interpret: bool) -> tuple[Any, Any]:
             else:
                 os.environ["TRITON_INTERPRET"] = previous
         if interpret:
-            if type(kernels[0]).__name__ != "InterpretedFunction":
+            if type(kernels.split).__name__ != "InterpretedFunction":
                 raise RuntimeError(
                     "triton_decode: CPU tensors need Triton's interpreter, but Triton did not enable "
                     "it (is triton.knobs.runtime.interpret forced off?)"
@@ -374,9 +465,9 @@ def triton_paged_decode(
     max_kv_len (host-side, >= every cache_seqlens entry) caps num_kv_splits so no split is
     empty for the longest sequence. tokens_per_split 0: each sequence divides its own
     visible keys among all num_kv_splits splits. tokens_per_split > 0: each sequence gets a
-    split per tokens_per_split of its own visible keys, at most num_kv_splits, so one long
-    sequence among short ones is split finely while the short ones are not split (a split
-    with no keys exits at once; a sequence in one split skips the merge).
+    split per tokens_per_split of its own visible keys, at most num_kv_splits (and at most
+    what PART_MAX_BYTES of partial results hold), on persistent programs (see the module's
+    docstring); a sequence in one split skips the merge.
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
     batch, q_len, num_q_heads, head_dim = q.shape
@@ -389,9 +480,9 @@ def triton_paged_decode(
     group = num_q_heads // num_kv_heads
     # the kernels index the last dim with unit stride
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    split_kernel, merge_kernel = _kernels(interpret=q.device.type != "cuda")
+    kernels = _kernels(interpret=q.device.type != "cuda")
     # TRITON_INTERPRET=1 set by the user interprets CUDA tensors too
-    interpreted = type(split_kernel).__name__ == "InterpretedFunction"
+    interpreted = type(kernels.split).__name__ == "InterpretedFunction"
 
     left, right = window
     left = left if left >= 0 else -1
@@ -401,14 +492,17 @@ def triton_paged_decode(
     if tokens_per_split < 0:
         raise ValueError(f"tokens_per_split must be >= 0, got {tokens_per_split}")
     by_tokens = tokens_per_split > 0
-    if by_tokens:  # enough splits for the longest visible span, at most num_kv_splits
+    if by_tokens:  # enough splits for the longest visible span, at most num_kv_splits, and
+        # partial results within PART_MAX_BYTES
         visible = _visible_bound(max_kv_len, q_len, left, right)
-        num_splits = max(1, min(num_kv_splits, _cdiv(visible, max(tokens_per_split, block_n))))
+        part_cap = PART_MAX_BYTES // (batch * q_len * num_q_heads * head_dim_v * 4)
+        num_splits = max(1, min(num_kv_splits, _cdiv(visible, max(tokens_per_split, block_n)), part_cap))
     else:
         num_splits = max(1, min(num_kv_splits, _cdiv(max_kv_len, block_n)))
     mask_left, mask_right = left >= 0, right >= 0 and q_len > 1
     rows = q_len * group
     block_m = min(MAX_BLOCK_M, max(16, _next_pow2(rows)))  # tl.dot needs >= 16
+    row_blocks = _cdiv(rows, block_m)
     block_d = max(16, _next_pow2(head_dim))
     block_dv = max(16, _next_pow2(head_dim_v))
     final = num_splits == 1
@@ -427,23 +521,28 @@ def triton_paged_decode(
     part_strides = part.stride()[:4] if not final else (0, 0, 0, 0)
     scale = 1.0 / math.sqrt(head_dim)
 
-    grid1 = (batch * num_kv_heads, _cdiv(rows, block_m), num_splits)
     launch = (lambda kernel, grid: functools.partial(kernel.warmup, grid=grid)) if compile_only \
         else (lambda kernel, grid: kernel[grid])
-    launch(split_kernel, grid1)(
-        q, k_cache, v_cache, page_table, cache_seqlens, sinks_arg, part, lse, out,
-        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *page_table.stride(),
-        *part_strides, *lse_strides, *out.stride()[:3],
-        q_len, num_kv_heads, num_splits, tokens_per_split, scale, float(softcap or 1.0), left, right,
-        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
-        HAS_SOFTCAP=bool(softcap), HAS_SINKS=sinks is not None, FINAL=final,
-        F32_DOT=f32_dot, BY_TOKENS=by_tokens,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    common = (q, k_cache, v_cache, page_table, cache_seqlens, sinks_arg, part, lse, out,
+              *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *page_table.stride(),
+              *part_strides, *lse_strides, *out.stride()[:3])
+    constants = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, PAGE_SIZE=page_size,
+                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+                     MASK_LEFT=mask_left, MASK_RIGHT=mask_right, HAS_SOFTCAP=bool(softcap),
+                     HAS_SINKS=sinks is not None, F32_DOT=f32_dot, num_warps=num_warps, num_stages=num_stages)
+    softcap_arg = float(softcap or 1.0)
+    if by_tokens and not final:  # the splits of each sequence's own length, on persistent programs
+        items = batch * row_blocks * num_splits * num_kv_heads  # at most
+        programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * _sm_count(
+            q.device.index))
+        launch(kernels.persistent, (programs,))(
+            *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split, programs, scale, softcap_arg,
+            left, right, ROW_BLOCKS=row_blocks, BLOCK_U=max(64, _next_pow2(batch * row_blocks)), **constants)
+    else:
+        launch(kernels.split, (batch * num_kv_heads, row_blocks, num_splits))(
+            *common, q_len, num_kv_heads, num_splits, scale, softcap_arg, left, right, FINAL=final, **constants)
     if not final:
-        launch(merge_kernel, (batch * q_len * num_q_heads,))(
+        launch(kernels.merge, (batch * q_len * num_q_heads,))(
             part, lse, cache_seqlens, sinks_arg, out,
             *part_strides, *lse_strides, *out.stride()[:3],
             q_len, num_q_heads, num_splits, tokens_per_split, left, right,
@@ -486,9 +585,10 @@ def _block_ns(visible: int, candidates: tuple[int, ...]) -> list[int]:
     return fitting or [candidates[0]]
 
 
-@functools.lru_cache(maxsize=1)
-def _sm_count() -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+@functools.lru_cache(maxsize=16)
+def _sm_count(device_index: int | None = None) -> int:
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _cuda_splits(shape: DecodeShape) -> list[int]:
@@ -570,7 +670,7 @@ def _precompile(inputs: DecodeInputs, configs: list[Config]) -> None:
     """Build every config's kernels for these inputs, before any is timed: in parallel on
     settings.COMPILE_WORKERS threads where this Triton compiles in the background (its
     AsyncCompileMode), else one after another. The interpreter compiles nothing."""
-    if inputs.q.device.type != "cuda" or type(_kernels(False)[0]).__name__ == "InterpretedFunction":
+    if inputs.q.device.type != "cuda" or type(_kernels(False).split).__name__ == "InterpretedFunction":
         return
     try:
         from triton.runtime._async_compile import AsyncCompileMode
