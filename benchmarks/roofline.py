@@ -10,8 +10,10 @@ config, FlashInfer's best, and ours (tuner's Triton kernel) at its best config; 
 > FILE`), the earlier kernel and its config space at their best too, so one run gives our
 kernel before and after side by side.
 
-Cases: serving.py's, per call (head configurations x capture-list batch sizes x length caps
-1k-128k x length distributions; max_kv_len and the page table the batch's own). Each
+Cases (--set): serving, serving.py's, per call (head configurations x capture-list batch
+sizes x length caps 1k-128k x length distributions; max_kv_len and the page table the
+batch's own); grid, the shipped grid (every shape of tuning_cache/h200.tunings.json's
+decode_attention records: full lengths at the top of the kv bucket, MTP's q_len). Each
 backend's configs are searched by successive halving on the case's batch (every output
 checked against the torch reference), then every backend's best is re-timed side by side
 in one interleaved run (CUDA graphs, cold L2 by the bytes a call reads). Issue 13's targets
@@ -35,8 +37,10 @@ from serving import MODELS, cases, shipped_heads
 
 from tuner.bench import OK, CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import Trial, cold_l2_copies
+from tuner.keys import AttentionRunKey
 from tuner.ops import DecodeShape, get_op, make_decode_inputs
 from tuner.ops.rotation import bytes_read, fresh_page_copies
+from tuner.ops.shapes import shape_from_keys
 from tuner.ops.traffic import draw_lengths
 from tuner.search.pipeline import measure
 
@@ -45,6 +49,7 @@ TARGET_BYTES = 64 * 2**20
 TARGET_FRACTION = 0.85
 TARGET_SLACK_US = 5.0
 BACKENDS = ("fa3", "flashinfer", "ours")
+SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json"
 
 
 def kv_bytes_needed(shape: DecodeShape, lengths: list[int]) -> int:
@@ -82,9 +87,38 @@ def contenders(wanted: set[str], before) -> dict[str, tuple]:
     return out
 
 
-def run_case(case: dict, spec: dict, device: str, final, backends: dict[str, tuple], seed: int) -> dict:
-    lens = draw_lengths(case["distribution"], case["batch"], case["cap"], seed)
-    shape = DecodeShape(batch=case["batch"], kv_len=max(lens), **spec)
+def serving_set(smoke: bool, heads: dict[str, dict]) -> list[tuple[dict, DecodeShape, list[int]]]:
+    """serving.py's cases, each with its shape and its batch's lengths (seeded by its index)."""
+    out = []
+    for i, case in enumerate(cases(smoke, heads)):
+        lens = draw_lengths(case["distribution"], case["batch"], case["cap"], seed=i)
+        out.append((case, DecodeShape(batch=case["batch"], kv_len=max(lens), **heads[case["model"]]), lens))
+    return out
+
+
+def grid_set(tunings: Path) -> list[tuple[dict, DecodeShape, list[int]]]:
+    """Every shape of the shipped decode_attention records, full lengths, in a stride through
+    them (a run cut short still spans the head configurations and sizes)."""
+    shapes = {}
+    for r in json.loads(tunings.read_text())["records"]:
+        if r["op"] == "decode_attention":
+            shape = shape_from_keys(json.dumps(r["static_key"]), AttentionRunKey(**r["run_key"]))
+            if shape is not None:
+                shapes[shape] = r["static_key"]
+    ordered = sorted(shapes, key=lambda s: (s.label(), s.batch, s.kv_len))
+    stride = next(k for k in range(len(ordered) // 3 or 1, len(ordered) + 1) if math.gcd(k, len(ordered)) == 1)
+    out = []
+    for i in range(len(ordered)):
+        shape = ordered[(i * stride) % len(ordered)]
+        case = dict(model=f"h{shape.num_q_heads}/{shape.num_kv_heads} d{shape.head_dim} q{shape.q_len}"
+                          f"{' window' if shape.window[0] >= 0 else ''}{' sinks' if shape.sinks else ''}",
+                    batch=shape.batch, cap=shape.kv_len, distribution="full", q_len=shape.q_len)
+        out.append((case, shape, [shape.kv_len] * shape.batch))
+    return out
+
+
+def run_case(case: dict, shape: DecodeShape, lens: list[int], device: str, final, backends: dict[str, tuple],
+             seed: int) -> dict:
     inputs = make_decode_inputs(shape, device=device, seed=seed, seq_lens=lens)
     reference = inputs.reference()
     copies = fresh_page_copies(inputs, cold_l2_copies(bytes_read(inputs), device))
@@ -158,8 +192,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=540.0, help="stop starting cases after this long")
     ap.add_argument("--limit", type=int, help="run only the first LIMIT cases")
     ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device)")
+    ap.add_argument("--set", choices=("serving", "grid"), default="serving",
+                    help="serving: serving.py's cases; grid: the shipped grid's shapes (full lengths)")
     ap.add_argument("--heads", choices=("issue", "shipped"), default="issue",
-                    help="issue: serving.py's MODELS; shipped: every shipped head configuration and the others")
+                    help="serving set: serving.py's MODELS (issue), or every shipped head configuration and the "
+                         "others (shipped)")
     ap.add_argument("--models", help="only the head configurations whose name holds this text")
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
     ap.add_argument("--before", type=Path, help="an earlier tuner/ops/triton_decode.py, timed beside ours")
@@ -180,29 +217,30 @@ def main() -> None:
         heads = {"smoke": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")}
     else:
         heads = MODELS if args.heads == "issue" else shipped_heads()
-    if args.models:
-        heads = {name: spec for name, spec in heads.items() if args.models in name}
-        if not heads:
-            ap.error(f"--models {args.models!r} names no head configuration")
     backends = contenders(wanted, load_before(args.before) if args.before else None)
     names = list(backends)
-    todo = [(i, c) for i, c in enumerate(cases(args.smoke, heads)[:args.limit]) if i % parts == part]
+    chosen = grid_set(SHIPPED) if args.set == "grid" and not args.smoke else serving_set(args.smoke, heads)
+    if args.models:  # a head configuration's name (serving) or a shape's label (grid) holding it
+        chosen = [c for c in chosen if args.models in c[0]["model"]]
+        if not chosen:
+            ap.error(f"--models {args.models!r} names no case")
+    todo = [(i, c) for i, c in enumerate(chosen[:args.limit]) if i % parts == part]
     rows: list[dict] = []
     started = time.perf_counter()
 
     def write() -> dict:
-        doc = {**header("roofline", started), "hbm_bytes_per_s": HBM_BYTES_PER_S, "cases_planned": len(todo),
-               "backends": names, "models": heads,
+        doc = {**header("roofline", started), "hbm_bytes_per_s": HBM_BYTES_PER_S, "set": args.set,
+               "cases_planned": len(todo), "backends": names, "models": heads if args.set == "serving" else None,
                "targets": dict(bytes=TARGET_BYTES, fraction=TARGET_FRACTION, slack_us=TARGET_SLACK_US),
                "summary": summary(rows, names), "rows": rows}
         args.out.write_text(json.dumps(doc, indent=1, default=str))
         return doc
 
-    for i, case in todo:
+    for i, (case, shape, lens) in todo:
         if time.perf_counter() - started > args.seconds:
             break
         try:
-            row = run_case(case, heads[case["model"]], device, final, backends, seed=i)
+            row = run_case(case, shape, lens, device, final, backends, seed=i)
         except Exception as e:  # noqa: BLE001 - recorded, the run goes on
             row = dict(case, error=f"{type(e).__name__}: {e}"[:300])
         rows.append(row)
