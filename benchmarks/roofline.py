@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from case_runs import add_run_options, cases_of_this_run, run_cases
 from run_info import header
 from serving import MODELS, cases, shipped_heads
 
@@ -188,10 +189,7 @@ def summary(rows: list[dict], names: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--seconds", type=float, default=540.0, help="stop starting cases after this long")
-    ap.add_argument("--limit", type=int, help="run only the first LIMIT cases")
-    ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device)")
+    add_run_options(ap)
     ap.add_argument("--set", choices=("serving", "grid"), default="serving",
                     help="serving: serving.py's cases; grid: the shipped grid's shapes (full lengths)")
     ap.add_argument("--heads", choices=("issue", "shipped"), default="issue",
@@ -200,13 +198,7 @@ def main() -> None:
     ap.add_argument("--models", help="only the head configurations whose name holds this text")
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
     ap.add_argument("--before", type=Path, help="an earlier tuner/ops/triton_decode.py, timed beside ours")
-    ap.add_argument("--smoke", action="store_true", help="a few tiny cases on the CPU (Triton interpreted)")
     args = ap.parse_args()
-    try:
-        part, parts = (int(x) for x in args.part.split("/"))
-        assert 0 <= part < parts
-    except (ValueError, AssertionError):
-        ap.error(f"--part K/N with 0 <= K < N, got {args.part!r}")
     wanted = set(args.backends.split(","))
     if not wanted <= set(BACKENDS):
         ap.error(f"--backends: unknown {', '.join(sorted(wanted - set(BACKENDS)))}")
@@ -224,11 +216,10 @@ def main() -> None:
         chosen = [c for c in chosen if args.models in c[0]["model"]]
         if not chosen:
             ap.error(f"--models {args.models!r} names no case")
-    todo = [(i, c) for i, c in enumerate(chosen[:args.limit]) if i % parts == part]
-    rows: list[dict] = []
+    todo = cases_of_this_run(ap, args, chosen)
     started = time.perf_counter()
 
-    def write() -> dict:
+    def write(rows: list[dict]) -> dict:
         doc = {**header("roofline", started), "hbm_bytes_per_s": HBM_BYTES_PER_S, "set": args.set,
                "cases_planned": len(todo), "backends": names, "models": heads if args.set == "serving" else None,
                "targets": dict(bytes=TARGET_BYTES, fraction=TARGET_FRACTION, slack_us=TARGET_SLACK_US),
@@ -236,21 +227,12 @@ def main() -> None:
         args.out.write_text(json.dumps(doc, indent=1, default=str))
         return doc
 
-    for i, (case, shape, lens) in todo:
-        if time.perf_counter() - started > args.seconds:
-            break
-        try:
-            row = run_case(case, shape, lens, device, final, backends, seed=i)
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-            row = dict(case, error=f"{type(e).__name__}: {e}"[:300])
-        rows.append(row)
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        line = f"{case['model'][:26]:26} b{case['batch']:<4} L{case['cap']:<7} {case['distribution']:9}"
-        line += "".join(f" {n} {row[n]['fraction']:.2f}" for n in names if "fraction" in row.get(n, {}))
-        print(line + (" " + row["error"] if "error" in row else ""), flush=True)
-        write()
-    doc = write()
+    rows = run_cases(todo, args.seconds, device,
+                     run=lambda i, c: run_case(*c, device, final, backends, seed=i), fields=lambda c: c[0],
+                     describe=lambda row: "".join(f" {n} {row[n]['fraction']:.2f}" for n in names
+                                                  if "fraction" in row.get(n, {})),
+                     write=write)
+    doc = write(rows)
     print(json.dumps(doc["summary"], default=str))
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import heads as head_configs
 import torch
+from case_runs import add_run_options, cases_of_this_run, run_cases
 from run_info import header
 
 import tuner
@@ -245,23 +246,13 @@ def write(out: Path, rows: list[dict], planned: int, started: float, heads: dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--seconds", type=float, default=540.0, help="stop starting cases after this long")
-    ap.add_argument("--limit", type=int, help="run only the first LIMIT cases (to repeat a run's cases)")
+    add_run_options(ap)
     ap.add_argument("--db", type=Path, help="the user DB over the shipped tunings (default: none, shipped only)")
-    ap.add_argument("--smoke", action="store_true", help="a few tiny cases on the CPU (Triton interpreted)")
     ap.add_argument("--heads", choices=("issue", "shipped"), default="issue",
                     help="issue: MODELS (3 shipped head configurations, 2 others); shipped: all 11 shipped ones "
                          "and the 2 others")
     ap.add_argument("--models", help="only the head configurations whose name holds this text (e.g. \"(other)\")")
-    ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device "
-                                                 "or call; a case keeps its seed)")
     args = ap.parse_args()
-    try:
-        part, parts = (int(x) for x in args.part.split("/"))
-        assert 0 <= part < parts
-    except (ValueError, AssertionError):
-        ap.error(f"--part K/N with 0 <= K < N, got {args.part!r}")
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable
     db = args.db or Path(tempfile.mkdtemp()) / "none.db"
@@ -279,25 +270,16 @@ def main() -> None:
         heads = {name: spec for name, spec in heads.items() if args.models in name}
         if not heads:
             ap.error(f"--models {args.models!r} names no head configuration")
-    todo = [(i, c) for i, c in enumerate(cases(args.smoke, heads)[:args.limit]) if i % parts == part]
-    rows: list[dict] = []
+    todo = cases_of_this_run(ap, args, cases(args.smoke, heads))
     started = time.perf_counter()
-    for i, case in todo:
-        if time.perf_counter() - started > args.seconds:
-            break
-        try:
-            row = run_case(case, heads[case["model"]], device, final, screen, seed=i)
-        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-            row = dict(case, error=f"{type(e).__name__}: {e}"[:300])
-        rows.append(row)
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        line = f"{case['model'][:26]:26} b{case['batch']:<4} L{case['cap']:<7} {case['distribution']:9}"
-        for m in MODES:
-            if m in row:
-                line += f" {m} {row[m]['tuner_speedup']:.3f}/{row[m]['oracle_speedup']:.3f}"
-        print(line + (" " + row["error"] if "error" in row else ""), flush=True)
-        write(args.out, rows, len(todo), started, heads)
+
+    def describe(row: dict) -> str:
+        return "".join(f" {m} {row[m]['tuner_speedup']:.3f}/{row[m]['oracle_speedup']:.3f}" for m in MODES if m in row)
+
+    rows = run_cases(todo, args.seconds, device,
+                     run=lambda i, case: run_case(case, heads[case["model"]], device, final, screen, seed=i),
+                     fields=lambda case: case, describe=describe,
+                     write=lambda done: write(args.out, done, len(todo), started, heads))
     doc = write(args.out, rows, len(todo), started, heads)
     for m, sm in doc["summary"].items():
         print(m, json.dumps({k: v for k, v in sm.items() if not k.startswith("by_")}, default=str))

@@ -26,3 +26,13 @@ def test_roofline_smoke(tmp_path):
     assert doc["backends"] == ["ours_best", "ours_before_best"] and "error" not in row
     assert row["kv_bytes"] > 0 and row["ours_best"]["fraction"] > 0 and row["ours_over_before"] > 0
     assert row["ours_best"]["failed"] == 0 and doc["summary"]["ours_over_before"]["cases"] == 1
+
+
+def test_serving_smoke(tmp_path):
+    out = tmp_path / "serving.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "serving.py", "--smoke", "--limit", "1", "--out", str(out)],
+                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [row] = json.loads(out.read_text())["rows"]
+    assert "error" not in row and row["per_call"]["default_us"] > 0 and row["graph"]["tuner_us"] > 0

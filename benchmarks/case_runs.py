@@ -1,0 +1,57 @@
+"""What every case-by-case GPU benchmark shares (serving.py, roofline.py): the command line
+(where the JSON goes, how long to start cases for, which cases this run takes) and the
+loop over the cases."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def add_run_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--seconds", type=float, default=540.0, help="stop starting cases after this long")
+    ap.add_argument("--limit", type=int, help="run only the first LIMIT cases (to repeat a run's cases)")
+    ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device "
+                                                 "or call; a case keeps its seed)")
+    ap.add_argument("--smoke", action="store_true", help="a few tiny cases on the CPU (Triton interpreted)")
+
+
+def cases_of_this_run(ap: argparse.ArgumentParser, args: Any, cases: list[T]) -> list[tuple[int, T]]:
+    """(index, case) of the cases --limit and --part give this run; a bad --part is a usage error."""
+    try:
+        part, parts = (int(x) for x in args.part.split("/"))
+        assert 0 <= part < parts
+    except (ValueError, AssertionError):
+        ap.error(f"--part K/N with 0 <= K < N, got {args.part!r}")
+    return [(i, c) for i, c in enumerate(cases[:args.limit]) if i % parts == part]
+
+
+def run_cases(todo: list[tuple[int, T]], seconds: float, device: str, run: Callable[[int, T], dict],
+              fields: Callable[[T], dict], describe: Callable[[dict], str],
+              write: Callable[[list[dict]], Any]) -> list[dict]:
+    """Each case in turn (run(index, case) gives its row) until `seconds` have passed: a case
+    that fails becomes a row of its fields and the error, and the run goes on; a line per case
+    (describe(row)), and the rows written after every case, so a run cut short keeps them."""
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for i, case in todo:
+        if time.perf_counter() - started > seconds:
+            break
+        try:
+            row = run(i, case)
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            row = dict(fields(case), error=f"{type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        line = f"{row['model'][:26]:26} b{row['batch']:<4} L{row['cap']:<7} {row['distribution']:9}"
+        print(line + describe(row) + (" " + row["error"] if "error" in row else ""), flush=True)
+        write(rows)
+    return rows
