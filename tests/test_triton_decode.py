@@ -259,17 +259,14 @@ def compile_for_h200(kernel, constants, **options):
 
 kernels = _define_kernels()
 assert type(kernels.split).__name__ == "JITFunction", type(kernels.split).__name__
-for final, masks, head_dim, page in [(False, True, 128, 16), (False, False, 64, 1), (True, True, 256, 16)]:
+for final, by_tokens, masks, head_dim, page, row_blocks in [
+        (False, True, True, 128, 16, 2), (False, True, False, 64, 1, 1), (False, False, True, 128, 16, 1),
+        (True, False, False, 256, 1, 1)]:
     compile_for_h200(kernels.split, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page,
                                          BLOCK_M=16, BLOCK_N=64, BLOCK_D=head_dim, BLOCK_DV=head_dim,
                                          MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SOFTCAP=masks, HAS_SINKS=not masks,
-                                         FINAL=final, F32_DOT=False), num_warps=4, num_stages=3)
-for masks, row_blocks in [(True, 2), (False, 1)]:
-    compile_for_h200(kernels.persistent, dict(GROUP=4, HEAD_DIM=128, HEAD_DIM_V=128, PAGE_SIZE=16, BLOCK_M=16,
-                                              BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128, MASK_LEFT=masks,
-                                              MASK_RIGHT=masks, HAS_SOFTCAP=masks, HAS_SINKS=not masks,
-                                              F32_DOT=False, ROW_BLOCKS=row_blocks, BLOCK_U=256),
-                     num_warps=4, num_stages=2)
+                                         FINAL=final, F32_DOT=False, BY_TOKENS=by_tokens, ROW_BLOCKS=row_blocks,
+                                         BLOCK_U=256 if by_tokens else 1), num_warps=4, num_stages=3)
 for by_tokens, masks in [(True, True), (False, False)]:
     compile_for_h200(kernels.merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128, BLOCK_DV=128,
                                          MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SINKS=masks, BY_TOKENS=by_tokens),

@@ -83,8 +83,7 @@ _kernels_cache: dict[bool, Kernels] = {}  # interpret? -> the kernels
 
 
 class Kernels(NamedTuple):
-    split: Any  # stage 1 on a grid: a program per (sequence x kv head, row block, split)
-    persistent: Any  # stage 1 on a fixed number of programs, each looping over (split, kv head) items
+    split: Any  # stage 1: programs over the (split, kv head) items
     merge: Any  # stage 2: a program per (sequence, query token, q head)
 
 
@@ -247,75 +246,50 @@ def _define_kernels() -> Kernels:
         stride_pb, stride_ps, stride_ph, stride_pk,
         stride_lb, stride_ls, stride_lh,
         stride_ob, stride_os, stride_oh,
-        q_len, num_kv_heads, num_splits, scale, softcap, left, right,
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        FINAL: tl.constexpr, F32_DOT: tl.constexpr,
-    ):
-        # int64 index math throughout: no int32 overflow on large caches or batches (and the
-        # interpreter skips its per-op int32 overflow checks, a large share of its run time)
-        pid_bh = tl.program_id(0).to(tl.int64)
-        row_block = tl.program_id(1).to(tl.int64)
-        split = tl.program_id(2).to(tl.int64)
-        b = pid_bh // num_kv_heads
-        kvh = pid_bh % num_kv_heads
-        seq_len = tl.load(SeqLens + b).to(tl.int64)
-        lo, hi, chunk, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, 0,
-                                          GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False)
-        # this split's share (a split past `used` has none: it loops zero times, stores nothing)
-        start = lo + split * chunk
-        end = tl.minimum(start + chunk, hi)
-        _attend_split(Q, K, V, PageTable, Sinks, Part, Lse, Out,
-                      stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
-                      stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
-                      stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
-                      stride_ob, stride_os, stride_oh,
-                      b, kvh, row_block, split, seq_len, start, end, used, q_len, scale, softcap, left, right,
-                      GROUP, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
-                      MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_SINKS, FINAL, F32_DOT)
-
-    @triton.jit
-    def _decode_persistent_kernel(
-        Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
-        stride_qb, stride_qs, stride_qh,
-        stride_kp, stride_ks, stride_kh,
-        stride_vp, stride_vs, stride_vh,
-        stride_tb, stride_tp,
-        stride_pb, stride_ps, stride_ph, stride_pk,
-        stride_lb, stride_ls, stride_lh,
-        stride_ob, stride_os, stride_oh,
         batch, q_len, num_kv_heads, num_splits, tokens_per_split, num_programs, scale, softcap, left, right,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        F32_DOT: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_U: tl.constexpr,
+        FINAL: tl.constexpr, F32_DOT: tl.constexpr, BY_TOKENS: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+        BLOCK_U: tl.constexpr,
     ):
-        # Each (sequence, row block) "unit" gets a split per tokens_per_split of its own keys
-        # (at most num_splits); an item is one split of one unit for one kv head. The items
-        # are numbered unit by unit, split by split, kv head by kv head, and the programs
-        # take them in turn: only real work is scheduled, however the lengths are mixed
-        # (a grid sized for the longest sequence would start a program for every split of
-        # every sequence, most of them idle).
+        # The work is items: one split of one (sequence, row block) "unit" for one kv head.
+        # The even split has num_splits items per unit and kv head, one program each.
+        # Splits by length: each unit gets a split per tokens_per_split of its own keys (at
+        # most num_splits), the items are numbered unit by unit, split by split, kv head by
+        # kv head, and num_programs persistent programs take them in turn: only real work
+        # is scheduled, however the lengths are mixed (a grid sized for the longest sequence
+        # would start a program for every split of every sequence, most of them idle).
+        # int64 index math throughout: no int32 overflow on large caches or batches (and the
+        # interpreter skips its per-op int32 overflow checks, a large share of its run time)
         pid = tl.program_id(0).to(tl.int64)
-        units = tl.arange(0, BLOCK_U).to(tl.int64)
-        unit_ok = units < batch * ROW_BLOCKS
-        unit_lens = tl.load(SeqLens + units // ROW_BLOCKS, mask=unit_ok, other=0).to(tl.int64)
-        _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
-                                         tokens_per_split, GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
-        unit_used = tl.where(unit_ok, unit_used, 0)
-        ends = tl.cumsum(unit_used, 0)  # a unit's splits are slots [ends - used, ends)
-        total = tl.sum(unit_used, 0) * num_kv_heads
+        if BY_TOKENS:
+            units = tl.arange(0, BLOCK_U).to(tl.int64)
+            unit_ok = units < batch * ROW_BLOCKS
+            unit_lens = tl.load(SeqLens + units // ROW_BLOCKS, mask=unit_ok, other=0).to(tl.int64)
+            _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
+                                             tokens_per_split, GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
+            unit_used = tl.where(unit_ok, unit_used, 0)
+            ends = tl.cumsum(unit_used, 0)  # a unit's splits are slots [ends - used, ends)
+            total = tl.sum(unit_used, 0) * num_kv_heads
+        else:
+            total = batch * ROW_BLOCKS * num_splits * num_kv_heads
         for item in range(pid, total, num_programs):
-            slot = item // num_kv_heads
             kvh = item % num_kv_heads
-            unit = tl.sum((ends <= slot).to(tl.int64), 0)  # the unit holding this slot
-            split = slot - tl.sum(tl.where(units == unit, ends - unit_used, 0), 0)
-            b = unit // ROW_BLOCKS
-            row_block = unit % ROW_BLOCKS
+            if BY_TOKENS:
+                slot = item // num_kv_heads
+                unit = tl.sum((ends <= slot).to(tl.int64), 0)  # the unit holding this slot
+                split = slot - tl.sum(tl.where(units == unit, ends - unit_used, 0), 0)
+                b = unit // ROW_BLOCKS
+                row_block = unit % ROW_BLOCKS
+            else:  # kv heads, then sequences, then row blocks, then splits
+                b = (item // num_kv_heads) % batch
+                row_block = (item // (num_kv_heads * batch)) % ROW_BLOCKS
+                split = item // (num_kv_heads * batch * ROW_BLOCKS)
             seq_len = tl.load(SeqLens + b).to(tl.int64)
             lo, hi, chunk, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
-                                              GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
+                                              GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, BY_TOKENS)
+            # this split's share (a split past `used` has none: it loops zero times, stores nothing)
             start = lo + split * chunk
             end = tl.minimum(start + chunk, hi)
             _attend_split(Q, K, V, PageTable, Sinks, Part, Lse, Out,
@@ -325,7 +299,7 @@ def _define_kernels() -> Kernels:
                           stride_ob, stride_os, stride_oh,
                           b, kvh, row_block, split, seq_len, start, end, used, q_len, scale, softcap, left, right,
                           GROUP, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
-                          MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_SINKS, False, F32_DOT)
+                          MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_SINKS, FINAL, F32_DOT)
 
     @triton.jit
     def _decode_merge_kernel(
@@ -383,7 +357,7 @@ def _define_kernels() -> Kernels:
         # it calls must be globals there; compiled kernels find theirs in their closure
         # (which wins over globals), so a compiled and an interpreted set can live side by side
         globals().update(_split_plan=_split_plan, _attend_split=_attend_split)
-    return Kernels(_decode_split_kernel, _decode_persistent_kernel, _decode_merge_kernel)
+    return Kernels(_decode_split_kernel, _decode_merge_kernel)
 
 
 def _prepare_env() -> None:
@@ -531,16 +505,17 @@ def triton_paged_decode(
                      MASK_LEFT=mask_left, MASK_RIGHT=mask_right, HAS_SOFTCAP=bool(softcap),
                      HAS_SINKS=sinks is not None, F32_DOT=f32_dot, num_warps=num_warps, num_stages=num_stages)
     softcap_arg = float(softcap or 1.0)
-    if by_tokens and not final:  # the splits of each sequence's own length, on persistent programs
-        items = batch * row_blocks * num_splits * num_kv_heads  # at most
+    by_tokens = by_tokens and not final  # one split each: the even split's single program per unit
+    items = batch * row_blocks * num_splits * num_kv_heads  # at most
+    if by_tokens:  # the splits of each sequence's own length, on persistent programs
         programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * _sm_count(
             q.device.index))
-        launch(kernels.persistent, (programs,))(
-            *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split, programs, scale, softcap_arg,
-            left, right, ROW_BLOCKS=row_blocks, BLOCK_U=max(64, _next_pow2(batch * row_blocks)), **constants)
     else:
-        launch(kernels.split, (batch * num_kv_heads, row_blocks, num_splits))(
-            *common, q_len, num_kv_heads, num_splits, scale, softcap_arg, left, right, FINAL=final, **constants)
+        programs = items
+    launch(kernels.split, (programs,))(
+        *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split, programs, scale, softcap_arg, left, right,
+        FINAL=final, BY_TOKENS=by_tokens, ROW_BLOCKS=row_blocks,
+        BLOCK_U=max(64, _next_pow2(batch * row_blocks)) if by_tokens else 1, **constants)
     if not final:
         launch(kernels.merge, (batch * q_len * num_q_heads,))(
             part, lse, cache_seqlens, sinks_arg, out,
