@@ -109,6 +109,20 @@ def test_splits_by_length_over_many_sequences_of_mixed_lengths() -> None:
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("splits", [dict(num_kv_splits=8), dict(num_kv_splits=8, tokens_per_split=16)])
+def test_the_merge_reads_the_splits_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch, splits: dict) -> None:
+    """Chunks of 2 splits: several chunks, the last one part full (7 splits of 150 keys)."""
+    import tuner.ops.triton_decode as td
+
+    monkeypatch.setattr(td, "MERGE_CHUNK", 2)
+    shape = dataclasses.replace(BASE, batch=3, kv_len=150, sinks=True, q_len=2, window=(100, -1))
+    inputs = make_decode_inputs(shape, device=DEVICE)
+    inputs.cache_seqlens = torch.tensor([150, 97, 40], dtype=torch.int32, device=DEVICE)
+    ref = paged_decode_reference(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                                 causal=shape.causal, window=shape.window, sinks=inputs.sinks)
+    torch.testing.assert_close(_decode(inputs, block_n=16, **splits), ref, atol=1e-4, rtol=1e-4)
+
+
 def test_splits_by_length_within_the_partial_results_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Partial results are held to PART_MAX_BYTES: fewer splits (longer ones), same output."""
     import tuner.ops.triton_decode as td
@@ -268,7 +282,8 @@ for final, by_tokens, masks, head_dim, page, row_blocks in [
                                          FINAL=final, F32_DOT=False, BY_TOKENS=by_tokens, ROW_BLOCKS=row_blocks,
                                          BLOCK_U=256 if by_tokens else 1), num_warps=4, num_stages=3)
 for by_tokens, masks in [(True, True), (False, False)]:
-    compile_for_h200(kernels.merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128, BLOCK_DV=128,
+    compile_for_h200(kernels.merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128, MERGE_CHUNK=16,
+                                         BLOCK_DV=128,
                                          MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SINKS=masks, BY_TOKENS=by_tokens),
                      num_warps=4)
 print("compiled")

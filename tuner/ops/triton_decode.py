@@ -75,6 +75,7 @@ CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 PERSISTENT_PROGRAMS_PER_SM = 8
 INTERPRETED_PROGRAMS = 3
 PART_MAX_BYTES = 256 * 2**20  # partial results of the splits by length, at most
+MERGE_CHUNK = 16  # splits the merge reads at a time
 MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs
 DEFAULT: Config = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
 
@@ -313,6 +314,7 @@ def _define_kernels() -> Kernels:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_S: tl.constexpr,
+        MERGE_CHUNK: tl.constexpr,
         BLOCK_DV: tl.constexpr,
         MASK_LEFT: tl.constexpr,
         MASK_RIGHT: tl.constexpr,
@@ -345,10 +347,18 @@ def _define_kernels() -> Kernels:
             denom = tl.sum(w, 0)
             if HAS_SINKS:
                 denom = denom + tl.exp(sink - m)  # the sink attends to nothing: denominator only
-            p_ptrs = (Part + b * stride_pb + qi * stride_ps + h * stride_ph
-                      + offs_s[:, None] * stride_pk + offs_dv[None, :])
-            part = tl.load(p_ptrs, mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
-            out = tl.sum(part * w[:, None], 0) / tl.maximum(denom, 1e-30)
+            # the partial outputs MERGE_CHUNK splits at a time: all of them at once, BLOCK_S x
+            # BLOCK_DV floats, would not fit a program's registers for a hundred splits
+            acc = tl.zeros([BLOCK_DV], tl.float32)
+            row_lse = Lse + b * stride_lb + qi * stride_ls + h * stride_lh
+            row_part = Part + b * stride_pb + qi * stride_ps + h * stride_ph + offs_dv[None, :]
+            for s0 in range(0, used, MERGE_CHUNK):
+                offs_c = s0 + tl.arange(0, MERGE_CHUNK)
+                c_ok = offs_c < used
+                w_c = tl.exp(tl.load(row_lse + offs_c, mask=c_ok, other=float("-inf")) - m)
+                part = tl.load(row_part + offs_c[:, None] * stride_pk, mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
+                acc += tl.sum(part * w_c[:, None], 0)
+            out = acc / tl.maximum(denom, 1e-30)
             tl.store(Out + b * stride_ob + qi * stride_os + h * stride_oh + offs_dv, out.to(Out.dtype.element_ty),
                      mask=dv_ok)
 
@@ -522,7 +532,7 @@ def triton_paged_decode(
             *part_strides, *lse_strides, *out.stride()[:3],
             q_len, num_q_heads, num_splits, tokens_per_split, left, right,
             GROUP=group, HEAD_DIM_V=head_dim_v, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_S=_next_pow2(num_splits), BLOCK_DV=block_dv,
+            BLOCK_S=_next_pow2(num_splits), MERGE_CHUNK=min(MERGE_CHUNK, _next_pow2(num_splits)), BLOCK_DV=block_dv,
             MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
             HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens,
             num_warps=4,
