@@ -188,6 +188,22 @@ def test_every_knob_of_a_triton_config_reaches_the_kernel(monkeypatch):
         assert knobs["tokens_per_split"] == config.get("tokens_per_split", 0)
 
 
+def test_a_windowed_call_keys_on_the_keys_its_window_sees(db_path, monkeypatch):
+    """A 15-key window over 200-key sequences reads 16 keys a query, as over 16-key ones: one
+    record (kv bucket 16) serves both, and a sweep of the 200-key shape is a sweep of it."""
+    windowed = dataclasses.replace(SHAPE, kv_len=200, window=(15, -1))
+    short = dataclasses.replace(windowed, kv_len=16)
+    assert windowed.run_key() == short.run_key() and short.run_key().kv_len_bucket == 16
+    _store(db_path, short, {"backend": "triton_decode", "block_n": 16, "num_kv_splits": 1, "num_warps": 4,
+                            "num_stages": 2})
+    tuner.configure(db=db_path, mode="lookup")
+    ran = _recording_triton(monkeypatch)
+    inputs = make_decode_inputs(windowed)
+    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200,
+                     window_size=(15, -1))
+    assert ran == [(16, 1)]
+
+
 def test_a_fallback_runs_the_default_of_the_kv_buckets_top(monkeypatch):
     """A FlashInfer winner without host lengths (or under capture) falls back to the default
     backend. Its config came from the call's exact kv length, so one key ran (and a graph

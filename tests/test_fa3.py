@@ -52,6 +52,20 @@ def test_the_drop_in_runs_the_swept_winner(db_path, kernel_calls):
     assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(12, True), (12, True)]
 
 
+def test_a_windowed_call_runs_the_winner_of_the_keys_its_window_sees(db_path, kernel_calls):
+    """A 63-key window over 2048-key sequences reads what one over 64-key sequences does: the
+    record at kv bucket 64 serves both (a call keyed on its page table's 2048 missed it)."""
+    short = make_decode_inputs(DecodeShape(batch=4, kv_len=64, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                           dtype="float32", window=(63, 0)))
+    store(db_path, short, {"num_splits": 3, "pack_gqa": True})
+    tuner.configure(db=db_path, mode="lookup")
+    long = make_decode_inputs(DecodeShape(batch=4, kv_len=2048, num_q_heads=8, num_kv_heads=2, head_dim=16,
+                                          dtype="float32", window=(63, 0)))
+    call(long)
+    call(long, window_size=(-1, -1))  # no window: another static key, with no winner
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(3, True), (0, None)]
+
+
 def test_a_value_the_caller_sets_is_kept_and_the_librarys_choice_is_tuned(db_path, kernel_calls):
     inputs = make_decode_inputs(DecodeShape(batch=4, kv_len=512, num_q_heads=8, num_kv_heads=2, head_dim=16,
                                             dtype="float32"))

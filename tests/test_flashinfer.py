@@ -202,6 +202,23 @@ def test_the_db_chooses_the_plan_config_and_an_explicit_argument_wins(fake, db_p
     assert not fake.instances[-1].use_tensor_cores
 
 
+def test_a_windowed_plan_takes_the_record_of_the_keys_its_window_sees(fake, db_path):
+    """window_left 15 over sequences of 300 and 400 keys reads 16 keys a query: the record at
+    kv bucket 16 configures the plan (keyed on 400's bucket, 512, it was missed)."""
+    static = DecodeShape(batch=1, kv_len=1, num_q_heads=4, num_kv_heads=2, head_dim=8, page_size=1,
+                         dtype="float16", window=(15, 0)).static_key().to_json()
+    tc = {"use_tensor_cores": True, "flashinfer_backend": "fa2", "fixed_split_size": 4, "disable_split_kv": False}
+    _store(db_path, static, attention_run_key(2, 1, 16), tc)
+    tuner.configure(db=db_path, mode="lookup")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    lens = np.array([300, 400])
+    indptr, last = paged_metadata(lens, 1)
+    wrapper.plan(torch.from_numpy(indptr), torch.arange(int(indptr[-1]), dtype=torch.int32), torch.from_numpy(last),
+                 4, 2, 8, 1, seq_lens=lens, window_left=15)
+    inner = fake.instances[-1]
+    assert inner.use_tensor_cores and inner.plan_calls[-1]["fixed_split_size"] == 4
+
+
 def test_a_prefill_record_never_configures_the_decode_wrapper(fake, db_path):
     _store(db_path, _static_json(page_size=1), attention_run_key(2, 2, 16),
            {"flashinfer_backend": "fa3", "fixed_split_size": None, "disable_split_kv": False})

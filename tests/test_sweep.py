@@ -209,6 +209,18 @@ def test_shapes_sharing_a_key_are_measured_once(db_path):
     assert "kv300" in results[1].note and results[1].measured == 0
 
 
+def test_windowed_shapes_past_their_window_share_one_record(db_path):
+    """A 15-key window: kv 64 and kv 500 read 16 keys a query alike, so a grid's longer shapes
+    add nothing; the first (the grid's shortest) is swept, and stored at kv bucket 16."""
+    timer = FakeTimer()
+    op = fake_op(timer, COSTS)
+    shapes = [DecodeShape(batch=1, kv_len=kv, window=(15, -1), **SMALL) for kv in (64, 500, 2000)]
+    results = sweep(op, shapes, TuningDB(db_path), timer=timer)
+    assert [r.status for r in results] == [MEASURED, "duplicate", "duplicate"]
+    [record] = TuningDB(db_path).records()
+    assert record.problem.run_key.kv_len_bucket == 16 and "kv64" in results[2].note
+
+
 def test_a_shape_too_big_for_memory_fails_alone(db_path):
     timer = FakeTimer()
     op = fake_op(timer, COSTS)

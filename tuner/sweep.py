@@ -114,7 +114,11 @@ def sweep(
     method = dict(timer.method, device=device)
     advance = on_advance or (lambda n, label: None)
     results: list[ShapeResult] = []
-    seen: dict[Problem, DecodeShape] = {}
+    # shapes of one key (static key and run key: a window caps the kv bucket) share one
+    # record: the first listed is swept (a grid's smallest kv length), the others noted
+    first: dict[Problem, DecodeShape] = {}
+    for shape in shapes:
+        first.setdefault(Problem(op.name, shape.static_key().to_json(), shape.run_key()), shape)
     for shape in (shapes[i] for i in order):
         configs = candidate_configs(op, shape)
         if guide is not None:
@@ -123,12 +127,11 @@ def sweep(
             configs = shortlist
         problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
         label = shape.label()
-        if problem in seen:  # same static key and kv bucket: one record holds both
+        if first[problem] is not shape:
             advance(len(configs), label)
             results.append(ShapeResult(shape, DUPLICATE, None, None, None, 0, 0, 0,
-                                       note=f"same key as {seen[problem].label()}"))
+                                       note=f"same key as {first[problem].label()}"))
             continue
-        seen[problem] = shape
         stored_winner = None if force else db.record(problem, environment=env.data)  # one that applies here
         if stored_winner is not None:
             if guide is not None:

@@ -10,6 +10,7 @@ from tuner.keys.run import (
     nearest_run_key,
     nearest_run_keys,
     run_key_distance,
+    visible_kv_len,
 )
 from tuner.keys.static import AttentionStaticKey, attention_static_key, normalize_window, static_key_from_parts
 
@@ -34,4 +35,5 @@ __all__ = [
     "run_key_distance",
     "static_key_from_parts",
     "static_key_from_tuple",
+    "visible_kv_len",
 ]

@@ -54,6 +54,15 @@ class AttentionRunKey:
         return canonical_json(self.to_dict())
 
 
+def visible_kv_len(max_kv_len: int, max_q_len: int, window_left: int) -> int:
+    """The most keys a call's queries can see: a sliding window of window_left keys left of
+    each query caps them at window_left + max_q_len, however long the sequences are (the
+    queries are the last tokens: no key lies to their right). Run keys bucket this, not the
+    sequences' length: a longer sequence behind the window reads and costs no more, so one
+    record serves every length past it, and a sweep need not measure them."""
+    return max_kv_len if window_left < 0 else min(max_kv_len, window_left + max_q_len)
+
+
 def attention_run_key(batch: int, max_q_len: int, max_kv_len: int) -> AttentionRunKey:
     """Run key from host-side values only (never read a GPU tensor to build one)."""
     return AttentionRunKey(

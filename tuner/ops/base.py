@@ -69,7 +69,7 @@ class DecodeInputs:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
     def run_key(self) -> AttentionRunKey:
-        return attention_run_key(self.shape.batch, self.shape.q_len, self.shape.kv_len)
+        return self.shape.run_key()
 
 
 def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", seed: int = 0,
