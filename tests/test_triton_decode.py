@@ -146,6 +146,14 @@ def test_splits_by_length_within_the_partial_results_budget(monkeypatch: pytest.
     assert max(held) == 2 * one_split  # 2 splits, not the 5 that 80 keys in 16s would get
 
 
+def test_an_empty_batch_gives_an_empty_output() -> None:
+    inputs = make_decode_inputs(BASE, device=DEVICE)
+    for splits in (dict(num_kv_splits=1), dict(num_kv_splits=4), dict(num_kv_splits=4, tokens_per_split=16)):
+        out = triton_paged_decode(inputs.q[:0], inputs.k_cache, inputs.v_cache, inputs.page_table[:0],
+                                  inputs.cache_seqlens[:0], max_kv_len=BASE.kv_len, block_n=16, **splits)
+        assert out.shape == (0, *inputs.q.shape[1:]), splits
+
+
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_empty_sequence_outputs_zero(with_sinks: bool) -> None:
     inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=with_sinks), device=DEVICE)

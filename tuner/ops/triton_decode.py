@@ -479,7 +479,7 @@ def triton_paged_decode(
     if by_tokens:  # enough splits for the longest visible span, at most num_kv_splits, and
         # partial results within PART_MAX_BYTES
         visible = _visible_bound(max_kv_len, q_len, left, right)
-        part_cap = PART_MAX_BYTES // (batch * q_len * num_q_heads * head_dim_v * 4)
+        part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * head_dim_v * 4, 1)
         num_splits = max(1, min(num_kv_splits, _cdiv(visible, max(tokens_per_split, block_n)), part_cap))
     else:
         num_splits = max(1, min(num_kv_splits, _cdiv(max_kv_len, block_n)))
