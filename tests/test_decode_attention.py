@@ -206,7 +206,8 @@ def test_a_windowed_call_keys_on_the_keys_its_window_sees(db_path, monkeypatch):
 
 def test_a_windowed_record_stored_past_its_window_serves_the_windows_key(db_path, monkeypatch):
     """Records of a windowed key stored at kv buckets past the window (before run keys bucketed
-    what the window sees) measured a window's work: the smallest such bucket's serves."""
+    what the window sees) measured a window's work: the largest such bucket's serves (its
+    lengths reached furthest past the window, as most calls' do)."""
     windowed = dataclasses.replace(SHAPE, kv_len=200, window=(15, -1))
     db = TuningDB(db_path)
     for bucket, splits in ((1024, 3), (256, 2), (512, 4)):  # in any order; 4+ octaves from 16: none borrowed
@@ -222,7 +223,32 @@ def test_a_windowed_record_stored_past_its_window_serves_the_windows_key(db_path
     inputs = make_decode_inputs(windowed)
     decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200,
                      window_size=(15, -1))
-    assert ran == [(16, 2)]  # the default is (16, 1)
+    assert ran == [(16, 3)]  # the default is (16, 1)
+
+
+def test_a_users_function_keyed_on_raw_lengths_keeps_its_windowed_records(db_path):
+    """An @autotune function of the user's with an attention static key of a window, whose run
+    key is the raw kv length: its record at that length still serves it (the records are also
+    served at the window's bucket, not moved there)."""
+    from tuner.keys import attention_static_key
+
+    q, k = torch.zeros(4, 8, 64), torch.zeros(100, 16, 2, 64)
+
+    def static(q, k, max_kv_len):
+        return attention_static_key(q, k, k, causal=True, window_size=(127, -1))
+
+    @tuner.autotune("my_attention", configs=[{"x": 1}, {"x": 2}], default={"x": 1}, static_key=static,
+                    run_key=lambda q, k, max_kv_len: (q.shape[0], 1, max_kv_len))
+    def my_attention(q, k, max_kv_len, *, config):
+        return config
+
+    db = TuningDB(db_path)
+    db.save_record(Problem("my_attention", static(q, k, 0).to_json(), attention_run_key(4, 1, 16384)),
+                   (current_fingerprint_id(), current_fingerprint()), {"x": 2}, median_us=1.0, spread_us=0.0,
+                   samples=3, default_config={"x": 1}, default_median_us=3.0, default_spread_us=0.0, method={})
+    db.close()
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    assert my_attention(q, k, 16384) == {"x": 2}
 
 
 def test_a_fallback_runs_the_default_of_the_kv_buckets_top(monkeypatch):
@@ -282,3 +308,21 @@ def test_a_miss_records_the_lengths_a_call_had_on_the_host_and_sweeps_them_as_se
     assert misses[2].lengths == (1, 36.0, 64.0, 28.0) and misses[4].lengths is None
     assert shape_from_miss(misses[2]).lengths == "serving" and shape_from_miss(misses[4]).lengths == "full"
     assert shape_from_miss(misses[2]).kv_len == 64 and shape_from_miss(misses[2]).batch == 2
+
+
+def test_a_windowed_miss_records_the_lengths_its_window_sees(db_path):
+    """Each sequence's queries see at most the window (15) + 1 keys: the miss's statistics are of
+    those, as its run key is (lengths of 200 and 100 read 16 keys each: full, not mixed)."""
+    from tuner.sweep import shape_from_miss
+
+    TuningDB(db_path).close()
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    shape = dataclasses.replace(SHAPE, kv_len=200, window=(15, -1))
+    inputs = make_decode_inputs(shape, seq_lens=[200, 100])
+    decode_attention.tuner.config_for(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table,
+                                      inputs.cache_seqlens, 200, window_size=(15, -1),
+                                      seq_lens_host=inputs.seq_lens_host)
+    assert tuner.flush_misses() == 1
+    [miss] = TuningDB(db_path).misses(current_fingerprint_id())
+    assert miss.problem.run_key.kv_len_bucket == 16 and miss.lengths == (1, 16.0, 16.0, 0.0)
+    assert shape_from_miss(miss).lengths == "full"

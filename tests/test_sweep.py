@@ -210,8 +210,8 @@ def test_shapes_sharing_a_key_are_measured_once(db_path):
 
 
 def test_windowed_shapes_past_their_window_share_one_record(db_path):
-    """A 15-key window: kv 64 and kv 500 read 16 keys a query alike, so a grid's longer shapes
-    add nothing; the first (the grid's shortest) is swept, and stored at kv bucket 16."""
+    """A 15-key window: kv 64, 500 and 2000 read 16 keys a query alike, so one of them is swept
+    and stored at kv bucket 16: of full lengths the shortest (the same work, cheaper)."""
     timer = FakeTimer()
     op = fake_op(timer, COSTS)
     shapes = [DecodeShape(batch=1, kv_len=kv, window=(15, -1), **SMALL) for kv in (64, 500, 2000)]
@@ -219,6 +219,13 @@ def test_windowed_shapes_past_their_window_share_one_record(db_path):
     assert [r.status for r in results] == [MEASURED, "duplicate", "duplicate"]
     [record] = TuningDB(db_path).records()
     assert record.problem.run_key.kv_len_bucket == 16 and "kv64" in results[2].note
+    # mixed lengths: the longest, whose sequences reach past the window as most calls' do
+    serving = [dataclasses.replace(s, lengths="serving") for s in shapes]
+    results = sweep(op, serving, TuningDB(db_path), timer=timer, force=True)
+    assert [r.status for r in results] == ["duplicate", "duplicate", MEASURED] and "kv2000" in results[0].note
+    # a shape listed twice is swept once
+    twice = sweep(op, [shapes[0], shapes[0]], TuningDB(db_path), timer=timer, force=True)
+    assert [r.status for r in twice] == [MEASURED, "duplicate"]
 
 
 def test_a_shape_too_big_for_memory_fails_alone(db_path):

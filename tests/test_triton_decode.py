@@ -60,7 +60,7 @@ CASES = {
     "head_dim_24_gqa_mtp": dict(head_dim=24, q_len=2, num_q_heads=6, num_kv_heads=3),
     "many_rows": dict(num_q_heads=32, num_kv_heads=1, q_len=3),  # 96 rows: 2 row blocks of 64
     # 2 row blocks whose windows start apart: the merge must find each block's own splits
-    "many_rows_window": dict(num_q_heads=32, num_kv_heads=1, q_len=3, window=(15, -1)),  # spans 18, 16
+    "many_rows_window": dict(num_q_heads=32, num_kv_heads=1, q_len=3, window=(15, -1)),  # spans 17, 16
 }
 # splits over the longest sequence (1, 3), and by each sequence's own length (16 keys a split)
 SPLITS = {"1": dict(num_kv_splits=1), "3": dict(num_kv_splits=3),

@@ -218,12 +218,14 @@ def sweep_command(
             database = _open_db_to_sweep(db, force)
             missed = database.misses(current_fingerprint_id(), op=op.name, environment=current_fingerprint())
             if grid is not None:
+                from tuner.keys import attention_run_key
                 from tuner.ops.shapes import shape_from_keys
 
                 statics = list(dict.fromkeys(m.problem.static_key for m in missed))
                 runs = get_grid(op, grid)
                 per_static = [[dataclasses.replace(s, lengths=g.lengths) for g in runs
-                               if (s := shape_from_keys(static, g.run_key())) is not None] for static in statics]
+                               if (s := shape_from_keys(static, attention_run_key(g.batch, g.q_len, g.kv_len)))
+                               is not None] for static in statics]
                 shapes = [s for group in per_static for s in group]
                 unbuilt = sum(not group for group in per_static)
                 if unbuilt:

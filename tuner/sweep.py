@@ -115,10 +115,18 @@ def sweep(
     advance = on_advance or (lambda n, label: None)
     results: list[ShapeResult] = []
     # shapes of one key (static key and run key: a window caps the kv bucket) share one
-    # record: the first listed is swept (a grid's smallest kv length), the others noted
-    first: dict[Problem, DecodeShape] = {}
+    # record, and one of them is swept: of mixed-length ones the longest (whose sequences,
+    # like most calls', reach past the window), else the shortest (the same work, cheaper)
+    def preference(shape: DecodeShape) -> tuple[bool, int]:
+        mixed = shape.lengths != "full"
+        return mixed, shape.kv_len if mixed else -shape.kv_len
+
+    chosen: dict[Problem, DecodeShape] = {}
     for shape in shapes:
-        first.setdefault(Problem(op.name, shape.static_key().to_json(), shape.run_key()), shape)
+        problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
+        if problem not in chosen or preference(shape) > preference(chosen[problem]):
+            chosen[problem] = shape
+    swept: set[Problem] = set()
     for shape in (shapes[i] for i in order):
         configs = candidate_configs(op, shape)
         if guide is not None:
@@ -127,11 +135,12 @@ def sweep(
             configs = shortlist
         problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
         label = shape.label()
-        if first[problem] is not shape:
+        if problem in swept or shape != chosen[problem]:
             advance(len(configs), label)
             results.append(ShapeResult(shape, DUPLICATE, None, None, None, 0, 0, 0,
-                                       note=f"same key as {first[problem].label()}"))
+                                       note=f"same key as {chosen[problem].label()}"))
             continue
+        swept.add(problem)
         stored_winner = None if force else db.record(problem, environment=env.data)  # one that applies here
         if stored_winner is not None:
             if guide is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tuner.keys import host_flags, host_scalar, static_key_from_tuple, visible_kv_len
+from tuner.keys import KV_BUCKET_MAX, host_flags, host_scalar, host_window, static_key_from_tuple, visible_kv_len
 from tuner.ops.base import Config
 from tuner.ops.decode_attention import OP_NAME, Call, _configs, _default, call_shape, can_run, run_call
 from tuner.runtime import autotune
@@ -56,10 +56,16 @@ def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
 
 
 def _host_lengths(*args: Any, **kwargs: Any) -> Any:
-    """seq_lens_host, when it is on the host (a device tensor is never read back)."""
-    lengths = _call(*args, **kwargs).seq_lens_host
-    if isinstance(lengths, torch.Tensor) and lengths.device.type != "cpu":
+    """seq_lens_host, when it is on the host (a device tensor is never read back), as the keys
+    each sequence's queries see: a sliding window caps them (the call's run key is of those,
+    tuner.keys.visible_kv_len, and so are its miss's statistics)."""
+    call = _call(*args, **kwargs)
+    lengths = call.seq_lens_host
+    if lengths is None or (isinstance(lengths, torch.Tensor) and lengths.device.type != "cpu"):
         return None
+    window = host_window(call.window_size)
+    if window is not None and window[0] >= 0:
+        lengths = torch.as_tensor(lengths).clamp(max=visible_kv_len(KV_BUCKET_MAX, call.q.shape[1], window[0]))
     return lengths
 
 

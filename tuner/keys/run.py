@@ -20,6 +20,7 @@ of all where the neighbour's own gain was small.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,20 @@ def attention_run_key(batch: int, max_q_len: int, max_kv_len: int) -> AttentionR
         max_q_len=_count(max_q_len, "max_q_len", 1),
         kv_len_bucket=kv_len_bucket(max_kv_len),
     )
+
+
+def looked_up_run_key(static_json: str, run: AttentionRunKey) -> AttentionRunKey:
+    """The run key the attention integrations' calls of a stored (static key, run key) look
+    up: the same, but for a windowed static key (its JSON's window_left >= 0) a kv bucket past
+    the window is the window's (visible_kv_len). A record or miss stored under such a bucket
+    (before run keys bucketed what the window sees) belongs there."""
+    try:
+        left = json.loads(static_json).get("window_left", -1)
+    except (ValueError, TypeError, AttributeError):  # not JSON, or not an object: not windowed
+        return run
+    if type(left) is not int or left < 0:
+        return run
+    return attention_run_key(run.batch, run.max_q_len, visible_kv_len(run.kv_len_bucket, run.max_q_len, left))
 
 
 def run_key_distance(a: AttentionRunKey, b: AttentionRunKey) -> tuple[float, float]:

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tuner import settings
+from tuner.keys import visible_kv_len
 from tuner.ops.base import Config, DecodeInputs, Op
 from tuner.ops.rules import config_error, is_int, is_pow2, one_of
 from tuner.ops.shapes import DecodeShape, grid
@@ -74,7 +75,7 @@ CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 # runs programs one after another, and a few exercise the loop over items
 PERSISTENT_PROGRAMS_PER_SM = 8
 INTERPRETED_PROGRAMS = 3
-PART_MAX_BYTES = 256 * 2**20  # partial results of the splits by length, at most
+PART_MAX_BYTES = 256 * 2**20  # partial results of the splits, at most
 MERGE_CHUNK = 16  # splits the merge reads at a time
 MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs
 DEFAULT: Config = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
@@ -237,7 +238,8 @@ def _define_kernels() -> Kernels:
         o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
 
-    @triton.jit
+    # batch and the programs' count vary call to call: no compiled variant of each
+    @triton.jit(do_not_specialize=["batch", "num_programs"])
     def _decode_split_kernel(
         Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
         stride_qb, stride_qs, stride_qh,
@@ -450,7 +452,7 @@ def triton_paged_decode(
     empty for the longest sequence. tokens_per_split 0: each sequence divides its own
     visible keys among all num_kv_splits splits. tokens_per_split > 0: each sequence gets a
     split per tokens_per_split of its own visible keys, at most num_kv_splits (and at most
-    what PART_MAX_BYTES of partial results hold), on persistent programs (see the module's
+    what PART_MAX_BYTES of partial results hold, as for the even split), on persistent programs (see the module's
     docstring); a sequence in one split skips the merge.
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
@@ -476,13 +478,14 @@ def triton_paged_decode(
     if tokens_per_split < 0:
         raise ValueError(f"tokens_per_split must be >= 0, got {tokens_per_split}")
     by_tokens = tokens_per_split > 0
-    if by_tokens:  # enough splits for the longest visible span, at most num_kv_splits, and
-        # partial results within PART_MAX_BYTES
-        visible = _visible_bound(max_kv_len, q_len, left, right)
-        part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * head_dim_v * 4, 1)
-        num_splits = max(1, min(num_kv_splits, _cdiv(visible, max(tokens_per_split, block_n)), part_cap))
+    # at most num_kv_splits, and partial results within PART_MAX_BYTES; splits by length: as
+    # many as the longest visible span takes, the even split: as many as hold a block each
+    part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * head_dim_v * 4, 1)
+    if by_tokens:
+        wanted = _cdiv(visible_kv_len(max_kv_len, q_len, left), max(tokens_per_split, block_n))
     else:
-        num_splits = max(1, min(num_kv_splits, _cdiv(max_kv_len, block_n)))
+        wanted = _cdiv(max_kv_len, block_n)
+    num_splits = max(1, min(num_kv_splits, wanted, part_cap))
     mask_left, mask_right = left >= 0, right >= 0 and q_len > 1
     rows = q_len * group
     block_m = min(MAX_BLOCK_M, max(16, _next_pow2(rows)))  # tl.dot needs >= 16
@@ -543,19 +546,9 @@ def triton_paged_decode(
 # ---- the op ------------------------------------------------------------------------------
 
 
-def _visible_bound(kv_len: int, q_len: int, left: int, right: int) -> int:
-    """Keys the q_len queries together can see (right already capped by causality)."""
-    if left < 0 or right < 0:
-        return kv_len
-    return min(kv_len, left + q_len + right)
-
-
 def _visible_len(shape: DecodeShape) -> int:
-    """Keys the widest query can see: what the splits actually divide."""
-    left, right = shape.window
-    if shape.causal:
-        right = 0 if right < 0 else min(right, 0)
-    return _visible_bound(shape.kv_len, shape.q_len, left, right)
+    """Keys the queries of a row block can see at most: what the splits divide."""
+    return visible_kv_len(shape.kv_len, shape.q_len, shape.window[0])
 
 
 def _splits_fit(visible: int, block_n: int, splits: int) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 from tuner.db import MissingDBError, TuningDB, current_fingerprint
 from tuner.db import shipped
 from tuner.errors import TunerError
-from tuner.keys import AttentionRunKey, AttentionStaticKey, attention_run_key, visible_kv_len
+from tuner.keys import AttentionRunKey, looked_up_run_key
 from tuner.runtime.borrowing import Winner, winner_gain
 
 # (op, static key JSON) -> {run key: Winner}
@@ -24,23 +24,15 @@ def _winners(timed: dict) -> Table:
 
 
 def _past_the_window(static_json: str, runs: dict[AttentionRunKey, Winner]) -> dict[AttentionRunKey, Winner]:
-    """A windowed key's winners under the run keys calls look up: a record stored before run
-    keys bucketed only what the window sees (at a kv bucket past it) measured the same work
-    as one at the window's bucket, and serves there unless one is stored there (the one of
-    the smallest such bucket, else)."""
-    try:
-        left = AttentionStaticKey.from_json(static_json).window_left
-    except (ValueError, TypeError, KeyError, AttributeError):  # not an attention key: as stored
-        return runs
-    if left < 0:
-        return runs
-
-    def looked_up(run: AttentionRunKey) -> AttentionRunKey:
-        return attention_run_key(run.batch, run.max_q_len, visible_kv_len(run.kv_len_bucket, run.max_q_len, left))
-
-    out = {run: w for run, w in runs.items() if looked_up(run) == run}
-    for run in sorted((r for r in runs if looked_up(r) != r), key=lambda r: r.kv_len_bucket):
-        out.setdefault(looked_up(run), runs[run])
+    """A windowed key's winners also under the run keys the attention integrations look up
+    (tuner.keys.looked_up_run_key): a record stored at a kv bucket past the window (before run
+    keys bucketed what the window sees) measured a window's work, and serves the window's
+    bucket where nothing is stored there; of several, the largest bucket's (its lengths were
+    the longest past the window, as most calls are). The stored keys stay, for callers that
+    key on the raw length (an @autotune function of the user's)."""
+    out = dict(runs)
+    for run in sorted(runs, key=lambda r: -r.kv_len_bucket):
+        out.setdefault(looked_up_run_key(static_json, run), runs[run])
     return out
 
 
