@@ -188,42 +188,44 @@ def test_every_knob_of_a_triton_config_reaches_the_kernel(monkeypatch):
         assert knobs["tokens_per_split"] == config.get("tokens_per_split", 0)
 
 
+WINDOWED = dataclasses.replace(SHAPE, kv_len=200, window=(15, -1))  # 16 keys a query
+
+
+def _triton_splits(splits: int) -> dict:
+    return {"backend": "triton_decode", "block_n": 16, "num_kv_splits": splits, "num_warps": 4, "num_stages": 2}
+
+
+def _windowed_call_runs(db_path, monkeypatch) -> list:
+    """(block_n, num_kv_splits) that a call of WINDOWED's at kv 200 ran, looked up in db_path."""
+    tuner.configure(db=db_path, mode="lookup")
+    ran = _recording_triton(monkeypatch)
+    inputs = make_decode_inputs(WINDOWED)
+    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200,
+                     window_size=(15, -1))
+    return ran
+
+
 def test_a_windowed_call_keys_on_the_keys_its_window_sees(db_path, monkeypatch):
     """A 15-key window over 200-key sequences reads 16 keys a query, as over 16-key ones: one
     record (kv bucket 16) serves both, and a sweep of the 200-key shape is a sweep of it."""
-    windowed = dataclasses.replace(SHAPE, kv_len=200, window=(15, -1))
-    short = dataclasses.replace(windowed, kv_len=16)
-    assert windowed.run_key() == short.run_key() and short.run_key().kv_len_bucket == 16
-    _store(db_path, short, {"backend": "triton_decode", "block_n": 16, "num_kv_splits": 2, "num_warps": 4,
-                            "num_stages": 2})
-    tuner.configure(db=db_path, mode="lookup")
-    ran = _recording_triton(monkeypatch)
-    inputs = make_decode_inputs(windowed)
-    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200,
-                     window_size=(15, -1))
-    assert ran == [(16, 2)]  # the default is (16, 1)
+    short = dataclasses.replace(WINDOWED, kv_len=16)
+    assert WINDOWED.run_key() == short.run_key() and short.run_key().kv_len_bucket == 16
+    _store(db_path, short, _triton_splits(2))
+    assert _windowed_call_runs(db_path, monkeypatch) == [(16, 2)]  # the default is (16, 1)
 
 
 def test_a_windowed_record_stored_past_its_window_serves_the_windows_key(db_path, monkeypatch):
     """Records of a windowed key stored at kv buckets past the window (before run keys bucketed
     what the window sees) measured a window's work: the largest such bucket's serves (its
     lengths reached furthest past the window, as most calls' do)."""
-    windowed = dataclasses.replace(SHAPE, kv_len=200, window=(15, -1))
     db = TuningDB(db_path)
     for bucket, splits in ((1024, 3), (256, 2), (512, 4)):  # in any order; 4+ octaves from 16: none borrowed
-        db.save_record(Problem("decode_attention", windowed.static_key().to_json(), attention_run_key(2, 1, bucket)),
-                       (current_fingerprint_id(), current_fingerprint()),
-                       {"backend": "triton_decode", "block_n": 16, "num_kv_splits": splits, "num_warps": 4,
-                        "num_stages": 2}, median_us=1.0, spread_us=0.0, samples=3,
-                       default_config={"backend": "triton_decode"}, default_median_us=3.0, default_spread_us=0.0,
-                       method={})
+        db.save_record(Problem("decode_attention", WINDOWED.static_key().to_json(), attention_run_key(2, 1, bucket)),
+                       (current_fingerprint_id(), current_fingerprint()), _triton_splits(splits), median_us=1.0,
+                       spread_us=0.0, samples=3, default_config={"backend": "triton_decode"}, default_median_us=3.0,
+                       default_spread_us=0.0, method={})
     db.close()
-    tuner.configure(db=db_path, mode="lookup")
-    ran = _recording_triton(monkeypatch)
-    inputs = make_decode_inputs(windowed)
-    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200,
-                     window_size=(15, -1))
-    assert ran == [(16, 3)]  # the default is (16, 1)
+    assert _windowed_call_runs(db_path, monkeypatch) == [(16, 3)]  # the default is (16, 1)
 
 
 def test_a_users_function_keyed_on_raw_lengths_keeps_its_windowed_records(db_path):

@@ -49,9 +49,7 @@ from tuner.ops.traffic import serving_grid
 # and the interpreter patches the `tl` it finds there.
 triton: Any = None
 tl: Any = None
-# the interpreted kernels' helpers (see the end of _define_kernels)
-_split_plan: Any = None
-_attend_split: Any = None
+_split_plan: Any = None  # the interpreted kernels' helper (see the end of _define_kernels)
 
 # the config space. CPU (interpreter): small blocks and few splits keep each run short.
 CPU_BLOCK_NS = (16, 32, 64)
@@ -125,119 +123,6 @@ def _define_kernels() -> Kernels:
         used = tl.maximum((span + chunk - 1) // chunk, 1)
         return lo, hi, chunk, used
 
-    @triton.jit
-    def _attend_split(
-        Q, K, V, PageTable, Sinks, Part, Lse, Out,
-        stride_qb, stride_qs, stride_qh,
-        stride_kp, stride_ks, stride_kh,
-        stride_vp, stride_vs, stride_vh,
-        stride_tb, stride_tp,
-        stride_pb, stride_ps, stride_ph, stride_pk,
-        stride_lb, stride_ls, stride_lh,
-        stride_ob, stride_os, stride_oh,
-        b, kvh, row_block, split, seq_len, start, end, used, q_len, scale, softcap, left, right,
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-        MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        FINAL: tl.constexpr, F32_DOT: tl.constexpr,
-    ):
-        # one split [start, end) of one (sequence, kv head, row block): attention of its rows
-        # over those keys, written as a partial result for the merge (log-sum-exp beside it)
-        # or, where the sequence has one split (`used` == 1, or FINAL), as the output
-        # row r is query token r // GROUP of q head kvh * GROUP + r % GROUP
-        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < q_len * GROUP
-        qi = rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        pos = seq_len - q_len + qi  # the queries are the last q_len tokens
-
-        offs_d = tl.arange(0, BLOCK_D)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        d_ok = offs_d < HEAD_DIM
-        dv_ok = offs_dv < HEAD_DIM_V
-        q_ptrs = Q + b * stride_qb + qi[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        if F32_DOT:
-            q = q.to(tl.float32)
-
-        # loop invariants, hoisted by hand (the interpreter does no hoisting)
-        K_head = K + kvh * stride_kh
-        V_head = V + kvh * stride_vh
-        pages = PageTable + b * stride_tb
-        k_cols = K_head + offs_d[:, None]
-        k_mask = d_ok[:, None]
-        v_rows = V_head + offs_dv[None, :]
-        v_mask = dv_ok[None, :]
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.full([BLOCK_M], 0.0, tl.float32)
-        acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            tok = n0 + tl.arange(0, BLOCK_N)
-            tok_ok = tok < end
-            page = tl.load(pages + (tok // PAGE_SIZE) * stride_tp, mask=tok_ok, other=0)
-            page = page.to(tl.int64)
-            slot = tok % PAGE_SIZE
-            k_off = page * stride_kp + slot * stride_ks
-            v_off = page * stride_vp + slot * stride_vs
-            # K is loaded transposed, (D, N), ready for the dot
-            k = tl.load(k_cols + k_off[None, :], mask=k_mask & tok_ok[None, :], other=0.0)
-            if F32_DOT:  # full float32 products, not tf32
-                s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
-            else:
-                s = tl.dot(q, k)
-            s = s * scale
-            if HAS_SOFTCAP:
-                # s * tanh(x / s), tanh written with exp (tl.math.tanh differs across versions)
-                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
-            # padded rows (row_ok false) hold q = 0: finite scores, never stored
-            ok = tok_ok[None, :]
-            if MASK_LEFT:
-                ok = ok & (tok[None, :] >= pos[:, None] - left)
-            if MASK_RIGHT:
-                ok = ok & (tok[None, :] <= pos[:, None] + right)
-            s = tl.where(ok, s, float("-inf"))
-
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # a row that has seen nothing yet keeps max -inf: subtract 0 instead (no NaN)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_rows + v_off[:, None], mask=v_mask & tok_ok[:, None], other=0.0)
-            if F32_DOT:
-                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
-
-        out_ok = row_ok[:, None] & dv_ok[None, :]
-        if not FINAL:  # a sequence over several splits: this one's share, for the merge
-            in_merge = (used > 1) & (split < used)
-            part = acc / tl.maximum(l_i, 1e-30)[:, None]
-            lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
-            p_ptrs = (Part + b * stride_pb + qi[:, None] * stride_ps + head[:, None] * stride_ph
-                      + split * stride_pk + offs_dv[None, :])
-            # (a scalar condition joins a mask through tl.where: the interpreter's `&` of a
-            # boolean block and a scalar gives integers, which it refuses as a mask)
-            tl.store(p_ptrs, part, mask=tl.where(in_merge, out_ok, False))
-            tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse,
-                     mask=tl.where(in_merge, row_ok, False))
-            out_ok = tl.where((used == 1) & (split == 0), out_ok, False)
-        # a sequence in one split (every sequence, when FINAL): its output, normalised here
-        # with the sink, in q's dtype; no merge
-        if HAS_SINKS:
-            sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
-            m_all = tl.maximum(m_i, sink)
-            m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
-            alpha = tl.exp(m_i - m_all)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha + tl.exp(sink - m_all)
-        # l_i == 0 only when nothing was seen, and then acc == 0: output 0
-        out = acc / tl.maximum(l_i, 1e-30)[:, None]
-        o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
-
     # batch and the programs' count vary call to call: no compiled variant of each
     @triton.jit(do_not_specialize=["batch", "num_programs"])
     def _decode_split_kernel(
@@ -295,14 +180,102 @@ def _define_kernels() -> Kernels:
             # this split's share (a split past `used` has none: it loops zero times, stores nothing)
             start = lo + split * chunk
             end = tl.minimum(start + chunk, hi)
-            _attend_split(Q, K, V, PageTable, Sinks, Part, Lse, Out,
-                          stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
-                          stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
-                          stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
-                          stride_ob, stride_os, stride_oh,
-                          b, kvh, row_block, split, seq_len, start, end, used, q_len, scale, softcap, left, right,
-                          GROUP, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
-                          MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, HAS_SINKS, FINAL, F32_DOT)
+            # the item: attention of the rows over the split's keys, written as a partial result
+            # for the merge (log-sum-exp beside it) or, where the sequence has one split (`used`
+            # == 1, or FINAL), as the output. Row r is query token r // GROUP of q head
+            # kvh * GROUP + r % GROUP
+            rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < q_len * GROUP
+            qi = rows // GROUP
+            head = kvh * GROUP + rows % GROUP
+            pos = seq_len - q_len + qi  # the queries are the last q_len tokens
+
+            offs_d = tl.arange(0, BLOCK_D)
+            offs_dv = tl.arange(0, BLOCK_DV)
+            d_ok = offs_d < HEAD_DIM
+            dv_ok = offs_dv < HEAD_DIM_V
+            q_ptrs = Q + b * stride_qb + qi[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
+            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            if F32_DOT:
+                q = q.to(tl.float32)
+
+            # loop invariants, hoisted by hand (the interpreter does no hoisting)
+            K_head = K + kvh * stride_kh
+            V_head = V + kvh * stride_vh
+            pages = PageTable + b * stride_tb
+            k_cols = K_head + offs_d[:, None]
+            k_mask = d_ok[:, None]
+            v_rows = V_head + offs_dv[None, :]
+            v_mask = dv_ok[None, :]
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+            acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
+            for n0 in range(start, end, BLOCK_N):
+                tok = n0 + tl.arange(0, BLOCK_N)
+                tok_ok = tok < end
+                page = tl.load(pages + (tok // PAGE_SIZE) * stride_tp, mask=tok_ok, other=0)
+                page = page.to(tl.int64)
+                in_page = tok % PAGE_SIZE
+                k_off = page * stride_kp + in_page * stride_ks
+                v_off = page * stride_vp + in_page * stride_vs
+                # K is loaded transposed, (D, N), ready for the dot
+                k = tl.load(k_cols + k_off[None, :], mask=k_mask & tok_ok[None, :], other=0.0)
+                if F32_DOT:  # full float32 products, not tf32
+                    s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+                else:
+                    s = tl.dot(q, k)
+                s = s * scale
+                if HAS_SOFTCAP:
+                    # s * tanh(x / s), tanh written with exp (tl.math.tanh differs across versions)
+                    s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
+                # padded rows (row_ok false) hold q = 0: finite scores, never stored
+                ok = tok_ok[None, :]
+                if MASK_LEFT:
+                    ok = ok & (tok[None, :] >= pos[:, None] - left)
+                if MASK_RIGHT:
+                    ok = ok & (tok[None, :] <= pos[:, None] + right)
+                s = tl.where(ok, s, float("-inf"))
+
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                # a row that has seen nothing yet keeps max -inf: subtract 0 instead (no NaN)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(v_rows + v_off[:, None], mask=v_mask & tok_ok[:, None], other=0.0)
+                if F32_DOT:
+                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+
+            out_ok = row_ok[:, None] & dv_ok[None, :]
+            if not FINAL:  # a sequence over several splits: this one's share, for the merge
+                in_merge = (used > 1) & (split < used)
+                part = acc / tl.maximum(l_i, 1e-30)[:, None]
+                lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
+                p_ptrs = (Part + b * stride_pb + qi[:, None] * stride_ps + head[:, None] * stride_ph
+                          + split * stride_pk + offs_dv[None, :])
+                # (a scalar condition joins a mask through tl.where: the interpreter's `&` of a
+                # boolean block and a scalar gives integers, which it refuses as a mask)
+                tl.store(p_ptrs, part, mask=tl.where(in_merge, out_ok, False))
+                tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse,
+                         mask=tl.where(in_merge, row_ok, False))
+                out_ok = tl.where((used == 1) & (split == 0), out_ok, False)
+            # a sequence in one split (every sequence, when FINAL): its output, normalised here
+            # with the sink, in q's dtype; no merge
+            if HAS_SINKS:
+                sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
+                m_all = tl.maximum(m_i, sink)
+                m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+                alpha = tl.exp(m_i - m_all)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha + tl.exp(sink - m_all)
+            # l_i == 0 only when nothing was seen, and then acc == 0: output 0
+            out = acc / tl.maximum(l_i, 1e-30)[:, None]
+            o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
+            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
 
     @triton.jit
     def _decode_merge_kernel(
@@ -365,10 +338,10 @@ def _define_kernels() -> Kernels:
                      mask=dv_ok)
 
     if type(_decode_split_kernel).__name__ == "InterpretedFunction":
-        # the interpreter runs a kernel's source again in its module's globals, so the helpers
-        # it calls must be globals there; compiled kernels find theirs in their closure
+        # the interpreter runs a kernel's source again in its module's globals, so the helper
+        # it calls must be a global there; compiled kernels find theirs in their closure
         # (which wins over globals), so a compiled and an interpreted set can live side by side
-        globals().update(_split_plan=_split_plan, _attend_split=_attend_split)
+        globals()["_split_plan"] = _split_plan
     return Kernels(_decode_split_kernel, _decode_merge_kernel)
 
 
