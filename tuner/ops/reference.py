@@ -61,23 +61,28 @@ def paged_decode_reference(
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     out = torch.empty(batch, q_len, num_q_heads, v_cache.shape[-1], dtype=q.dtype, device=q.device)
     lengths = cache_seqlens.tolist()  # one read of the device, not one per sequence
+    left = window[0]
     for b in range(batch):
         kv_len = int(lengths[b])
-        pages = page_table[b, : (kv_len + page_size - 1) // page_size].long()
-        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[:kv_len].float()
-        v = v_cache[pages].reshape(-1, num_kv_heads, v_cache.shape[-1])[:kv_len].float()
+        # keys from the first one any query's window holds (all, without a window): those
+        # before it are masked for every query, and a long sequence's would cost the most
+        first = 0 if left < 0 else max(0, kv_len - q_len - left)
+        pages = page_table[b, first // page_size: (kv_len + page_size - 1) // page_size].long()
+        keys = slice(first % page_size, first % page_size + kv_len - first)
+        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[keys].float()
+        v = v_cache[pages].reshape(-1, num_kv_heads, v_cache.shape[-1])[keys].float()
         k = k.repeat_interleave(group, dim=1)  # (kv, Hq, D)
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[b].float(), k) * scale
         if softcap:
             scores = softcap * torch.tanh(scores / softcap)
-        mask = attention_mask(kv_len, q_len, causal=causal, window=window, device=q.device)
+        mask = attention_mask(kv_len, q_len, causal=causal, window=window, device=q.device)[:, first:]
         scores = scores.masked_fill(~mask, float("-inf"))
         if sinks is not None:
             sink = sinks.float().view(num_q_heads, 1, 1).expand(num_q_heads, q_len, 1)
             scores = torch.cat([scores, sink], dim=-1)
         probs = torch.softmax(scores, dim=-1)
         # a query whose window holds no key (and no sink) attends to nothing: output 0
-        probs = torch.nan_to_num(probs, nan=0.0)[..., :kv_len]
+        probs = torch.nan_to_num(probs, nan=0.0)[..., :kv_len - first]
         out[b] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
