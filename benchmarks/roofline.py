@@ -38,7 +38,7 @@ from serving import MODELS, cases, shipped_heads
 
 from tuner.bench import OK, CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import Trial, cold_l2_copies
-from tuner.keys import AttentionRunKey
+from tuner.keys import AttentionRunKey, visible_kv_len
 from tuner.ops import DecodeShape, get_op, make_decode_inputs
 from tuner.ops.rotation import bytes_read, fresh_page_copies
 from tuner.ops.shapes import shape_from_keys
@@ -59,7 +59,7 @@ def kv_bytes_needed(shape: DecodeShape, lengths: list[int]) -> int:
     left = shape.window[0]
     per_token = shape.num_kv_heads * 2 * shape.head_dim \
         * torch.empty(0, dtype=getattr(torch, shape.dtype)).element_size()
-    return sum(n if left < 0 else min(n, left + shape.q_len) for n in lengths) * per_token
+    return sum(visible_kv_len(n, shape.q_len, left) for n in lengths) * per_token
 
 
 def load_before(path: Path):

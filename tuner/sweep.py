@@ -121,19 +121,18 @@ def sweep(
         mixed = shape.lengths != "full"
         return mixed, shape.kv_len if mixed else -shape.kv_len
 
+    problems = [Problem(op.name, shape.static_key().to_json(), shape.run_key()) for shape in shapes]
     chosen: dict[Problem, DecodeShape] = {}
-    for shape in shapes:
-        problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
+    for shape, problem in zip(shapes, problems):
         if problem not in chosen or preference(shape) > preference(chosen[problem]):
             chosen[problem] = shape
     swept: set[Problem] = set()
-    for shape in (shapes[i] for i in order):
+    for shape, problem in ((shapes[i], problems[i]) for i in order):
         configs = candidate_configs(op, shape)
         if guide is not None:
             shortlist = guide.shortlist(shape, configs)
             advance(len(configs) - len(shortlist), shape.label())  # left out: decided, for the progress bar
             configs = shortlist
-        problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
         label = shape.label()
         if problem in swept or shape != chosen[problem]:
             advance(len(configs), label)

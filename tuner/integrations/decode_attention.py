@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tuner.keys import KV_BUCKET_MAX, host_flags, host_scalar, host_window, static_key_from_tuple, visible_kv_len
+from tuner.keys import host_flags, host_scalar, host_window, static_key_from_tuple, visible_kv_len
 from tuner.ops.base import Config
 from tuner.ops.decode_attention import OP_NAME, Call, _configs, _default, call_shape, can_run, run_call
 from tuner.runtime import autotune
@@ -65,7 +65,7 @@ def _host_lengths(*args: Any, **kwargs: Any) -> Any:
         return None
     window = host_window(call.window_size)
     if window is not None and window[0] >= 0:
-        lengths = torch.as_tensor(lengths).clamp(max=visible_kv_len(KV_BUCKET_MAX, call.q.shape[1], window[0]))
+        lengths = torch.as_tensor(lengths).clamp(max=window[0] + call.q.shape[1])  # as in visible_kv_len
     return lengths
 
 
