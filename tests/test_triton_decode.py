@@ -114,7 +114,7 @@ def test_the_merge_reads_the_splits_a_chunk_at_a_time(monkeypatch: pytest.Monkey
     """Chunks of 2 splits: several chunks, the last one part full (7 splits of 150 keys)."""
     import tuner.ops.triton_decode as td
 
-    monkeypatch.setattr(td, "MERGE_CHUNK", 2)
+    monkeypatch.setattr(td, "MERGE_TILE", 2 * BASE.head_dim)  # 2 splits of head dim 32
     shape = dataclasses.replace(BASE, batch=3, kv_len=150, sinks=True, q_len=2, window=(100, -1))
     inputs = make_decode_inputs(shape, device=DEVICE)
     inputs.cache_seqlens = torch.tensor([150, 97, 40], dtype=torch.int32, device=DEVICE)
@@ -281,18 +281,19 @@ def compile_for_h200(kernel, constants, **options):
 
 kernels = _define_kernels()
 assert type(kernels.split).__name__ == "JITFunction", type(kernels.split).__name__
-for final, by_tokens, masks, head_dim, page, row_blocks in [
-        (False, True, True, 128, 16, 2), (False, True, False, 64, 1, 1), (False, False, True, 128, 16, 1),
-        (True, False, False, 256, 1, 1)]:
-    compile_for_h200(kernels.split, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page,
-                                         BLOCK_M=16, BLOCK_N=64, BLOCK_D=head_dim, BLOCK_DV=head_dim,
-                                         MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SOFTCAP=masks, HAS_SINKS=not masks,
-                                         FINAL=final, F32_DOT=False, BY_TOKENS=by_tokens, ROW_BLOCKS=row_blocks,
-                                         BLOCK_U=256 if by_tokens else 1), num_warps=4, num_stages=3)
-for by_tokens, masks in [(True, True), (False, False)]:
-    compile_for_h200(kernels.merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128, MERGE_CHUNK=16,
-                                         BLOCK_DV=128,
-                                         MASK_LEFT=masks, MASK_RIGHT=masks, HAS_SINKS=masks, BY_TOKENS=by_tokens),
+for kernel, masks, head_dim, page, extra in [
+        (kernels.by_length, True, 128, 16, dict(ROW_BLOCKS=2, BLOCK_U=256)),
+        (kernels.by_length, False, 64, 1, dict(ROW_BLOCKS=1, BLOCK_U=64)),
+        (kernels.split, True, 128, 16, dict(FINAL=False)), (kernels.split, False, 256, 1, dict(FINAL=True))]:
+    compile_for_h200(kernel, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page, BLOCK_M=16,
+                                  BLOCK_N=64, BLOCK_D=head_dim, BLOCK_DV=head_dim, MASK_LEFT=masks, MASK_RIGHT=masks,
+                                  HAS_SOFTCAP=masks, HAS_SINKS=not masks, F32_DOT=False, **extra),
+                     num_warps=4, num_stages=3)
+# the merge: by length, reading in chunks; the even split, all splits in one load
+for by_tokens, masks, chunk in [(True, True, 16), (False, False, 128)]:
+    compile_for_h200(kernels.merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128,
+                                         MERGE_CHUNK=chunk, BLOCK_DV=128, MASK_LEFT=masks, MASK_RIGHT=masks,
+                                         HAS_SINKS=masks, BY_TOKENS=by_tokens),
                      num_warps=4)
 print("compiled")
 """

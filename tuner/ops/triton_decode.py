@@ -6,17 +6,18 @@ every (query token, q head) pair that reads that kv head, so K and V are loaded 
 GQA group. It walks its share of the keys the rows can see (window and causal bounds
 applied first), BLOCK_N tokens at a time through the page table, with an online softmax,
 and writes a normalised partial output plus its log-sum-exp. Stage 2 merges the splits by
-log-sum-exp, adds the sinks to the denominator and writes q's dtype. A sequence whose keys
-fit one split gets its output from stage 1, and stage 2 passes over it; with a single
-split for every sequence stage 2 is not launched.
+log-sum-exp, adds the sinks to the denominator and writes q's dtype; with a single split
+for every sequence stage 1 writes the output and stage 2 is not launched.
 
-How the keys are split:
+How the keys are split (a stage-1 kernel each; they share the attention and the stores):
 - tokens_per_split 0 (the even split): every sequence divides its keys among num_kv_splits
-  splits, one stage-1 program each, on a grid sized for the longest sequence;
+  splits, one stage-1 program each, on a grid sized for the longest sequence; each writes
+  its share, so the merge reads every split without looking up lengths first;
 - tokens_per_split > 0 (splits by length): each sequence gets a split per tokens_per_split
   of its own keys, at most num_kv_splits, so one long sequence among short ones is split
   finely and the short ones are not; a fixed number of persistent programs take the
-  (split, kv head) items there are, so no program is started for a split no sequence has.
+  (split, kv head) items there are, so no program is started for a split no sequence has,
+  and a sequence whose keys fit one split gets its output there (the merge passes over it).
 
 Triton is imported lazily, on first use: `import tuner` stays fast, and the interpreter
 (TRITON_INTERPRET=1, which Triton reads when @triton.jit runs) can be switched on before
@@ -49,7 +50,11 @@ from tuner.ops.traffic import serving_grid
 # and the interpreter patches the `tl` it finds there.
 triton: Any = None
 tl: Any = None
-_split_plan: Any = None  # the interpreted kernels' helper (see the end of _define_kernels)
+# the interpreted kernels' helpers (see the end of _define_kernels)
+_split_plan: Any = None
+_attend: Any = None
+_store_partial: Any = None
+_store_output: Any = None
 
 # the config space. CPU (interpreter): small blocks and few splits keep each run short.
 CPU_BLOCK_NS = (16, 32, 64)
@@ -74,7 +79,9 @@ CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 PERSISTENT_PROGRAMS_PER_SM = 8
 INTERPRETED_PROGRAMS = 3
 PART_MAX_BYTES = 256 * 2**20  # partial results of the splits, at most
-MERGE_CHUNK = 16  # splits the merge reads at a time
+# the merge reads every split's partial output at once where they fit this many floats (a
+# hundred splits of head dim 256: one round trip to memory, not one per chunk), else in chunks
+MERGE_TILE = 128 * 256
 MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs
 DEFAULT: Config = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
 
@@ -83,7 +90,8 @@ _kernels_cache: dict[bool, Kernels] = {}  # interpret? -> the kernels
 
 
 class Kernels(NamedTuple):
-    split: Any  # stage 1: programs over the (split, kv head) items
+    split: Any  # stage 1, the even split: a program per (sequence x kv head, row block, split)
+    by_length: Any  # stage 1, splits by length: persistent programs over the (split, kv head) items
     merge: Any  # stage 2: a program per (sequence, query token, q head)
 
 
@@ -124,8 +132,160 @@ def _define_kernels() -> Kernels:
         return lo, hi, chunk, used
 
     # batch and the programs' count vary call to call: no compiled variant of each
-    @triton.jit(do_not_specialize=["batch", "num_programs"])
+    @triton.jit
+    def _attend(Q, K, V, PageTable,
+                stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                stride_tb, stride_tp,
+                b, kvh, qi, head, row_ok, pos, start, end, scale, softcap, left, right,
+                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASK_LEFT: tl.constexpr,
+                MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr):
+        # attention of the rows (query token qi of q head `head`, both kv head kvh's) over the
+        # keys [start, end) of sequence b, BLOCK_N at a time through the page table, online
+        # softmax: the unnormalised output, the running max and the sum of weights
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        d_ok = offs_d < HEAD_DIM
+        dv_ok = offs_dv < HEAD_DIM_V
+        q_ptrs = Q + b * stride_qb + qi[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if F32_DOT:
+            q = q.to(tl.float32)
+
+        # loop invariants, hoisted by hand (the interpreter does no hoisting)
+        K_head = K + kvh * stride_kh
+        V_head = V + kvh * stride_vh
+        pages = PageTable + b * stride_tb
+        k_cols = K_head + offs_d[:, None]
+        k_mask = d_ok[:, None]
+        v_rows = V_head + offs_dv[None, :]
+        v_mask = dv_ok[None, :]
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+        acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            tok_ok = tok < end
+            page = tl.load(pages + (tok // PAGE_SIZE) * stride_tp, mask=tok_ok, other=0)
+            page = page.to(tl.int64)
+            in_page = tok % PAGE_SIZE
+            k_off = page * stride_kp + in_page * stride_ks
+            v_off = page * stride_vp + in_page * stride_vs
+            # K is loaded transposed, (D, N), ready for the dot
+            k = tl.load(k_cols + k_off[None, :], mask=k_mask & tok_ok[None, :], other=0.0)
+            if F32_DOT:  # full float32 products, not tf32
+                s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+            else:
+                s = tl.dot(q, k)
+            s = s * scale
+            if HAS_SOFTCAP:
+                # s * tanh(x / s), tanh written with exp (tl.math.tanh differs across versions)
+                s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
+            # padded rows (row_ok false) hold q = 0: finite scores, never stored
+            ok = tok_ok[None, :]
+            if MASK_LEFT:
+                ok = ok & (tok[None, :] >= pos[:, None] - left)
+            if MASK_RIGHT:
+                ok = ok & (tok[None, :] <= pos[:, None] + right)
+            s = tl.where(ok, s, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen nothing yet keeps max -inf: subtract 0 instead (no NaN)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_rows + v_off[:, None], mask=v_mask & tok_ok[:, None], other=0.0)
+            if F32_DOT:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        return acc, m_i, l_i
+
+    @triton.jit
+    def _store_partial(Part, Lse, stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
+                       b, qi, head, split, rows_stored, acc, m_i, l_i,
+                       HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr):
+        # one split's share, for the merge: normalised, its log-sum-exp beside it
+        offs_dv = tl.arange(0, BLOCK_DV)
+        part = acc / tl.maximum(l_i, 1e-30)[:, None]
+        lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
+        p_ptrs = (Part + b * stride_pb + qi[:, None] * stride_ps + head[:, None] * stride_ph
+                  + split * stride_pk + offs_dv[None, :])
+        tl.store(p_ptrs, part, mask=rows_stored[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+        tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse, mask=rows_stored)
+
+    @triton.jit
+    def _store_output(Out, Sinks, stride_ob, stride_os, stride_oh, b, qi, head, row_ok, rows_stored, acc, m_i, l_i,
+                      HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr):
+        # a sequence's whole output, from one split: normalised with the sink, in q's dtype
+        offs_dv = tl.arange(0, BLOCK_DV)
+        if HAS_SINKS:
+            sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+            alpha = tl.exp(m_i - m_all)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp(sink - m_all)
+        # l_i == 0 only when nothing was seen, and then acc == 0: output 0
+        out = acc / tl.maximum(l_i, 1e-30)[:, None]
+        o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_stored[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+
+    @triton.jit
     def _decode_split_kernel(
+        Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
+        stride_qb, stride_qs, stride_qh,
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        stride_tb, stride_tp,
+        stride_pb, stride_ps, stride_ph, stride_pk,
+        stride_lb, stride_ls, stride_lh,
+        stride_ob, stride_os, stride_oh,
+        q_len, num_kv_heads, num_splits, scale, softcap, left, right,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+        MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+        FINAL: tl.constexpr, F32_DOT: tl.constexpr,
+    ):
+        # The even split: a program per (sequence x kv head, row block, split), each split a
+        # num_splits-th of its sequence's keys. Every split writes its share (an empty one
+        # too, with weight 0), so the merge reads all num_splits without looking up lengths.
+        # int64 index math throughout: no int32 overflow on large caches or batches (and the
+        # interpreter skips its per-op int32 overflow checks, a large share of its run time)
+        pid_bh = tl.program_id(0).to(tl.int64)
+        row_block = tl.program_id(1).to(tl.int64)
+        split = tl.program_id(2).to(tl.int64)
+        b = pid_bh // num_kv_heads
+        kvh = pid_bh % num_kv_heads
+        seq_len = tl.load(SeqLens + b).to(tl.int64)
+        lo, hi, chunk, _ = _split_plan(seq_len, q_len, row_block, left, right, num_splits, 0,
+                                       GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False)
+        start = lo + split * chunk
+        end = tl.minimum(start + chunk, hi)  # past the keys: no iteration, weight 0
+        # row r is query token r // GROUP of q head kvh * GROUP + r % GROUP
+        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_len * GROUP
+        qi = rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        pos = seq_len - q_len + qi  # the queries are the last q_len tokens
+        acc, m_i, l_i = _attend(Q, K, V, PageTable, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
+                                stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
+                                b, kvh, qi, head, row_ok, pos, start, end, scale, softcap, left, right,
+                                HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                                MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, F32_DOT)
+        if FINAL:
+            _store_output(Out, Sinks, stride_ob, stride_os, stride_oh, b, qi, head, row_ok, row_ok, acc, m_i, l_i,
+                          HEAD_DIM_V, BLOCK_DV, HAS_SINKS)
+        else:
+            _store_partial(Part, Lse, stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
+                           b, qi, head, split, row_ok, acc, m_i, l_i, HEAD_DIM_V, BLOCK_DV)
+
+    # batch and the programs' count vary call to call: no compiled variant of each
+    @triton.jit(do_not_specialize=["batch", "num_programs"])
+    def _decode_by_length_kernel(
         Q, K, V, PageTable, SeqLens, Sinks, Part, Lse, Out,
         stride_qb, stride_qs, stride_qh,
         stride_kp, stride_ks, stride_kh,
@@ -138,144 +298,52 @@ def _define_kernels() -> Kernels:
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        FINAL: tl.constexpr, F32_DOT: tl.constexpr, BY_TOKENS: tl.constexpr, ROW_BLOCKS: tl.constexpr,
-        BLOCK_U: tl.constexpr,
+        F32_DOT: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_U: tl.constexpr,
     ):
-        # The work is items: one split of one (sequence, row block) "unit" for one kv head.
-        # The even split has num_splits items per unit and kv head, one program each.
-        # Splits by length: each unit gets a split per tokens_per_split of its own keys (at
-        # most num_splits), the items are numbered unit by unit, split by split, kv head by
-        # kv head, and num_programs persistent programs take them in turn: only real work
-        # is scheduled, however the lengths are mixed (a grid sized for the longest sequence
+        # Splits by length. The work is items: one split of one (sequence, row block) "unit"
+        # for one kv head; each unit gets a split per tokens_per_split of its own keys (at
+        # most num_splits). The items are numbered unit by unit, split by split, kv head by
+        # kv head, and num_programs persistent programs take them in turn: only real work is
+        # scheduled, however the lengths are mixed (a grid sized for the longest sequence
         # would start a program for every split of every sequence, most of them idle).
-        # int64 index math throughout: no int32 overflow on large caches or batches (and the
-        # interpreter skips its per-op int32 overflow checks, a large share of its run time)
         pid = tl.program_id(0).to(tl.int64)
-        if BY_TOKENS:
-            units = tl.arange(0, BLOCK_U).to(tl.int64)
-            unit_ok = units < batch * ROW_BLOCKS
-            unit_lens = tl.load(SeqLens + units // ROW_BLOCKS, mask=unit_ok, other=0).to(tl.int64)
-            _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
-                                             tokens_per_split, GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
-            unit_used = tl.where(unit_ok, unit_used, 0)
-            ends = tl.cumsum(unit_used, 0)  # a unit's splits are slots [ends - used, ends)
-            total = tl.sum(unit_used, 0) * num_kv_heads
-        else:
-            total = batch * ROW_BLOCKS * num_splits * num_kv_heads
+        units = tl.arange(0, BLOCK_U).to(tl.int64)
+        unit_ok = units < batch * ROW_BLOCKS
+        unit_lens = tl.load(SeqLens + units // ROW_BLOCKS, mask=unit_ok, other=0).to(tl.int64)
+        _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
+                                         tokens_per_split, GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
+        unit_used = tl.where(unit_ok, unit_used, 0)
+        ends = tl.cumsum(unit_used, 0)  # a unit's splits are slots [ends - used, ends)
+        total = tl.sum(unit_used, 0) * num_kv_heads
         for item in range(pid, total, num_programs):
             kvh = item % num_kv_heads
-            if BY_TOKENS:
-                slot = item // num_kv_heads
-                unit = tl.sum((ends <= slot).to(tl.int64), 0)  # the unit holding this slot
-                split = slot - tl.sum(tl.where(units == unit, ends - unit_used, 0), 0)
-                b = unit // ROW_BLOCKS
-                row_block = unit % ROW_BLOCKS
-            else:  # kv heads, then sequences, then row blocks, then splits
-                b = (item // num_kv_heads) % batch
-                row_block = (item // (num_kv_heads * batch)) % ROW_BLOCKS
-                split = item // (num_kv_heads * batch * ROW_BLOCKS)
+            slot = item // num_kv_heads
+            unit = tl.sum((ends <= slot).to(tl.int64), 0)  # the unit holding this slot
+            split = slot - tl.sum(tl.where(units == unit, ends - unit_used, 0), 0)
+            b = unit // ROW_BLOCKS
+            row_block = unit % ROW_BLOCKS
             seq_len = tl.load(SeqLens + b).to(tl.int64)
             lo, hi, chunk, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
-                                              GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, BY_TOKENS)
-            # this split's share (a split past `used` has none: it loops zero times, stores nothing)
+                                              GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
             start = lo + split * chunk
             end = tl.minimum(start + chunk, hi)
-            # the item: attention of the rows over the split's keys, written as a partial result
-            # for the merge (log-sum-exp beside it) or, where the sequence has one split (`used`
-            # == 1, or FINAL), as the output. Row r is query token r // GROUP of q head
-            # kvh * GROUP + r % GROUP
             rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok = rows < q_len * GROUP
             qi = rows // GROUP
             head = kvh * GROUP + rows % GROUP
-            pos = seq_len - q_len + qi  # the queries are the last q_len tokens
-
-            offs_d = tl.arange(0, BLOCK_D)
-            offs_dv = tl.arange(0, BLOCK_DV)
-            d_ok = offs_d < HEAD_DIM
-            dv_ok = offs_dv < HEAD_DIM_V
-            q_ptrs = Q + b * stride_qb + qi[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
-            q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            if F32_DOT:
-                q = q.to(tl.float32)
-
-            # loop invariants, hoisted by hand (the interpreter does no hoisting)
-            K_head = K + kvh * stride_kh
-            V_head = V + kvh * stride_vh
-            pages = PageTable + b * stride_tb
-            k_cols = K_head + offs_d[:, None]
-            k_mask = d_ok[:, None]
-            v_rows = V_head + offs_dv[None, :]
-            v_mask = dv_ok[None, :]
-            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            l_i = tl.full([BLOCK_M], 0.0, tl.float32)
-            acc = tl.full([BLOCK_M, BLOCK_DV], 0.0, tl.float32)
-            for n0 in range(start, end, BLOCK_N):
-                tok = n0 + tl.arange(0, BLOCK_N)
-                tok_ok = tok < end
-                page = tl.load(pages + (tok // PAGE_SIZE) * stride_tp, mask=tok_ok, other=0)
-                page = page.to(tl.int64)
-                in_page = tok % PAGE_SIZE
-                k_off = page * stride_kp + in_page * stride_ks
-                v_off = page * stride_vp + in_page * stride_vs
-                # K is loaded transposed, (D, N), ready for the dot
-                k = tl.load(k_cols + k_off[None, :], mask=k_mask & tok_ok[None, :], other=0.0)
-                if F32_DOT:  # full float32 products, not tf32
-                    s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
-                else:
-                    s = tl.dot(q, k)
-                s = s * scale
-                if HAS_SOFTCAP:
-                    # s * tanh(x / s), tanh written with exp (tl.math.tanh differs across versions)
-                    s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (s / softcap)) + 1.0))
-                # padded rows (row_ok false) hold q = 0: finite scores, never stored
-                ok = tok_ok[None, :]
-                if MASK_LEFT:
-                    ok = ok & (tok[None, :] >= pos[:, None] - left)
-                if MASK_RIGHT:
-                    ok = ok & (tok[None, :] <= pos[:, None] + right)
-                s = tl.where(ok, s, float("-inf"))
-
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                # a row that has seen nothing yet keeps max -inf: subtract 0 instead (no NaN)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_safe)
-                p = tl.exp(s - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(v_rows + v_off[:, None], mask=v_mask & tok_ok[:, None], other=0.0)
-                if F32_DOT:
-                    pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
-
-            out_ok = row_ok[:, None] & dv_ok[None, :]
-            if not FINAL:  # a sequence over several splits: this one's share, for the merge
-                in_merge = (used > 1) & (split < used)
-                part = acc / tl.maximum(l_i, 1e-30)[:, None]
-                lse = tl.where(l_i > 0, m_i + tl.log(tl.maximum(l_i, 1e-30)), float("-inf"))
-                p_ptrs = (Part + b * stride_pb + qi[:, None] * stride_ps + head[:, None] * stride_ph
-                          + split * stride_pk + offs_dv[None, :])
-                # (a scalar condition joins a mask through tl.where: the interpreter's `&` of a
-                # boolean block and a scalar gives integers, which it refuses as a mask)
-                tl.store(p_ptrs, part, mask=tl.where(in_merge, out_ok, False))
-                tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse,
-                         mask=tl.where(in_merge, row_ok, False))
-                out_ok = tl.where((used == 1) & (split == 0), out_ok, False)
-            # a sequence in one split (every sequence, when FINAL): its output, normalised here
-            # with the sink, in q's dtype; no merge
-            if HAS_SINKS:
-                sink = tl.load(Sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
-                m_all = tl.maximum(m_i, sink)
-                m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
-                alpha = tl.exp(m_i - m_all)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha + tl.exp(sink - m_all)
-            # l_i == 0 only when nothing was seen, and then acc == 0: output 0
-            out = acc / tl.maximum(l_i, 1e-30)[:, None]
-            o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
-            tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=out_ok)
+            pos = seq_len - q_len + qi
+            acc, m_i, l_i = _attend(Q, K, V, PageTable, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
+                                    stride_kh, stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
+                                    b, kvh, qi, head, row_ok, pos, start, end, scale, softcap, left, right,
+                                    HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+                                    MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, F32_DOT)
+            # a unit in one split writes its output here, and the merge passes over it. (A
+            # scalar condition joins a mask through tl.where: the interpreter's `&` of a
+            # boolean block and a scalar gives integers, which it refuses as a mask.)
+            _store_partial(Part, Lse, stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
+                           b, qi, head, split, tl.where(used > 1, row_ok, False), acc, m_i, l_i, HEAD_DIM_V, BLOCK_DV)
+            _store_output(Out, Sinks, stride_ob, stride_os, stride_oh, b, qi, head, row_ok,
+                          tl.where(used == 1, row_ok, False), acc, m_i, l_i, HEAD_DIM_V, BLOCK_DV, HAS_SINKS)
 
     @triton.jit
     def _decode_merge_kernel(
@@ -300,19 +368,22 @@ def _define_kernels() -> Kernels:
         h = pid % num_q_heads
         qi = (pid // num_q_heads) % q_len
         b = pid // (num_q_heads * q_len)
-        # the splits stage 1 wrote for this row: its row block's plan, computed again
-        seq_len = tl.load(SeqLens + b).to(tl.int64)
-        row_block = (qi * GROUP + h % GROUP) // BLOCK_M
-        _, _, _, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
-                                    GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, BY_TOKENS)
+        if BY_TOKENS:  # the splits stage 1 wrote for this row: its row block's plan, again
+            seq_len = tl.load(SeqLens + b).to(tl.int64)
+            row_block = (qi * GROUP + h % GROUP) // BLOCK_M
+            _, _, _, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
+                                        GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
+        else:  # the even split writes all of them, and no length need be read first
+            used = pid * 0 + num_splits
         if used > 1:  # one split: stage 1 wrote the output itself
             offs_s = tl.arange(0, BLOCK_S)
             offs_dv = tl.arange(0, BLOCK_DV)
             s_ok = offs_s < used  # only the splits written are read
             dv_ok = offs_dv < HEAD_DIM_V
+            row_lse = Lse + b * stride_lb + qi * stride_ls + h * stride_lh
+            row_part = Part + b * stride_pb + qi * stride_ps + h * stride_ph + offs_dv[None, :]
 
-            lse = tl.load(Lse + b * stride_lb + qi * stride_ls + h * stride_lh + offs_s, mask=s_ok,
-                          other=float("-inf"))
+            lse = tl.load(row_lse + offs_s, mask=s_ok, other=float("-inf"))
             m = tl.max(lse, 0)
             if HAS_SINKS:
                 sink = tl.load(Sinks + h).to(tl.float32)
@@ -322,27 +393,29 @@ def _define_kernels() -> Kernels:
             denom = tl.sum(w, 0)
             if HAS_SINKS:
                 denom = denom + tl.exp(sink - m)  # the sink attends to nothing: denominator only
-            # the partial outputs MERGE_CHUNK splits at a time: all of them at once, BLOCK_S x
-            # BLOCK_DV floats, would not fit a program's registers for a hundred splits
-            acc = tl.zeros([BLOCK_DV], tl.float32)
-            row_lse = Lse + b * stride_lb + qi * stride_ls + h * stride_lh
-            row_part = Part + b * stride_pb + qi * stride_ps + h * stride_ph + offs_dv[None, :]
-            for s0 in range(0, used, MERGE_CHUNK):
-                offs_c = s0 + tl.arange(0, MERGE_CHUNK)
-                c_ok = offs_c < used
-                w_c = tl.exp(tl.load(row_lse + offs_c, mask=c_ok, other=float("-inf")) - m)
-                part = tl.load(row_part + offs_c[:, None] * stride_pk, mask=c_ok[:, None] & dv_ok[None, :], other=0.0)
-                acc += tl.sum(part * w_c[:, None], 0)
+            if MERGE_CHUNK >= BLOCK_S:  # every split's partial output in one load: one round trip
+                part = tl.load(row_part + offs_s[:, None] * stride_pk, mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
+                acc = tl.sum(part * w[:, None], 0)
+            else:  # more than a program's registers hold (MERGE_TILE): MERGE_CHUNK splits at a time
+                acc = tl.zeros([BLOCK_DV], tl.float32)
+                for s0 in range(0, used, MERGE_CHUNK):
+                    offs_c = s0 + tl.arange(0, MERGE_CHUNK)
+                    c_ok = offs_c < used
+                    w_c = tl.exp(tl.load(row_lse + offs_c, mask=c_ok, other=float("-inf")) - m)
+                    part = tl.load(row_part + offs_c[:, None] * stride_pk, mask=c_ok[:, None] & dv_ok[None, :],
+                                   other=0.0)
+                    acc += tl.sum(part * w_c[:, None], 0)
             out = acc / tl.maximum(denom, 1e-30)
             tl.store(Out + b * stride_ob + qi * stride_os + h * stride_oh + offs_dv, out.to(Out.dtype.element_ty),
                      mask=dv_ok)
 
     if type(_decode_split_kernel).__name__ == "InterpretedFunction":
-        # the interpreter runs a kernel's source again in its module's globals, so the helper
-        # it calls must be a global there; compiled kernels find theirs in their closure
+        # the interpreter runs a kernel's source again in its module's globals, so the helpers
+        # it calls must be globals there; compiled kernels find theirs in their closure
         # (which wins over globals), so a compiled and an interpreted set can live side by side
-        globals()["_split_plan"] = _split_plan
-    return Kernels(_decode_split_kernel, _decode_merge_kernel)
+        globals().update(_split_plan=_split_plan, _attend=_attend, _store_partial=_store_partial,
+                         _store_output=_store_output)
+    return Kernels(_decode_split_kernel, _decode_by_length_kernel, _decode_merge_kernel)
 
 
 def _prepare_env() -> None:
@@ -492,23 +565,24 @@ def triton_paged_decode(
                      HAS_SINKS=sinks is not None, F32_DOT=f32_dot, num_warps=num_warps, num_stages=num_stages)
     softcap_arg = float(softcap or 1.0)
     by_tokens = by_tokens and not final  # one split each: the even split's single program per unit
-    items = batch * row_blocks * num_splits * num_kv_heads  # at most
     if by_tokens:  # the splits of each sequence's own length, on persistent programs
+        items = batch * row_blocks * num_splits * num_kv_heads  # at most
         programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * _sm_count(
             q.device.index))
+        launch(kernels.by_length, (programs,))(
+            *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split, programs, scale, softcap_arg, left,
+            right, ROW_BLOCKS=row_blocks, BLOCK_U=max(64, _next_pow2(batch * row_blocks)), **constants)
     else:
-        programs = items
-    launch(kernels.split, (programs,))(
-        *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split, programs, scale, softcap_arg, left, right,
-        FINAL=final, BY_TOKENS=by_tokens, ROW_BLOCKS=row_blocks,
-        BLOCK_U=max(64, _next_pow2(batch * row_blocks)) if by_tokens else 1, **constants)
+        launch(kernels.split, (batch * num_kv_heads, row_blocks, num_splits))(
+            *common, q_len, num_kv_heads, num_splits, scale, softcap_arg, left, right, FINAL=final, **constants)
     if not final:
+        block_s = _next_pow2(num_splits)
         launch(kernels.merge, (batch * q_len * num_q_heads,))(
             part, lse, cache_seqlens, sinks_arg, out,
             *part_strides, *lse_strides, *out.stride()[:3],
             q_len, num_q_heads, num_splits, tokens_per_split, left, right,
             GROUP=group, HEAD_DIM_V=head_dim_v, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_S=_next_pow2(num_splits), MERGE_CHUNK=min(MERGE_CHUNK, _next_pow2(num_splits)), BLOCK_DV=block_dv,
+            BLOCK_S=block_s, MERGE_CHUNK=min(block_s, max(1, MERGE_TILE // block_dv)), BLOCK_DV=block_dv,
             MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
             HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens,
             num_warps=4,
