@@ -44,10 +44,12 @@ def run_cases(todo: list[tuple[int, T]], seconds: float, device: str, run: Calla
     for i, case in todo:
         if time.perf_counter() - started > seconds:
             break
+        case_started = time.perf_counter()
         try:
             row = run(i, case)
         except Exception as e:  # noqa: BLE001 - recorded, the run goes on
             row = dict(fields(case), error=f"{type(e).__name__}: {e}"[:300])
+        row["seconds"] = round(time.perf_counter() - case_started, 2)  # where a run's time went
         rows.append(row)
         if device == "cuda":
             torch.cuda.empty_cache()

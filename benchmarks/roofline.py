@@ -134,17 +134,19 @@ def run_case(case: dict, shape: DecodeShape, lens: list[int], device: str, final
                       precompile=functools.partial(op.precompile, copies[0]) if op.precompile else None)
         default = op.default(shape)
         space = [default] if configs is None else configs(shape)
+        searched = time.perf_counter()
         try:
             m = measure(trial, space, default, final, strategy="halving", min_gain=0.0)
         except Exception as e:  # noqa: BLE001 - this backend cannot run the case
             row[name] = dict(error=f"{type(e).__name__}: {e}"[:200])
             continue
+        seconds = round(time.perf_counter() - searched, 2)  # the search's, compilation included
         ran = [o for o in m.outcomes if o.status == OK]
         if m.winner is None or not ran:
-            row[name] = dict(error="no config ran right", configs=len(space))
+            row[name] = dict(error="no config ran right", configs=len(space), search_seconds=seconds)
             continue
         best[name] = (op, m.winner.config)
-        row[name] = dict(config=m.winner.config, configs=len(space), failed=m.failures)
+        row[name] = dict(config=m.winner.config, configs=len(space), failed=m.failures, search_seconds=seconds)
     # every backend's best side by side, in one interleaved run
     names = list(best)
     rotations = [[functools.partial(best[n][0].run, c, best[n][1]) for c in copies] for n in names]

@@ -26,6 +26,8 @@ def test_roofline_smoke(tmp_path):
     assert doc["backends"] == ["ours_best", "ours_before_best"] and "error" not in row
     assert row["kv_bytes"] > 0 and row["ours_best"]["fraction"] > 0 and row["ours_over_before"] > 0
     assert row["ours_best"]["failed"] == 0 and doc["summary"]["ours_over_before"]["cases"] == 1
+    # where the run's time went: the case's, and each backend's search
+    assert row["seconds"] >= row["ours_best"]["search_seconds"] + row["ours_before_best"]["search_seconds"] > 0
 
 
 def test_serving_smoke(tmp_path):
