@@ -320,3 +320,19 @@ def test_gpu_bfloat16_decode() -> None:
         out = TRITON_DECODE.run(inputs, config)
         assert out.device.type == "cuda" and out.dtype == torch.bfloat16
         torch.testing.assert_close(out, ref, atol=1.6e-2, rtol=1.6e-2, msg=str(config))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without CUDA")
+@pytest.mark.parametrize("triton_version, numpy_version, refused", [
+    ("3.6.0", "2.4.1", True), ("3.6.0", "2.3.5", False), ("3.8.0", "2.4.6", False), ("3.9.0", "2.4.6", False)])
+def test_an_interpreter_that_cannot_run_with_this_numpy_is_reported(
+        monkeypatch: pytest.MonkeyPatch, triton_version: str, numpy_version: str, refused: bool) -> None:
+    """Triton 3.6's interpreter fails every kernel with NumPy 2.4 ("only 0-dimensional arrays
+    can be converted to Python scalars"): the op says so, and what to install, instead."""
+    import numpy
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(numpy, "__version__", numpy_version)
+    why = TRITON_DECODE.unavailable()
+    assert (why is not None and "numpy<2.4" in why and triton_version in why) if refused else why is None

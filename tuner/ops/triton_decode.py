@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -442,6 +443,8 @@ def _kernels(interpret: bool) -> Kernels:
             # while decorating (Triton reads the variable then), and put it back after
             os.environ["TRITON_INTERPRET"] = "1"
         try:
+            if interpret and (problem := _interpreter_problem()):  # (imports triton: after the switch)
+                raise RuntimeError(f"triton_decode: {problem}")
             kernels = _define_kernels()
         finally:
             if previous is None:
@@ -725,6 +728,22 @@ def _unavailable() -> str | None:
         import triton.language  # noqa: F401
     except Exception as e:  # an ImportError, or a broken install failing at import
         return f"triton cannot be imported: {type(e).__name__}: {e}"
+    return None if torch.cuda.is_available() else _interpreter_problem()
+
+
+def _major_minor(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+
+
+def _interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run here, if it cannot. Triton 3.6's converts arrays of
+    one element to Python ints, an error since NumPy 2.4 (Triton 3.8's does not; 3.7 untried)."""
+    import numpy
+    import triton
+
+    if _major_minor(triton.__version__) < (3, 7) and _major_minor(numpy.__version__) >= (2, 4):
+        return (f"Triton {triton.__version__}'s interpreter cannot run with NumPy {numpy.__version__} (it converts "
+                "1-element arrays to ints, an error since NumPy 2.4): install 'numpy<2.4', or Triton >= 3.8")
     return None
 
 
