@@ -138,13 +138,19 @@ def _define_kernels() -> Kernels:
     def _attend(Q, K, V, PageTable,
                 stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_tb, stride_tp,
-                b, kvh, qi, head, row_ok, pos, start, end, scale, softcap, left, right,
-                HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, MASK_LEFT: tl.constexpr,
-                MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr):
-        # attention of the rows (query token qi of q head `head`, both kv head kvh's) over the
-        # keys [start, end) of sequence b, BLOCK_N at a time through the page table, online
-        # softmax: the unnormalised output, the running max and the sum of weights
+                b, kvh, row_block, seq_len, q_len, start, end, scale, softcap, left, right,
+                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr):
+        # attention of a row block's rows over the keys [start, end) of sequence b, BLOCK_N at a
+        # time through the page table, online softmax: the unnormalised output, the running
+        # max and the sum of weights, and which rows they are. Row r is query token r // GROUP
+        # of q head kvh * GROUP + r % GROUP
+        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < q_len * GROUP
+        qi = rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        pos = seq_len - q_len + qi  # the queries are the last q_len tokens
         offs_d = tl.arange(0, BLOCK_D)
         offs_dv = tl.arange(0, BLOCK_DV)
         d_ok = offs_d < HEAD_DIM
@@ -204,7 +210,7 @@ def _define_kernels() -> Kernels:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-        return acc, m_i, l_i
+        return acc, m_i, l_i, qi, head, row_ok
 
     @triton.jit
     def _store_partial(Part, Lse, stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
@@ -267,17 +273,11 @@ def _define_kernels() -> Kernels:
                                        GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, False)
         start = lo + split * chunk
         end = tl.minimum(start + chunk, hi)  # past the keys: no iteration, weight 0
-        # row r is query token r // GROUP of q head kvh * GROUP + r % GROUP
-        rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < q_len * GROUP
-        qi = rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        pos = seq_len - q_len + qi  # the queries are the last q_len tokens
-        acc, m_i, l_i = _attend(Q, K, V, PageTable, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
-                                stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
-                                b, kvh, qi, head, row_ok, pos, start, end, scale, softcap, left, right,
-                                HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
-                                MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, F32_DOT)
+        acc, m_i, l_i, qi, head, row_ok = _attend(
+            Q, K, V, PageTable, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
+            stride_vp, stride_vs, stride_vh, stride_tb, stride_tp, b, kvh, row_block, seq_len, q_len, start, end,
+            scale, softcap, left, right, GROUP, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
+            MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, F32_DOT)
         if FINAL:
             _store_output(Out, Sinks, stride_ob, stride_os, stride_oh, b, qi, head, row_ok, row_ok, acc, m_i, l_i,
                           HEAD_DIM_V, BLOCK_DV, HAS_SINKS)
@@ -329,16 +329,11 @@ def _define_kernels() -> Kernels:
                                               GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
             start = lo + split * chunk
             end = tl.minimum(start + chunk, hi)
-            rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < q_len * GROUP
-            qi = rows // GROUP
-            head = kvh * GROUP + rows % GROUP
-            pos = seq_len - q_len + qi
-            acc, m_i, l_i = _attend(Q, K, V, PageTable, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks,
-                                    stride_kh, stride_vp, stride_vs, stride_vh, stride_tb, stride_tp,
-                                    b, kvh, qi, head, row_ok, pos, start, end, scale, softcap, left, right,
-                                    HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV,
-                                    MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, F32_DOT)
+            acc, m_i, l_i, qi, head, row_ok = _attend(
+                Q, K, V, PageTable, stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh,
+                stride_vp, stride_vs, stride_vh, stride_tb, stride_tp, b, kvh, row_block, seq_len, q_len, start, end,
+                scale, softcap, left, right, GROUP, HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_M, BLOCK_N, BLOCK_D,
+                BLOCK_DV, MASK_LEFT, MASK_RIGHT, HAS_SOFTCAP, F32_DOT)
             # a unit in one split writes its output here, and the merge passes over it. (A
             # scalar condition joins a mask through tl.where: the interpreter's `&` of a
             # boolean block and a scalar gives integers, which it refuses as a mask.)
