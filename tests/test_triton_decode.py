@@ -128,9 +128,10 @@ def test_splits_by_length_within_the_partial_results_budget(monkeypatch: pytest.
     import tuner.ops.triton_decode as td
 
     inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=True), device=DEVICE)
-    # one split's partial results of the whole batch: float32 rows of every (sequence, q head)
+    # one split's partial results of the whole batch: a float32 row of every (sequence, q head),
+    # and its log-sum-exp
     one_split = BASE.batch * BASE.q_len * BASE.num_q_heads * BASE.head_dim * 4
-    monkeypatch.setattr(td, "PART_MAX_BYTES", 2 * one_split)
+    monkeypatch.setattr(td, "PART_MAX_BYTES", 2 * (one_split + one_split // BASE.head_dim))
     empty, held = torch.empty, []
 
     def recording_empty(*size, dtype=None, **kwargs):
@@ -144,6 +145,26 @@ def test_splits_by_length_within_the_partial_results_budget(monkeypatch: pytest.
     monkeypatch.undo()
     _check(inputs, out)
     assert max(held) == 2 * one_split  # 2 splits, not the 5 that 80 keys in 16s would get
+
+
+def test_the_even_split_keeps_within_the_grids_third_dimension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its splits are a CUDA grid's z (at most 65535): more are asked for, fewer are run."""
+    import tuner.ops.triton_decode as td
+
+    monkeypatch.setattr(td, "MAX_GRID_Z", 2)
+    inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=True), device=DEVICE)
+    empty, splits = torch.empty, []
+
+    def recording_empty(*size, dtype=None, **kwargs):
+        if dtype == torch.float32 and len(size) == 5:  # the partial outputs: (b, q, head, split, d)
+            splits.append(size[3])
+        return empty(*size, dtype=dtype, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    out = _decode(inputs, block_n=16, num_kv_splits=5)
+    monkeypatch.undo()
+    _check(inputs, out)
+    assert splits == [2]
 
 
 def test_an_empty_batch_gives_an_empty_output() -> None:

@@ -82,8 +82,11 @@ PERSISTENT_PROGRAMS_PER_SM = 8
 INTERPRETED_PROGRAMS = 3
 PART_MAX_BYTES = 256 * 2**20  # partial results of the splits, at most
 # the merge reads every split's partial output at once where they fit this many floats (a
-# hundred splits of head dim 256: one round trip to memory, not one per chunk), else in chunks
+# hundred splits of head dim 256: one round trip to memory, not one per chunk), else in chunks.
+# 128 x 256 is at the edge: compiled for sm_90 in 4 warps it takes 255 registers and spills
+# 48 bytes (128 x 128: 160), as 3ae030e's merge did, which read every split at once too
 MERGE_TILE = 128 * 256
+MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension: the even split's splits
 MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs
 DEFAULT: Config = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
 
@@ -133,7 +136,6 @@ def _define_kernels() -> Kernels:
         used = tl.maximum((span + chunk - 1) // chunk, 1)
         return lo, hi, chunk, used
 
-    # batch and the programs' count vary call to call: no compiled variant of each
     @triton.jit
     def _attend(Q, K, V, PageTable,
                 stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -438,9 +440,10 @@ def _kernels(interpret: bool) -> Kernels:
             # while decorating (Triton reads the variable then), and put it back after
             os.environ["TRITON_INTERPRET"] = "1"
         try:
-            if interpret and (problem := _interpreter_problem()):  # (imports triton: after the switch)
-                raise RuntimeError(f"triton_decode: {problem}")
             kernels = _define_kernels()
+            # (also where the user's TRITON_INTERPRET=1 interprets CUDA tensors)
+            if type(kernels.split).__name__ == "InterpretedFunction" and (problem := _interpreter_problem()):
+                raise RuntimeError(f"triton_decode: {problem}")
         finally:
             if previous is None:
                 os.environ.pop("TRITON_INTERPRET", None)
@@ -493,12 +496,13 @@ def triton_paged_decode(
 
     q (batch, q_len, Hq, D); k_cache/v_cache (num_pages, page_size, Hkv, D[v]); page_table
     (batch, max_pages); cache_seqlens (batch,) on the device, read only by the kernel.
-    max_kv_len (host-side, >= every cache_seqlens entry) caps num_kv_splits so no split is
-    empty for the longest sequence. tokens_per_split 0: each sequence divides its own
-    visible keys among all num_kv_splits splits. tokens_per_split > 0: each sequence gets a
-    split per tokens_per_split of its own visible keys, at most num_kv_splits (and at most
-    what PART_MAX_BYTES of partial results hold, as for the even split), on persistent programs (see the module's
-    docstring); a sequence in one split skips the merge.
+    max_kv_len (host-side, >= every cache_seqlens entry) caps num_kv_splits at a block of
+    keys a split for the longest sequence (rounding to whole blocks can still leave the last
+    splits without keys: they store weight 0). tokens_per_split 0: each sequence divides its
+    own visible keys among all num_kv_splits splits. tokens_per_split > 0: each sequence gets
+    a split per tokens_per_split of its own visible keys, at most num_kv_splits, on
+    persistent programs (see the module's docstring); a sequence in one split skips the
+    merge. Either way, at most what PART_MAX_BYTES of partial results hold.
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
     batch, q_len, num_q_heads, head_dim = q.shape
@@ -525,11 +529,12 @@ def triton_paged_decode(
     by_tokens = tokens_per_split > 0
     # at most num_kv_splits, and partial results within PART_MAX_BYTES; splits by length: as
     # many as the longest visible span takes, the even split: as many as hold a block each
-    part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * head_dim_v * 4, 1)
+    # (a split's partial results: a float32 output row and its log-sum-exp per (sequence, query, q head))
+    part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * (head_dim_v + 1) * 4, 1)
     if by_tokens:
         wanted = _cdiv(visible_kv_len(max_kv_len, q_len, left), max(tokens_per_split, block_n))
     else:
-        wanted = _cdiv(max_kv_len, block_n)
+        wanted = min(_cdiv(max_kv_len, block_n), MAX_GRID_Z)
     num_splits = max(1, min(num_kv_splits, wanted, part_cap))
     mask_left, mask_right = left >= 0, right >= 0 and q_len > 1
     rows = q_len * group
@@ -576,15 +581,16 @@ def triton_paged_decode(
             *common, q_len, num_kv_heads, num_splits, scale, softcap_arg, left, right, FINAL=final, **constants)
     if not final:
         block_s = _next_pow2(num_splits)
+        # the split plan's constants matter to the by-length merge alone: the even split's
+        # gets fixed ones, so that one compiled merge serves every block size and window
+        plan = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, MASK_LEFT=mask_left, MASK_RIGHT=mask_right) \
+            if by_tokens else dict(GROUP=1, BLOCK_M=16, BLOCK_N=16, MASK_LEFT=False, MASK_RIGHT=False)
         launch(kernels.merge, (batch * q_len * num_q_heads,))(
             part, lse, cache_seqlens, sinks_arg, out,
             *part_strides, *lse_strides, *out.stride()[:3],
             q_len, num_q_heads, num_splits, tokens_per_split, left, right,
-            GROUP=group, HEAD_DIM_V=head_dim_v, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_S=block_s, MERGE_CHUNK=min(block_s, max(1, MERGE_TILE // block_dv)), BLOCK_DV=block_dv,
-            MASK_LEFT=mask_left, MASK_RIGHT=mask_right,
-            HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens,
-            num_warps=4,
+            HEAD_DIM_V=head_dim_v, BLOCK_S=block_s, MERGE_CHUNK=min(block_s, max(1, MERGE_TILE // block_dv)),
+            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens, num_warps=4, **plan,
         )
     return None if compile_only else out
 
@@ -732,7 +738,8 @@ def _major_minor(version: str) -> tuple[int, ...]:
 
 def _interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run here, if it cannot. Triton 3.6's converts arrays of
-    one element to Python ints, an error since NumPy 2.4 (Triton 3.8's does not; 3.7 untried)."""
+    one element to Python ints, an error since NumPy 2.4. Triton 3.8's does not, and 3.7 is
+    untried, so it is not refused; the advice names the version known to work."""
     import numpy
     import triton
 
