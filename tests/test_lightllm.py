@@ -109,10 +109,10 @@ def test_a_batch_between_the_keys_takes_the_nearest_batch_in_lightllm(tmp_path, 
     assert nearest(content, 4000, 1, 8192) == exact[largest]
 
 
-def _fa3_record(db, fp, batch, kv, config, default_median=20.0, median=10.0, page_size=1, q_len=1):
+def _fa3_record(db, fp, batch, kv, config, default_median=20.0, median=10.0, page_size=1, q_len=1, window=None):
     key = static_key_from_parts(q_dtype="bfloat16", k_dtype="bfloat16", v_dtype="bfloat16", num_q_heads=32,
                                 num_kv_heads=8, head_dim_qk=128, head_dim_v=128, page_size=page_size, causal=True,
-                                window_size=None, softcap=None, sinks=False, k_descale=False, v_descale=False)
+                                window_size=window, softcap=None, sinks=False, k_descale=False, v_descale=False)
     problem = Problem("fa3", key.to_json(), attention_run_key(batch, q_len, kv))
     db.save_record(problem, fp, config, median_us=median, spread_us=0.1, samples=5,
                    default_config={"num_splits": 0, "pack_gqa": None}, default_median_us=default_median,
@@ -137,6 +137,24 @@ def test_pack_gqa_winners_are_written_as_their_best_measured_config_without_it(t
     assert content == {str(16 * 10**13 + 10**7 + 2048): {"num_splits": 4}, str(64 * 10**13 + 10**7 + 2048): {"num_splits": 0}}
     said = " ".join(result.output.split())  # rich folds lines at 80 columns
     assert "2 winners set pack_gqa" in said and "1 written as their best" in said
+
+
+def test_a_windowed_key_tuned_at_its_window_serves_every_width_in_lightllm(tmp_path):
+    """tuner keys a windowed call by the keys it can see, so a window-127 key is tuned at kv
+    128 alone; LightLLM keys by the page table's width, and its nearest match must still
+    find that batch's config at a server's 128k-wide table, not another batch's."""
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    fp = (fingerprint_id(H200), H200)
+    for batch, splits in ((4, 3), (8, 1)):
+        _fa3_record(db, fp, batch, 128, {"num_splits": splits, "pack_gqa": None}, window=(127, 0))
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path).exit_code == 0
+    [path] = (out / KERNEL_DIR).iterdir()
+    assert "wl=127" in path.name
+    content = json.loads(path.read_text())
+    assert nearest(content, 4, 1, 131072) == {"num_splits": 3} and nearest(content, 8, 1, 131072) == {"num_splits": 1}
+    assert nearest(content, 5, 1, 131072) == {"num_splits": 3}  # between the batches: the nearer one's
 
 
 def test_other_ops_are_refused_with_why_and_nothing_is_written(tmp_path, shipped_db):
