@@ -51,6 +51,8 @@ def _upsert_statement(dialect: str, model: type, columns: tuple[str, ...], key: 
     set_ = {k: func.coalesce(getattr(model, k), 0) + func.coalesce(getattr(stmt.excluded, k), 0)
             if k in add else getattr(stmt.excluded, k) for k in columns if k not in key}
     return stmt.on_conflict_do_update(index_elements=list(key), set_=set_)
+
+
 PROBLEM_COLUMNS = ("op", "static_key", "batch", "max_q_len", "kv_len_bucket")
 RECORD_KEY = [*PROBLEM_COLUMNS, "fingerprint_id"]
 STATUSES = ("ok", "wrong", "error", "oom")
