@@ -8,8 +8,8 @@ Phase 1, per head configuration given: `tuner.sweep.sweep` of op over the key's 
 (every capture batch size x kv 1k-128k, mixed-length batches, tuner.ops.traffic; with --mtp
 MTP verify too) into --db, with --search; timed as a whole (compilation included: the
 sweep builds every shape's Triton candidates ahead, in parallel, before timing them), with
-the seconds spent making inputs, compiling and in the timers. Swept one kv length at a time
-(a guided search's anchors are among its own kv length's shapes), none started after
+the seconds spent making inputs, compiling and in the timers. Swept one kv length at a time,
+longest first (a guided search's anchors are among its own kv length's shapes), none started after
 --seconds; resumable (the DB), so a run cut short is finished by the same command.
 Phase 2, on --agree shapes of the first head configuration (evenly through its grid): every
 candidate timed with the sweep's full timer (exhaustive), then successive halving on the same
@@ -55,6 +55,7 @@ HEADS: dict[str, dict[str, Any]] = {
     "16/8 hd256 softcap50 window4095": head_configs.HD256_SOFTCAP_WINDOW,
     "64/8 hd64 sinks window127": head_configs.HD64_SINKS_WINDOW,
     "cpu-tiny": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32"),
+    "cpu-tiny window31": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32", window=(31, 0)),
 }
 PRECISE_REPEATS = 30
 FINALISTS = 3
@@ -63,7 +64,8 @@ FINALISTS = 3
 def grid_of(spec: dict, mtp: bool, smoke: bool, max_tokens: int) -> list[DecodeShape]:
     common = dict(dtype="bfloat16", **spec) if "dtype" not in spec else dict(spec)
     if smoke:
-        return serving_grid((1, 2, 3, 4), (64,), **common)
+        return serving_grid((1, 2, 3, 4), (64,), **common) if "window" not in spec else \
+            serving_grid((1, 2), (64, 128), **common)  # two kv lengths past the window: one run key
     shapes = serving_grid(max_tokens=max_tokens, **common)
     if mtp:
         shapes += [DecodeShape(batch=b, kv_len=n, q_len=q, lengths="serving", **common) for q in (2, 4)
@@ -124,7 +126,10 @@ def phase_sweep(op, name: str, shapes: list[DecodeShape], db: TuningDB, search: 
     results: list = []
     seconds = 0.0
     result: dict = {}
-    for family in families.values():
+    # longest kv first: a windowed key's kv lengths past its window are one run key, and the
+    # first of them swept takes it (the others are skipped as stored), so that is the longest,
+    # whose sequences, like most calls', fill the window (as `tuner sweep` chooses)
+    for _, family in sorted(families.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         if time.perf_counter() > deadline:
             break
         start = time.perf_counter()

@@ -38,3 +38,19 @@ def test_serving_smoke(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     [row] = json.loads(out.read_text())["rows"]
     assert "error" not in row and row["per_call"]["default_us"] > 0 and row["graph"]["tuner_us"] > 0
+
+
+def test_sweep_cost_sweeps_a_windowed_keys_bucket_on_its_longest_shape(tmp_path):
+    """Past its window a key's kv lengths are one run key, swept once: on the longest shape,
+    whose sequences fill the window as most calls' do (as `tuner sweep` picks), not the
+    first the grid lists. Swept shortest first, the window-4095 key's serving record came
+    from sequences of at most 4096 keys and missed the oracle's 1.13-1.65x at caps of 16k-128k."""
+    out = tmp_path / "sweep_cost.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "sweep_cost.py", "--smoke", "--heads", "cpu-tiny window31",
+                             "--agree", "0", "--out", str(out), "--db", str(tmp_path / "serving.db")],
+                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [sweep] = json.loads(out.read_text())["sweeps"]
+    status = {(r["batch"], r["kv_len"]): r["status"] for r in sweep["rows"]}
+    assert status == {(1, 128): "measured", (2, 128): "measured", (1, 64): "skipped", (2, 64): "skipped"}
