@@ -82,6 +82,18 @@ def test_reference_over_mixed_lengths_in_a_wide_table_matches_the_independent_or
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 40_000, 1 << 30])  # one sequence a chunk, a few, all
+@pytest.mark.parametrize("extra", [{"q_len": 3}, {"window": (5, 0), "q_len": 2, "sinks": True}])
+def test_reference_in_chunks_of_any_size_matches_the_independent_oracle(monkeypatch, chunk_bytes, extra):
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "REFERENCE_CHUNK_BYTES", chunk_bytes)
+    shape = DecodeShape(batch=6, kv_len=23, **dict(SMALL, **extra))
+    inputs = make_decode_inputs(shape, seq_lens=[23, 4, 3, 17, 9, 23], table_width=40, seed=6)
+    want = sdpa_oracle(inputs, window=shape.window if shape.window != (-1, -1) else None, sinks=inputs.sinks)
+    torch.testing.assert_close(inputs.reference(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_a_sequence_with_no_keys_attends_to_nothing_in_any_chunk():
     inputs = make_decode_inputs(DecodeShape(batch=3, kv_len=10, **SMALL), seq_lens=[10, 0, 6], seed=5)
     out = inputs.reference()

@@ -107,3 +107,8 @@ COMPILE_WORKERS = min(16, os.cpu_count() or 1)
 
 # the L2 a cold-cache rotation must exceed twice over when the device does not say (H200's)
 DEFAULT_L2_BYTES = 60 * 2**20
+
+# the torch reference attends this many bytes of float32 work at once (keys and values of
+# a batch's sequences, padded to the longest, and their scores): sequences go in chunks,
+# not one by one, since a sweep builds three references per shape (one per serving batch)
+REFERENCE_CHUNK_BYTES = 1 << 30

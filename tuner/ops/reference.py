@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from tuner import settings
+
 
 def attention_mask(
     kv_len: int,
@@ -23,7 +25,12 @@ def attention_mask(
     """
     pos = torch.arange(kv_len - q_len, kv_len, device=device).unsqueeze(1)
     key = torch.arange(kv_len, device=device).unsqueeze(0)
-    allowed = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
+    return _allowed(pos, key, causal=causal, window=window)
+
+
+def _allowed(pos: torch.Tensor, key: torch.Tensor, *, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+    """Whether the query at each pos may attend to each key position (broadcast together)."""
+    allowed = torch.ones(torch.broadcast_shapes(pos.shape, key.shape), dtype=torch.bool, device=pos.device)
     left, right = window
     if causal:
         right = 0 if right < 0 else min(right, 0)
@@ -54,35 +61,69 @@ def paged_decode_reference(
     GQA: q head h reads kv head h // (Hq // Hkv). softcap s: scores -> s * tanh(scores / s).
     sinks: (Hq,) logits that join each softmax's denominator and attend to nothing.
     Returns (batch, q_len, Hq, Dv) in q's dtype.
+
+    Sequences of similar length are attended together, padded to the chunk's longest, in
+    chunks of at most settings.REFERENCE_CHUNK_BYTES (one by one, a batch of 256 took 256
+    rounds of a dozen small kernels).
     """
     batch, q_len, num_q_heads, head_dim = q.shape
+    num_kv_heads, head_dim_v = k_cache.shape[2], v_cache.shape[-1]
+    out = torch.empty(batch, q_len, num_q_heads, head_dim_v, dtype=q.dtype, device=q.device)
+    lengths = [int(n) for n in cache_seqlens.tolist()]  # one read of the device, not one per sequence
+    # keys from the first one any query's window holds (all, without a window): those
+    # before it are masked for every query, and a long sequence's would cost the most
+    left = window[0]
+    firsts = [0 if left < 0 else max(0, n - q_len - left) for n in lengths]
+    spans = [n - f for n, f in zip(lengths, firsts)]
+    # float32 bytes per padded key of one sequence: its keys and values, and scores,
+    # masked scores and probabilities for every query row
+    per_key = 4 * (num_kv_heads * (head_dim + head_dim_v) + 3 * num_q_heads * q_len)
+    order = sorted(range(batch), key=spans.__getitem__)
+    start = 0
+    while start < batch:
+        # ascending spans: the chunk's longest is its last; at most 5/4 of its shortest (or
+        # 128 keys), so padding adds at most a quarter to the work
+        end, widest = start + 1, max(spans[order[start]] * 5 // 4, 128)
+        while end < batch and spans[order[end]] <= widest and \
+                (end + 1 - start) * spans[order[end]] * per_key <= settings.REFERENCE_CHUNK_BYTES:
+            end += 1
+        rows = order[start:end]
+        out[torch.tensor(rows, device=q.device)] = _attend_chunk(
+            q, k_cache, v_cache, page_table, rows, [lengths[b] for b in rows], [firsts[b] for b in rows],
+            max(spans[rows[-1]], 1), causal=causal, window=window, softcap=softcap, sinks=sinks,
+            scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim),
+        ).to(q.dtype)
+        start = end
+    return out
+
+
+def _attend_chunk(q, k_cache, v_cache, page_table, rows, lengths, firsts, span, *, causal, window,
+                  softcap, sinks, scale) -> torch.Tensor:
+    """(len(rows), q_len, Hq, Dv) float32: the rows' sequences, each from its first key,
+    padded to span keys."""
+    device = q.device
+    q_len, num_q_heads, head_dim = q.shape[1:]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    out = torch.empty(batch, q_len, num_q_heads, v_cache.shape[-1], dtype=q.dtype, device=q.device)
-    lengths = cache_seqlens.tolist()  # one read of the device, not one per sequence
-    left = window[0]
-    for b in range(batch):
-        kv_len = int(lengths[b])
-        # keys from the first one any query's window holds (all, without a window): those
-        # before it are masked for every query, and a long sequence's would cost the most
-        first = 0 if left < 0 else max(0, kv_len - q_len - left)
-        pages = page_table[b, first // page_size: (kv_len + page_size - 1) // page_size].long()
-        keys = slice(first % page_size, first % page_size + kv_len - first)
-        k = k_cache[pages].reshape(-1, num_kv_heads, head_dim)[keys].float()
-        v = v_cache[pages].reshape(-1, num_kv_heads, v_cache.shape[-1])[keys].float()
-        k = k.repeat_interleave(group, dim=1)  # (kv, Hq, D)
-        v = v.repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q[b].float(), k) * scale
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
-        mask = attention_mask(kv_len, q_len, causal=causal, window=window, device=q.device)[:, first:]
-        scores = scores.masked_fill(~mask, float("-inf"))
-        if sinks is not None:
-            sink = sinks.float().view(num_q_heads, 1, 1).expand(num_q_heads, q_len, 1)
-            scores = torch.cat([scores, sink], dim=-1)
-        probs = torch.softmax(scores, dim=-1)
-        # a query whose window holds no key (and no sink) attends to nothing: output 0
-        probs = torch.nan_to_num(probs, nan=0.0)[..., :kv_len - first]
-        out[b] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
-    return out
+    idx = torch.tensor(rows, device=device)
+    length = torch.tensor(lengths, device=device).unsqueeze(1)  # (C, 1)
+    key = torch.tensor(firsts, device=device).unsqueeze(1) + torch.arange(span, device=device)  # (C, L)
+    held = key < length
+    slot = torch.minimum(key, (length - 1).clamp(min=0))  # padding reads a key the sequence holds
+    pages = page_table[idx.unsqueeze(1), slot // page_size].long()
+    k = k_cache[pages, slot % page_size].float()  # (C, L, Hkv, D)
+    v = v_cache[pages, slot % page_size].float()
+    qg = q[idx].float().view(len(rows), q_len, num_kv_heads, group, head_dim)
+    scores = torch.einsum("cqhgd,clhd->chgql", qg, k) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    pos = length - q_len + torch.arange(q_len, device=device)  # (C, q)
+    allowed = _allowed(pos.unsqueeze(2), key.unsqueeze(1), causal=causal, window=window) & held.unsqueeze(1)
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, num_kv_heads, group, 1, 1).expand(len(rows), -1, -1, q_len, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    # a query whose window holds no key (and no sink) attends to nothing: output 0
+    probs = torch.nan_to_num(probs, nan=0.0)[..., :span]
+    return torch.einsum("chgql,clhd->cqhgd", probs, v).reshape(len(rows), q_len, num_q_heads, -1)
