@@ -1,11 +1,14 @@
-"""What a sweep pays per stored measurement: TuningDB.save_measurement into an SQLite file
-(or --url, e.g. a PostgreSQL server), median and minimum us per write over repeated runs.
+"""What a sweep pays per stored measurement: TuningDB.save_measurement (one transaction a
+measurement) and TuningDB.save_measurements (a shape's together) into an SQLite file (or
+TUNER_BENCH_DB_URL, e.g. a PostgreSQL server), median and minimum us per measurement over
+repeated runs.
 
     python benchmarks/db_write_cost.py [--label L] [--out benchmarks/results/issue12/db_write_cost_cpu.json]
 
-A sweep stores every measurement as it is made (a run cut short resumes from them), one
-transaction each; on the H200's host that cost 1.7-2.9 ms per write (a cProfile of a
-serving-grid sweep, benchmarks/results/h200/issue12/sweep_profile_28b10f1.txt).
+A sweep stored every measurement as it was made, one transaction each; on the H200's host
+that cost 1.7-2.9 ms per write (cProfiles of serving-grid sweeps,
+benchmarks/results/h200/issue12/sweep_profile_*.txt). It now stores a shape's measurements
+together once the shape is measured (a run cut short resumes from whole shapes).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tuner.keys import attention_run_key  # noqa: E402
 WRITES = 200
 REPEATS = 7
 CONFIGS = 50  # distinct configs per shape: later writes replace earlier ones, as a later rung does
+PER_SHAPE = 40  # measurements a shape stores at once (a guided sweep's serving shapes: 15-90)
 
 
 def main() -> None:
@@ -33,18 +37,27 @@ def main() -> None:
     url = os.environ.get("TUNER_BENCH_DB_URL") or Path(tempfile.mkdtemp()) / "bench.db"
     db = TuningDB(url)
     fingerprint = (current_fingerprint_id(), current_fingerprint())
-    runs = []
-    for r in range(REPEATS):  # a shape per run
+    one, together = [], []
+    for r in range(REPEATS):  # a shape per run, and per way of writing
         problem = Problem("bench_op", '{"num_kv_heads":8}', attention_run_key(r + 1, 1, 4096))
         start = time.perf_counter()
         for i in range(WRITES):
             db.save_measurement(problem, fingerprint, {"c": i % CONFIGS}, kv_len=4096, status="ok",
                                 method={"timer": "bench"}, median_us=5.0 + i, spread_us=0.1, samples=3)
-        runs.append((time.perf_counter() - start) / WRITES * 1e6)
+        one.append((time.perf_counter() - start) / WRITES * 1e6)
+        problem = Problem("bench_op", '{"num_kv_heads":8}', attention_run_key(r + 1, 1, 8192))
+        start = time.perf_counter()
+        for first in range(0, WRITES, PER_SHAPE):
+            db.save_measurements(problem, fingerprint, [
+                dict(config={"c": i % CONFIGS}, kv_len=8192, status="ok", method={"timer": "bench"},
+                     median_us=5.0 + i, spread_us=0.1, samples=3) for i in range(first, first + PER_SHAPE)])
+        together.append((time.perf_counter() - start) / WRITES * 1e6)
     report(args, "db_write_cost.py", {"db": "TUNER_BENCH_DB_URL" if "TUNER_BENCH_DB_URL" in os.environ else "sqlite file",
                                       "writes_per_run": WRITES, "runs": REPEATS,
-                                      "median_us_per_write": statistics.median(runs), "min_us_per_write": min(runs)})
-
+                                      "median_us_per_write": statistics.median(one), "min_us_per_write": min(one),
+                                      "per_shape": PER_SHAPE,
+                                      "median_us_per_measurement_per_shape": statistics.median(together),
+                                      "min_us_per_measurement_per_shape": min(together)})
 
 if __name__ == "__main__":
     main()

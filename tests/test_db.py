@@ -100,6 +100,23 @@ def test_measurements_upsert_per_config(make_db):
     assert db.measurements(p, OTHER[0]) == []
 
 
+def test_a_shapes_measurements_stored_together_upsert_per_config_the_later_kept(make_db):
+    db = TuningDB(make_db())
+    p = problem()
+    db.save_measurement(p, FP, {"c": 3}, kv_len=1000, status="ok", method={}, median_us=9.0, spread_us=1.0, samples=3)
+    db.save_measurements(p, FP, [
+        dict(config={"c": 1}, kv_len=1000, status="ok", method={"rung": 0}, median_us=5.0, spread_us=1.0,
+             samples=3, rung=0),
+        dict(config={"c": 2}, kv_len=1000, status="error", method={}, error="boom"),
+        dict(config={"c": 1}, kv_len=1000, status="ok", method={}, median_us=4.0, spread_us=0.5, samples=15),
+        dict(config={"c": 3}, kv_len=1000, status="ok", method={}, median_us=8.0, spread_us=1.0, samples=3),
+    ])
+    db.save_measurements(p, FP, [])
+    rows = db.measurements(p, FP[0])
+    assert sorted((m.config["c"], m.status, m.median_us, m.rung) for m in rows) == [
+        (1, "ok", 4.0, 1), (2, "error", None, 1), (3, "ok", 8.0, 1)]
+
+
 def test_integrity_ok_on_a_sound_db(make_db):
     db = TuningDB(make_db())
     save(db, problem(), {"c": 1})

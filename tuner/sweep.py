@@ -167,24 +167,38 @@ def sweep(
             row = stored.get(canonical_json(config))
             return (_stored_outcome(row), row.rung) if row is not None else None
 
+        # a shape's measurements are stored together once it is measured (one transaction,
+        # not one each); a distributed sweep's as they come, since the other ranks read them
+        pending: list[dict[str, Any]] = []
+
         def record(step: Step, outcome: Outcome) -> None:
             t = outcome.timing
-            db.save_measurement(
-                problem, env, step.config, kv_len=shape.kv_len, status=outcome.status,
+            pending.append(dict(
+                config=step.config, kv_len=shape.kv_len, status=outcome.status,
                 # the timer's method as of this measurement (a failed capture says so); a
                 # quick rung's also in method, where a tuner before the rung column reads it
                 method=dict(method, **step.timer.method, **lengths, **({"rung": step.rung} if step.rung != 1 else {})),
                 rung=step.rung,
                 median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
                 max_error=outcome.max_error, error=outcome.error,
-            )
+            ))
+            if ranks is not None:
+                store_pending()
+
+        def store_pending() -> None:
+            db.save_measurements(problem, env, pending)
+            pending.clear()
 
         boundary_sync(release=False)
-        result = measure(
-            trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume, record=record,
-            ranks=ranks, gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape.lengths),
-            advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
-        )
+        try:
+            result = measure(
+                trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume,
+                record=record, ranks=ranks,
+                gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape.lengths),
+                advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
+            )
+        finally:  # what was measured stays stored when a later step fails (or is interrupted)
+            store_pending()
         del trial  # free the device before the next shape's inputs
         boundary_sync(release=False)
         default = configs[0]

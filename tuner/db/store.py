@@ -523,6 +523,16 @@ class TuningDB:
         damaged = isinstance(orig, sqlite3.DatabaseError) and not isinstance(orig, sqlite3.OperationalError)
         return (DamagedDBError if damaged else DBError)(f"cannot read tuning DB {self.display_url}: {_short(e)}")
 
+    def _upsert_many(self, session: Session, model: type, rows: list[dict[str, Any]], key: list[str]) -> None:
+        """_upsert of rows of one set of columns and distinct keys: one executemany where the
+        dialect has an upsert statement."""
+        dialect = session.bind.dialect.name
+        if dialect in ("sqlite", "postgresql"):
+            session.execute(_upsert_statement(dialect, model, tuple(rows[0]), tuple(key), True, ()), rows)
+            return
+        for values in rows:
+            self._upsert(session, model, values, key)
+
     def _upsert(self, session: Session, model: type, values: dict[str, Any], key: list[str],
                 replace: bool = True, add: tuple[str, ...] = ()) -> None:
         """Insert, or on a key conflict replace the other columns (or keep the row: replace=False);
@@ -575,27 +585,41 @@ class TuningDB:
         error: str | None = None,
         rung: int = 1,
     ) -> None:
+        self.save_measurements(problem, fingerprint, [dict(
+            config=config, kv_len=kv_len, status=status, method=method, median_us=median_us,
+            spread_us=spread_us, samples=samples, max_error=max_error, error=error, rung=rung,
+        )])
+
+    def save_measurements(self, problem: Problem, fingerprint: tuple[str, dict[str, Any]],
+                          measurements: list[dict[str, Any]]) -> None:
+        """Several measurements of one problem (each save_measurement's keywords, config
+        included) in one transaction; of two of one config, the later is kept."""
         fp_id, fp_data = fingerprint
-        values = dict(
-            problem.columns(),
-            fingerprint_id=fp_id,
-            config=canonical_json(config),
-            kv_len=kv_len,
-            status=status,
-            median_us=median_us,
-            spread_us=spread_us,
-            samples=samples,
-            max_error=max_error,
-            error=error,
-            method=canonical_json(method),
-            rung=rung,
-        )
-        for column in self._missing_measurement_columns:  # a DB this writer could not upgrade
-            values.pop(column, None)
+        by_config: dict[str, dict[str, Any]] = {}
+        for m in measurements:
+            values = dict(
+                problem.columns(),
+                fingerprint_id=fp_id,
+                config=canonical_json(m["config"]),
+                kv_len=m["kv_len"],
+                status=m["status"],
+                median_us=m.get("median_us"),
+                spread_us=m.get("spread_us"),
+                samples=m.get("samples", 0),
+                max_error=m.get("max_error"),
+                error=m.get("error"),
+                method=canonical_json(m["method"]),
+                rung=m.get("rung", 1),
+            )
+            for column in self._missing_measurement_columns:  # a DB this writer could not upgrade
+                values.pop(column, None)
+            by_config[values["config"]] = values
+        if not by_config:
+            return
         key = [*RECORD_KEY, "config"]
         with self._write() as session:
             self._ensure_fingerprint(session, fp_id, fp_data)
-            self._upsert(session, Measurement, values, key)
+            self._upsert_many(session, Measurement, list(by_config.values()), key)
 
     def save_record(
         self,
