@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -98,6 +99,23 @@ def test_a_sequence_with_no_keys_attends_to_nothing_in_any_chunk():
     inputs = make_decode_inputs(DecodeShape(batch=3, kv_len=10, **SMALL), seq_lens=[10, 0, 6], seed=5)
     out = inputs.reference()
     assert torch.count_nonzero(out[1]) == 0 and torch.count_nonzero(out[0]) > 0
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_a_sequence_with_no_keys_reads_nothing_of_its_page_table_row(sinks):
+    """A server may leave anything in a padded batch slot's row (a page out of range, one
+    of another sequence's, a freed page holding NaN): the reference reads none of it."""
+    shape = DecodeShape(batch=3, kv_len=10, **dict(SMALL, sinks=sinks))
+    inputs = make_decode_inputs(shape, seq_lens=[10, 0, 6], seed=7)
+    want = inputs.reference()
+    inputs.page_table[1] = 10**6  # no such page
+    torch.testing.assert_close(inputs.reference(), want, atol=0, rtol=0)
+    nan_page = torch.full_like(inputs.k_cache[:1], float("nan"))  # a freed page
+    freed = dataclasses.replace(inputs, k_cache=torch.cat([inputs.k_cache, nan_page]),
+                                v_cache=torch.cat([inputs.v_cache, nan_page]))
+    freed.page_table[1] = inputs.k_cache.shape[0]
+    torch.testing.assert_close(freed.reference(), want, atol=0, rtol=0)
+    assert torch.count_nonzero(want[1]) == 0
 
 
 def test_inputs_have_a_valid_page_table():

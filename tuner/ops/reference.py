@@ -63,7 +63,7 @@ def paged_decode_reference(
     Returns (batch, q_len, Hq, Dv) in q's dtype.
 
     Sequences of similar length are attended together, padded to the chunk's longest, in
-    chunks of at most settings.REFERENCE_CHUNK_BYTES (one by one, a batch of 256 took 256
+    chunks of about settings.REFERENCE_CHUNK_BYTES (one by one, a batch of 256 took 256
     rounds of a dozen small kernels).
     """
     batch, q_len, num_q_heads, head_dim = q.shape
@@ -76,21 +76,25 @@ def paged_decode_reference(
     firsts = [0 if left < 0 else max(0, n - q_len - left) for n in lengths]
     spans = [n - f for n, f in zip(lengths, firsts)]
     # float32 bytes per padded key of one sequence: its keys and values, and scores,
-    # masked scores and probabilities for every query row
+    # masked scores and probabilities for every query row (the einsums' own copies of the
+    # keys and values add up to half again where a chunk holds several sequences)
     per_key = 4 * (num_kv_heads * (head_dim + head_dim_v) + 3 * num_q_heads * q_len)
-    order = sorted(range(batch), key=spans.__getitem__)
+    # a sequence without keys attends to nothing (output 0), and its page-table row is not
+    # read: a server may leave anything there for a padded batch slot
+    out[torch.tensor([b for b in range(batch) if lengths[b] == 0], dtype=torch.long, device=q.device)] = 0
+    order = sorted((b for b in range(batch) if lengths[b] > 0), key=spans.__getitem__)
     start = 0
-    while start < batch:
+    while start < len(order):
         # ascending spans: the chunk's longest is its last; at most 5/4 of its shortest (or
-        # 128 keys), so padding adds at most a quarter to the work
+        # 128 keys: short ones go together), so padding adds little to the work
         end, widest = start + 1, max(spans[order[start]] * 5 // 4, 128)
-        while end < batch and spans[order[end]] <= widest and \
+        while end < len(order) and spans[order[end]] <= widest and \
                 (end + 1 - start) * spans[order[end]] * per_key <= settings.REFERENCE_CHUNK_BYTES:
             end += 1
         rows = order[start:end]
         out[torch.tensor(rows, device=q.device)] = _attend_chunk(
             q, k_cache, v_cache, page_table, rows, [lengths[b] for b in rows], [firsts[b] for b in rows],
-            max(spans[rows[-1]], 1), causal=causal, window=window, softcap=softcap, sinks=sinks,
+            spans[rows[-1]], causal=causal, window=window, softcap=softcap, sinks=sinks,
             scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim),
         ).to(q.dtype)
         start = end
@@ -109,7 +113,7 @@ def _attend_chunk(q, k_cache, v_cache, page_table, rows, lengths, firsts, span, 
     length = torch.tensor(lengths, device=device).unsqueeze(1)  # (C, 1)
     key = torch.tensor(firsts, device=device).unsqueeze(1) + torch.arange(span, device=device)  # (C, L)
     held = key < length
-    slot = torch.minimum(key, (length - 1).clamp(min=0))  # padding reads a key the sequence holds
+    slot = torch.minimum(key, length - 1)  # padding reads a key the sequence holds
     pages = page_table[idx.unsqueeze(1), slot // page_size].long()
     k = k_cache[pages, slot % page_size].float()  # (C, L, Hkv, D)
     v = v_cache[pages, slot % page_size].float()
