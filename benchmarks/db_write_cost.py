@@ -59,5 +59,6 @@ def main() -> None:
                                       "median_us_per_measurement_per_shape": statistics.median(together),
                                       "min_us_per_measurement_per_shape": min(together)})
 
+
 if __name__ == "__main__":
     main()

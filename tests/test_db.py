@@ -112,6 +112,8 @@ def test_a_shapes_measurements_stored_together_upsert_per_config_the_later_kept(
         dict(config={"c": 3}, kv_len=1000, status="ok", method={}, median_us=8.0, spread_us=1.0, samples=3),
     ])
     db.save_measurements(p, FP, [])
+    with pytest.raises(TypeError, match="medain_us"):  # a misspelt field is not stored as missing
+        db.save_measurements(p, FP, [dict(config={"c": 4}, kv_len=1000, status="ok", method={}, medain_us=1.0)])
     rows = db.measurements(p, FP[0])
     assert sorted((m.config["c"], m.status, m.median_us, m.rung) for m in rows) == [
         (1, "ok", 4.0, 1), (2, "error", None, 1), (3, "ok", 8.0, 1)]

@@ -166,6 +166,22 @@ def test_interrupted_sweep_resumes_measuring_only_what_is_missing(db_path):
     assert [r.status for r in results] == [SKIPPED, SKIPPED] and calls3 == []
 
 
+def test_an_interrupted_sweep_whose_db_refuses_the_write_still_raises_the_interrupt(db_path, monkeypatch):
+    from tuner.db import DBError
+
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    op = fake_op(timer, COSTS, calls=[], interrupt_after=3)  # mid-shape, 2 configs measured
+
+    def refuse(*args, **kwargs):
+        raise DBError("tuning DB x stayed locked by another writer")
+
+    monkeypatch.setattr(db, "save_measurements", refuse)
+    with pytest.warns(UserWarning, match="were not stored: tuning DB x stayed locked"), \
+            pytest.raises(KeyboardInterrupt):  # what the user did, not what the DB did after it
+        sweep(op, op.grids["g"], db, timer=timer, strategy="exhaustive")
+
+
 def test_force_measures_again(db_path):
     timer = FakeTimer()
     db = TuningDB(db_path)

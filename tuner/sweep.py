@@ -9,6 +9,7 @@ resumes from its measurements.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -186,8 +187,9 @@ def sweep(
                 store_pending()
 
         def store_pending() -> None:
-            db.save_measurements(problem, env, pending)
-            pending.clear()
+            measurements = pending[:]
+            pending.clear()  # tried once: a write that fails is not tried again
+            db.save_measurements(problem, env, measurements)
 
         boundary_sync(release=False)
         try:
@@ -197,8 +199,15 @@ def sweep(
                 gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape.lengths),
                 advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
             )
-        finally:  # what was measured stays stored when a later step fails (or is interrupted)
-            store_pending()
+        except BaseException:
+            # what was measured stays stored when a later step fails or is interrupted; the
+            # first error is the one raised (a DB that cannot take the write says so too)
+            try:
+                store_pending()
+            except TunerError as e:
+                warnings.warn(f"tuner: the measurements of {label} were not stored: {e}", stacklevel=2)
+            raise
+        store_pending()
         del trial  # free the device before the next shape's inputs
         boundary_sync(release=False)
         default = configs[0]

@@ -56,6 +56,9 @@ def _upsert_statement(dialect: str, model: type, columns: tuple[str, ...], key: 
 PROBLEM_COLUMNS = ("op", "static_key", "batch", "max_q_len", "kv_len_bucket")
 RECORD_KEY = [*PROBLEM_COLUMNS, "fingerprint_id"]
 STATUSES = ("ok", "wrong", "error", "oom")
+# what TuningDB.save_measurements takes of each measurement (save_measurement's keywords)
+MEASUREMENT_FIELDS = frozenset({"config", "kv_len", "status", "method", "median_us", "spread_us", "samples",
+                                "max_error", "error", "rung"})
 SERVED = ("nearest", "default")
 
 
@@ -597,6 +600,10 @@ class TuningDB:
         fp_id, fp_data = fingerprint
         by_config: dict[str, dict[str, Any]] = {}
         for m in measurements:
+            unknown = set(m) - MEASUREMENT_FIELDS
+            if unknown or not {"config", "kv_len", "status", "method"} <= set(m):
+                raise TypeError(f"a measurement takes {', '.join(sorted(MEASUREMENT_FIELDS))} "
+                                f"(config, kv_len, status and method required), got {', '.join(sorted(m))}")
             values = dict(
                 problem.columns(),
                 fingerprint_id=fp_id,
