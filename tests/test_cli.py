@@ -195,6 +195,28 @@ def test_malformed_import_leaves_the_db_unchanged(tmp_path, db_path, tiny_shapes
     assert [(r.problem, r.config) for r in TuningDB(db_path).records()] == before
 
 
+def test_a_gzip_export_imports_like_a_plain_one(tmp_path, db_path, tiny_shapes):
+    """A .gz name writes gzip-compressed JSON (a serving grid's tunings run to megabytes)."""
+    import gzip
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    plain, packed = tmp_path / "x.tunings.json", tmp_path / "x.tunings.json.gz"
+    assert cli("export", "--out", plain, "--db", db_path).exit_code == 0
+    assert cli("export", "--out", packed, "--db", db_path).exit_code == 0
+    unpacked, doc = json.loads(gzip.decompress(packed.read_bytes())), json.loads(plain.read_text())
+    assert unpacked.pop("exported_at") and doc.pop("exported_at") and unpacked == doc
+    assert packed.stat().st_size < plain.stat().st_size
+    first = packed.read_bytes()
+    other = tmp_path / "other.db"
+    imported = cli("import", packed, "--db", other)
+    assert imported.exit_code == 0, imported.output
+    assert [r.config for r in TuningDB(other).records()] == [r.config for r in TuningDB(db_path).records()]
+    for name, content in (("cut.json.gz", first[: len(first) // 2]), ("not.json.gz", b"plain text"),
+                          ("bad.json.gz", gzip.compress(b"{not json"))):
+        (tmp_path / name).write_bytes(content)
+        one_line_error(cli("import", tmp_path / name, "--db", other), name)
+
+
 def test_garbage_db_file_is_reported_not_overwritten(tmp_path, tiny_shapes):
     bad = tmp_path / "garbage.db"
     bad.write_bytes(b"not sqlite" * 1000)

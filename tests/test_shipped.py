@@ -18,7 +18,8 @@ from tuner.ops.shapes import shape_from_keys
 
 STATIC = ("float32", 8, 2)
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED_FILES = sorted((REPO / "tuning_cache").glob("*.tunings.json"))
+SHIPPED_FILES = sorted([*(REPO / "tuning_cache").glob("*.tunings.json"),
+                        *(REPO / "tuning_cache").glob("*.tunings.json.gz")])
 
 
 def make_fn(calls):
@@ -144,6 +145,24 @@ def test_one_broken_file_leaves_the_others_in_use(tmp_path):
     assert "b.tunings.json" in message and message.count("b.tunings.json") == 1 and "not used" in message
 
 
+def test_a_gzip_compressed_shipped_file_serves_like_a_plain_one(tmp_path, monkeypatch):
+    import gzip
+
+    from tuner.db import shipped
+
+    folder = tmp_path / "tuning_cache"
+    folder.mkdir()
+    plain = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64, (4, 512): 16})
+    packed = folder / "gpu.tunings.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert shipped.shipped_paths(folder) == [packed]
+    calls = []
+    fn = make_fn(calls)
+    for source in (folder, packed):  # found in a folder, or named
+        tuner.configure(db=tmp_path / "absent.db", shipped=source)
+        assert call(fn, calls, 16, 2048) == 64 and call(fn, calls, 4, 512) == 16
+
+
 def test_where_shipped_tunings_are_found(tmp_path, monkeypatch):
     from tuner.db import shipped
 
@@ -157,7 +176,7 @@ def test_where_shipped_tunings_are_found(tmp_path, monkeypatch):
     installed = tmp_path / "home" / ".cache" / "tuner" / "tuner.db"  # installed: the wheel's tuner/shipped/
     monkeypatch.setattr(shipped, "default_db_path", lambda: installed)
     package = Path(shipped.__file__).resolve().parents[1] / "shipped"
-    assert shipped.shipped_paths() == sorted(package.glob("*.tunings.json"))
+    assert shipped.shipped_paths() == sorted([*package.glob("*.tunings.json"), *package.glob("*.tunings.json.gz")])
     with pytest.raises(tuner.TunerError, match="^shipped tunings: no such file or directory"):
         shipped.shipped_paths(tmp_path / "nowhere")
     monkeypatch.setenv("TUNER_SHIPPED", str(tmp_path / "nowhere"))

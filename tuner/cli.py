@@ -452,10 +452,13 @@ class ExportFormat(str, Enum):
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """text into path (gzip-compressed for a .gz name), whole or not at all."""
+    from tuner.jsonfile import file_bytes
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
+        tmp.write_bytes(file_bytes(path, text))
         tmp.replace(path)
     except OSError as e:
         raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
@@ -505,7 +508,7 @@ def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
 
 @app.command("export")
 def export_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json), or LightLLM's config directory (lightllm): lightllm/common/triton_utils/autotune_kernel_configs.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json; gzip-compressed where the name ends in .gz, as for shipped tunings), or LightLLM's config directory (lightllm): lightllm/common/triton_utils/autotune_kernel_configs.")],
     format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: FA3 winners as the files LightLLM's FA3 wrapper (kernel sgl_fa3_kvcache_ns:v1) reads.")] = ExportFormat.json,
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners (lightllm: fa3, the only op LightLLM reads).")] = None,
@@ -551,7 +554,7 @@ def _left_out(reasons: dict[str, int]) -> str:
 
 @app.command("import")
 def import_command(
-    file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json`.")],
+    file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json` (gzip-compressed where its name ends in .gz).")],
     db: DbOption = None,
     replace: Annotated[bool, typer.Option("--replace", help="Replace stored winners even where the stored one is newer (what is replaced is kept in the DB's history).")] = False,
 ) -> None:
@@ -651,7 +654,7 @@ def _doctor_shipped(fp: dict) -> list[str]:
 
     try:
         if not shipped_paths():
-            console.print("shipped tunings: none (tuning_cache/*.tunings.json in a checkout, or $TUNER_SHIPPED)")
+            console.print("shipped tunings: none (tuning_cache/*.tunings.json[.gz] in a checkout, or $TUNER_SHIPPED)")
             return []
         layer = load_shipped(fp)
     except TunerError as e:

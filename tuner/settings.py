@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 ENV_DB = "TUNER_DB"  # SQLAlchemy URL or SQLite path of the tuning DB
 ENV_MODE = "TUNER_MODE"  # one of MODES
-ENV_SHIPPED = "TUNER_SHIPPED"  # a *.tunings.json file or directory, or one of SHIPPED_OFF
+ENV_SHIPPED = "TUNER_SHIPPED"  # a *.tunings.json[.gz] file or directory, or one of SHIPPED_OFF
 
 MODES = ("off", "lookup", "tune", "force")
 DEFAULT_MODE = "lookup"

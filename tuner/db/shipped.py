@@ -3,7 +3,9 @@ the user's DB.
 
 Where: $TUNER_SHIPPED (a file, a directory of *.tunings.json, or "off"), else the
 *.tunings.json files of tuning_cache/ in a source checkout, or of tuner/shipped/ in an
-installed wheel (pyproject.toml packages tuning_cache/ as tuner.shipped). Nothing here writes.
+installed wheel (pyproject.toml packages tuning_cache/ as tuner.shipped). A file may be
+gzip-compressed (*.tunings.json.gz): a serving grid's tunings run to megabytes of JSON.
+Nothing here writes.
 
 Which records apply: the rule of tuner.db.fingerprint.applies, as for the user's DB (same
 GPU, same CUDA, torch, Triton, sgl-kernel and FlashInfer versions; driver and tuner's own
@@ -30,7 +32,7 @@ from tuner.keys import AttentionRunKey
 
 SHIPPED_ENV = settings.ENV_SHIPPED
 _OLDEST = datetime.min.replace(tzinfo=timezone.utc)
-SHIPPED_GLOB = "*.tunings.json"
+SHIPPED_GLOBS = ("*.tunings.json", "*.tunings.json.gz")
 OFF = settings.SHIPPED_OFF
 
 
@@ -57,6 +59,10 @@ class ShippedLayer:
         return sum(f.applied for f in self.files)
 
 
+def _tunings_files(folder: Path) -> list[Path]:
+    return sorted(p for pattern in SHIPPED_GLOBS for p in folder.glob(pattern))
+
+
 def shipped_paths(source: str | os.PathLike | None = None) -> list[Path]:
     """The shipped tunings files: from source (file or directory), else $TUNER_SHIPPED, else
     tuning_cache/ beside the default DB of a checkout. "off" gives none; "" is the default."""
@@ -69,10 +75,10 @@ def shipped_paths(source: str | os.PathLike | None = None) -> list[Path]:
         folder = default_db_path().parent
         if folder.name != "tuning_cache":  # installed from a wheel: they travel in the package
             folder = Path(__file__).resolve().parents[1] / "shipped"
-        return sorted(folder.glob(SHIPPED_GLOB))
+        return _tunings_files(folder)
     path = Path(source).expanduser()
     if path.is_dir():
-        return sorted(path.glob(SHIPPED_GLOB))
+        return _tunings_files(path)
     if path.is_file():
         return [path]
     raise TunerError(f"{origin}: no such file or directory: {path}")
