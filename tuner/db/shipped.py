@@ -1,7 +1,7 @@
 """Shipped tunings: reviewed JSON (tuner's export schema) read as a read-only layer beneath
 the user's DB.
 
-Where: $TUNER_SHIPPED (a file, a directory of *.tunings.json, or "off"), else the
+Where: $TUNER_SHIPPED (a file, a directory of *.tunings.json[.gz], or "off"), else the
 *.tunings.json files of tuning_cache/ in a source checkout, or of tuner/shipped/ in an
 installed wheel (pyproject.toml packages tuning_cache/ as tuner.shipped). A file may be
 gzip-compressed (*.tunings.json.gz): a serving grid's tunings run to megabytes of JSON.
