@@ -54,3 +54,30 @@ def test_sweep_cost_sweeps_a_windowed_keys_bucket_on_its_longest_shape(tmp_path)
     [sweep] = json.loads(out.read_text())["sweeps"]
     status = {(r["batch"], r["kv_len"]): r["status"] for r in sweep["rows"]}
     assert status == {(1, 128): "measured", (2, 128): "measured", (1, 64): "skipped", (2, 64): "skipped"}
+
+
+def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tmp_path):
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
+    from tuner.keys import attention_run_key
+
+    fp = (current_fingerprint_id(), current_fingerprint())
+    problem = Problem("op", '{"h":8}', attention_run_key(256, 1, 8192))
+    shipped_db, sweep_db = TuningDB(tmp_path / "shipped.db"), TuningDB(tmp_path / "sweep.db")
+    record = dict(median_us=1.0, spread_us=0.1, samples=5, default_config={"c": 0}, default_median_us=1.1,
+                  default_spread_us=0.1, method={})
+    shipped_db.save_record(problem, fp, {"c": 1}, **record)  # measured on full batches
+    shipped = tmp_path / "x.tunings.json"
+    shipped.write_text(json.dumps(export_document(shipped_db)))
+    sweep_db.save_record(problem, fp, {"c": 2}, **dict(record, method={"lengths": "serving"}))
+    sweep_db.save_measurements(problem, fp, [
+        dict(config={"c": c}, kv_len=8192, status="ok", method={"lengths": "serving"}, median_us=us)
+        for c, us in ((0, 10.0), (1, 20.0), (2, 8.0))])
+    out = tmp_path / "out.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "shipped_on_serving.py", "--db", str(tmp_path / "sweep.db"),
+                             "--shipped", str(shipped), "--out", str(out)],
+                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["compared"] == 1 and summary["shipped_slower_than_default_by_2pct"] == 1
+    assert summary["shipped_worst_over_default"] == 0.5 and summary["winner_over_shipped_geomean"] == 2.5
