@@ -61,23 +61,41 @@ def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tm
     from tuner.keys import attention_run_key
 
     fp = (current_fingerprint_id(), current_fingerprint())
-    problem = Problem("op", '{"h":8}', attention_run_key(256, 1, 8192))
+    swept = Problem("decode_attention", '{"h":8}', attention_run_key(256, 1, 8192))
+    drop_in = Problem("fa3", '{"h":8}', attention_run_key(256, 1, 8192))
     shipped_db, sweep_db = TuningDB(tmp_path / "shipped.db"), TuningDB(tmp_path / "sweep.db")
-    record = dict(median_us=1.0, spread_us=0.1, samples=5, default_config={"c": 0}, default_median_us=1.1,
+    fa3 = lambda splits: {"backend": "fa3", "num_splits": splits}  # noqa: E731
+    record = dict(median_us=1.0, spread_us=0.1, samples=5, default_config=fa3(0), default_median_us=1.1,
                   default_spread_us=0.1, method={})
-    shipped_db.save_record(problem, fp, {"c": 1}, **record)  # measured on full batches
+    # measured on full batches: decode_attention's Triton pick, the FA3 drop-in's 8 splits
+    shipped_db.save_record(swept, fp, {"backend": "triton", "splits": 1}, **record)
+    shipped_db.save_record(drop_in, fp, {"num_splits": 8}, **dict(record, default_config={"num_splits": 0}))
     shipped = tmp_path / "x.tunings.json"
     shipped.write_text(json.dumps(export_document(shipped_db)))
-    sweep_db.save_record(problem, fp, {"c": 2}, **dict(record, method={"lengths": "serving"}))
-    sweep_db.save_measurements(problem, fp, [
-        dict(config={"c": c}, kv_len=8192, status="ok", method={"lengths": "serving"}, median_us=us)
-        for c, us in ((0, 10.0), (1, 20.0), (2, 8.0))])
-    out = tmp_path / "out.json"
+    sweep_db.save_record(swept, fp, fa3(2), **dict(record, method={"lengths": "serving"}))
+    sweep_db.save_measurements(swept, fp, [
+        dict(config=c, kv_len=8192, status="ok", method={"lengths": "serving"}, median_us=us, spread_us=0.1, samples=5)
+        for c, us in ((fa3(0), 10.0), ({"backend": "triton", "splits": 1}, 20.0), (fa3(2), 8.0), (fa3(8), 12.5))])
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "shipped_on_serving.py", "--db", str(tmp_path / "sweep.db"),
-                             "--shipped", str(shipped), "--out", str(out)],
-                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(out.read_text())["summary"]
-    assert summary["compared"] == 1 and summary["shipped_slower_than_default_by_2pct"] == 1
-    assert summary["shipped_worst_over_default"] == 0.5 and summary["winner_over_shipped_geomean"] == 2.5
+    summaries = []
+    defaults = tmp_path / "defaults.tunings.json"
+    for extra in ([], ["--op", "fa3", "--as-backend", "fa3", "--defaults-out", str(defaults)]):
+        out = tmp_path / "out.json"
+        result = subprocess.run([sys.executable, "shipped_on_serving.py", "--db", str(tmp_path / "sweep.db"),
+                                 "--shipped", str(shipped), "--out", str(out), *extra],
+                                cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        summaries.append(json.loads(out.read_text())["summary"])
+    own, drop = summaries
+    assert own["compared"] == 1 and own["shipped_slower_than_default_by_2pct"] == 1
+    assert own["shipped_worst_over_default"] == 0.5 and own["winner_over_shipped_geomean"] == 2.5
+    # the drop-in's 8 splits against FA3's default, and the fastest FA3 config the sweep timed
+    assert drop["compared"] == 1 and drop["shipped_worst_over_default"] == 0.8
+    assert drop["winner_over_shipped_geomean"] == 12.5 / 8.0
+    # where it lost, the default is kept, at the default's own timing, in tuner's schema
+    from tuner.db.jsonio import parse_document
+
+    document = json.loads(defaults.read_text())
+    [(problem, _, fields)] = parse_document(document)
+    assert problem == drop_in and fields["config"] == fields["default_config"] == {"num_splits": 0}
+    assert fields["median_us"] == fields["default_median_us"] == 10.0
