@@ -4,7 +4,7 @@ against the oracle, per call and under CUDA graphs.
     python benchmarks/serving.py --out $OUT/serving.json [--seconds 540]
 
 Cases: head configurations (shipped ones and others) x batch sizes from a CUDA-graph capture
-list (tuner.ops.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k x length
+list (tuner.ops.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k (--caps) x length
 distributions (tuner.ops.traffic.DISTRIBUTIONS). Modes, timed alike (CUDA graphs, cold
 L2 by the bytes a call reads: tuner.ops.rotation):
 - per_call: attention run with the true host-side max length, the page table as wide as
@@ -65,6 +65,10 @@ MODELS: dict[str, dict] = {
 }
 BATCHES = (1, 3, 8, 24, 64, 136, 256)  # drawn from CAPTURE_BATCHES
 CAPS = (1024, 4096, 16384, 65536, 131072)
+# --caps octaves: every kv bucket of a serving grid. With CAPS a batch's longest sequence
+# falls in the caps' own buckets from batch 24 up, so keys at kv 2k, 8k and 32k go unused
+# there (where the shipped grid winners lost most: results/h200/issue12/README.md)
+CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18))}
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
 SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
@@ -85,13 +89,13 @@ def shipped_heads() -> dict[str, dict]:
     return heads | {name: spec for name, spec in MODELS.items() if "(other)" in name}
 
 
-def cases(smoke: bool, heads: dict[str, dict] = MODELS) -> list[dict]:
+def cases(smoke: bool, heads: dict[str, dict] = MODELS, caps: tuple[int, ...] = CAPS) -> list[dict]:
     """Every case, ordered so that a run cut short still spans the models, sizes and lengths."""
     if smoke:
         return [dict(model="smoke", batch=b, cap=c, distribution=d) for b in (1, 3) for c in (64,)
                 for d in DISTRIBUTIONS]
     assert all(b in CAPTURE_BATCHES for b in BATCHES)
-    grid = [dict(model=m, batch=b, cap=c, distribution=d) for c in CAPS for b in BATCHES for d in DISTRIBUTIONS
+    grid = [dict(model=m, batch=b, cap=c, distribution=d) for c in caps for b in BATCHES for d in DISTRIBUTIONS
             for m in heads if b * c <= MAX_TOKENS]
     # a stride through the grid that is coprime with its length visits every case once
     stride = next(s for s in range(len(grid) // 3, len(grid)) if math.gcd(s, len(grid)) == 1)
@@ -252,6 +256,9 @@ def main() -> None:
                     help="issue: MODELS (3 shipped head configurations, 2 others); shipped: all 11 shipped ones "
                          "and the 2 others")
     ap.add_argument("--models", help="only the head configurations whose name holds this text (e.g. \"(other)\")")
+    ap.add_argument("--caps", choices=tuple(CAP_SETS), default="issue",
+                    help="issue: length caps 1k, 4k, 16k, 64k, 128k; octaves: every power of two from 1k to 128k, "
+                         "so every kv bucket's keys are reached")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable
@@ -270,7 +277,7 @@ def main() -> None:
         heads = {name: spec for name, spec in heads.items() if args.models in name}
         if not heads:
             ap.error(f"--models {args.models!r} names no head configuration")
-    todo = cases_of_this_run(ap, args, cases(args.smoke, heads))
+    todo = cases_of_this_run(ap, args, cases(args.smoke, heads, CAP_SETS[args.caps]))
     started = time.perf_counter()
 
     def describe(row: dict) -> str:

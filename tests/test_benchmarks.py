@@ -99,3 +99,19 @@ def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tm
     [(problem, _, fields)] = parse_document(document)
     assert problem == drop_in and fields["config"] == fields["default_config"] == {"num_splits": 0}
     assert fields["median_us"] == fields["default_median_us"] == 10.0
+
+
+def test_serving_cases_with_octave_caps_reach_every_kv_bucket_at_large_batches():
+    """The issue's caps (1k, 4k, 16k, 64k, 128k) never put a batch of 24 or more at kv 2k, 8k
+    or 32k, the keys where shipped grid winners lost most; --caps octaves does."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import serving
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    issue, octaves = serving.cases(False), serving.cases(False, caps=serving.CAP_SETS["octaves"])
+    assert {c["cap"] for c in issue if c["batch"] == 256} == {1024, 4096}
+    assert {c["cap"] for c in octaves if c["batch"] == 256} == {1024, 2048, 4096, 8192}
+    assert len({(c["model"], c["batch"], c["cap"], c["distribution"]) for c in octaves}) == len(octaves)
+    assert {(c["model"], c["batch"], c["cap"], c["distribution"]) for c in issue} <= \
+        {(c["model"], c["batch"], c["cap"], c["distribution"]) for c in octaves}
