@@ -81,4 +81,6 @@ def test_pyproject_packages_every_subpackage_and_the_shipped_tunings():
     on_disk = {".".join(p.parent.relative_to(ROOT.parent).parts) for p in ROOT.rglob("__init__.py")}
     assert set(project["packages"]) == on_disk | {"tuner.shipped"}
     assert project["package-dir"] == {"tuner.shipped": "tuning_cache"}
-    assert project["package-data"]["tuner.shipped"] == ["*.tunings.json"]
+    from tuner.db.shipped import SHIPPED_GLOBS
+
+    assert project["package-data"]["tuner.shipped"] == list(SHIPPED_GLOBS)  # what the layer reads, wheels carry
