@@ -269,3 +269,13 @@ def test_shipped_files_are_valid_and_every_config_fits_its_op(path):
         assert set(config) == _config_keys(problem.op, config, shape), (problem.op, config)
         assert check_record(problem.op, problem.static_key, problem.run_key, config) is None, (problem.op, config)
         assert fields["default_config"] == get_op(problem.op).default(shape) or problem.op == "decode_attention"
+
+
+@pytest.mark.skipif(not SHIPPED_FILES, reason="no shipped tunings in tuning_cache/")
+def test_shipped_tunings_stay_under_the_size_a_tracked_file_may_be():
+    """2 MiB a file, as for everything tracked: a serving grid's records run to about 5 MB of
+    JSON, and go out gzip-compressed (`tuner export --out NAME.tunings.json.gz`); and a key
+    in both a plain and a compressed file would be read twice."""
+    assert all(p.stat().st_size < 2 * 2**20 for p in SHIPPED_FILES), [(p.name, p.stat().st_size) for p in SHIPPED_FILES]
+    stems = [p.name.removesuffix(".gz") for p in SHIPPED_FILES]
+    assert len(stems) == len(set(stems)), stems
