@@ -7,7 +7,8 @@ per GPU, each GPU taking every n-th head configuration, all writing one DB.
 GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
 models.py; they resume, so a run cut off by --seconds is finished by running it again.
-Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code) to LOGS/sweeps.jsonl.
+Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code, and the winners
+the DB held before and after it: a run cut off says how far it got) to LOGS/sweeps.jsonl.
 --set serving sweeps issue 12's serving grid: give it a DB of its own, since its keys are
 the grid's and a DB holding the grid's winners keeps them (the sweeps run without --force,
 so that they resume); its decode_attention sweeps leave FlashInfer out (--backends), as a
@@ -60,6 +61,18 @@ def sweep_command(op: str, path: Path, args: argparse.Namespace) -> list[str]:
     if op == "decode_attention" and args.set == "serving":  # graphs cannot hold FlashInfer's plan
         cmd += ["--backends", "fa3,triton_decode"]
     return cmd
+
+
+def stored_winners(db: str) -> int | None:
+    """How many winners the DB holds (None before it exists)."""
+    from tuner.db import TuningDB
+    from tuner.errors import TunerError
+
+    try:
+        with TuningDB(db, create=False) as database:
+            return sum(c["records"] for c in database.counts().values())
+    except TunerError:
+        return None
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -118,6 +131,7 @@ def main() -> None:
                 if left <= 1:
                     break
                 cmd = sweep_command(op, path, args)
+                before = stored_winners(args.db)
                 t0 = time.monotonic()
                 proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 try:
@@ -131,7 +145,8 @@ def main() -> None:
                         proc.wait()
                     rc = "stopped"
                 results.append({"op": op, "shapes_file": name, "part": part, "gpu": gpu, "shapes": len(json.loads(path.read_text())),
-                                "seconds": round(time.monotonic() - t0, 1), "rc": rc})
+                                "seconds": round(time.monotonic() - t0, 1), "rc": rc,
+                                "db_winners_before": before, "db_winners_after": stored_winners(args.db)})
 
     threads = [threading.Thread(target=run_part, args=s) for s in scripts]
     for t in threads:

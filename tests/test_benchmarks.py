@@ -115,3 +115,25 @@ def test_serving_cases_with_octave_caps_reach_every_kv_bucket_at_large_batches()
     assert len({(c["model"], c["batch"], c["cap"], c["distribution"]) for c in octaves}) == len(octaves)
     assert {(c["model"], c["batch"], c["cap"], c["distribution"]) for c in issue} <= \
         {(c["model"], c["batch"], c["cap"], c["distribution"]) for c in octaves}
+
+
+def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_path):
+    """sweeps.jsonl says how far a run cut off by --seconds got: the DB's winners before and
+    after each sweep (none before the DB exists)."""
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+    from tuner.keys import attention_run_key
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import shipped_sweeps
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    db = tmp_path / "serving.db"
+    assert shipped_sweeps.stored_winners(str(db)) is None and not db.exists()
+    with TuningDB(db) as database:
+        for batch in (1, 2):
+            database.save_record(Problem("op", '{"h":8}', attention_run_key(batch, 1, 1024)),
+                                 (current_fingerprint_id(), current_fingerprint()), {"c": 1}, median_us=1.0,
+                                 spread_us=0.1, samples=5, default_config={"c": 0}, default_median_us=1.1,
+                                 default_spread_us=0.1, method={})
+    assert shipped_sweeps.stored_winners(str(db)) == 2
