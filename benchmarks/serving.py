@@ -65,9 +65,10 @@ MODELS: dict[str, dict] = {
 }
 BATCHES = (1, 3, 8, 24, 64, 136, 256)  # drawn from CAPTURE_BATCHES
 CAPS = (1024, 4096, 16384, 65536, 131072)
-# --caps octaves: every kv bucket of a serving grid. With CAPS a batch's longest sequence
-# falls in the caps' own buckets from batch 24 up, so keys at kv 2k, 8k and 32k go unused
-# there (where the shipped grid winners lost most: results/h200/issue12/README.md)
+# --caps octaves: every kv bucket of a serving grid, for each of BATCHES (batch x cap within
+# MAX_TOKENS). With CAPS a batch's longest sequence falls in the caps' own buckets from
+# batch 24 up, so keys at kv 2k, 8k and 32k go unused there (where shipped grid winners lost
+# most: results/h200/issue12/README.md)
 CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18))}
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
@@ -258,7 +259,7 @@ def main() -> None:
     ap.add_argument("--models", help="only the head configurations whose name holds this text (e.g. \"(other)\")")
     ap.add_argument("--caps", choices=tuple(CAP_SETS), default="issue",
                     help="issue: length caps 1k, 4k, 16k, 64k, 128k; octaves: every power of two from 1k to 128k, "
-                         "so every kv bucket's keys are reached")
+                         "so each batch size reaches every kv bucket")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable

@@ -31,6 +31,7 @@ from pathlib import Path
 from tuner import settings
 from tuner.db import Problem, TuningDB, export_document
 from tuner.db.jsonio import load_document
+from tuner.jsonfile import file_bytes
 from tuner.keys import AttentionRunKey, canonical_json
 
 
@@ -117,13 +118,13 @@ def main() -> None:
     if args.defaults_out:
         with tempfile.TemporaryDirectory() as scratch:
             document = defaults_document(losing(rows), shipped["fingerprints"], Path(scratch) / "defaults.db")
-        args.defaults_out.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+        args.defaults_out.write_bytes(file_bytes(args.defaults_out, json.dumps(document, indent=1, sort_keys=True) + "\n"))
         print(f"wrote the default at {len(document['records'])} keys to {args.defaults_out}")
     doc = dict(benchmark="shipped_on_serving", command="python benchmarks/shipped_on_serving.py " + " ".join(sys.argv[1:]),
                summary=summary(rows), rows=rows)
     print(json.dumps(doc["summary"], indent=1))
     if args.out:
-        args.out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        args.out.write_bytes(file_bytes(args.out, json.dumps(doc, indent=1, sort_keys=True) + "\n"))
 
 
 if __name__ == "__main__":

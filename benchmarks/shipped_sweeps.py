@@ -8,7 +8,8 @@ GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are 
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
 models.py; they resume, so a run cut off by --seconds is finished by running it again.
 Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code, and the winners
-the DB held before and after it: a run cut off says how far it got) to LOGS/sweeps.jsonl.
+the whole DB held before and after it: on one GPU, how far a run cut off got; on several,
+all parts write the one DB at once) to LOGS/sweeps.jsonl.
 --set serving sweeps issue 12's serving grid: give it a DB of its own, since its keys are
 the grid's and a DB holding the grid's winners keeps them (the sweeps run without --force,
 so that they resume); its decode_attention sweeps leave FlashInfer out (--backends), as a

@@ -78,7 +78,7 @@ def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tm
         for c, us in ((fa3(0), 10.0), ({"backend": "triton", "splits": 1}, 20.0), (fa3(2), 8.0), (fa3(8), 12.5))])
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     summaries = []
-    defaults = tmp_path / "defaults.tunings.json"
+    defaults = tmp_path / "defaults.tunings.json.gz"  # compressed, as a .gz name says
     for extra in ([], ["--op", "fa3", "--as-backend", "fa3", "--defaults-out", str(defaults)]):
         out = tmp_path / "out.json"
         result = subprocess.run([sys.executable, "shipped_on_serving.py", "--db", str(tmp_path / "sweep.db"),
@@ -93,9 +93,9 @@ def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tm
     assert drop["compared"] == 1 and drop["shipped_worst_over_default"] == 0.8
     assert drop["winner_over_shipped_geomean"] == 12.5 / 8.0
     # where it lost, the default is kept, at the default's own timing, in tuner's schema
-    from tuner.db.jsonio import parse_document
+    from tuner.db.jsonio import load_document, parse_document
 
-    document = json.loads(defaults.read_text())
+    document = load_document(defaults)
     [(problem, _, fields)] = parse_document(document)
     assert problem == drop_in and fields["config"] == fields["default_config"] == {"num_splits": 0}
     assert fields["median_us"] == fields["default_median_us"] == 10.0
