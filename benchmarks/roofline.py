@@ -35,6 +35,7 @@ import torch
 from case_runs import add_run_options, cases_of_this_run, run_cases
 from run_info import header
 from serving import MODELS, cases, shipped_heads
+from stats import geomean
 
 from tuner.bench import OK, CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import Trial, cold_l2_copies
@@ -162,10 +163,6 @@ def run_case(case: dict, shape: DecodeShape, lens: list[int], device: str, final
     if "us" in ours and "us" in before:
         row["ours_over_before"] = before["us"] / ours["us"]
     return row
-
-
-def geomean(xs: list[float]) -> float | None:
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def summary(rows: list[dict], names: list[str]) -> dict:

@@ -43,6 +43,7 @@ import heads as head_configs
 import torch
 from case_runs import add_run_options, cases_of_this_run, run_cases
 from run_info import header
+from stats import geomean
 
 import tuner
 from tuner.bench import CudaGraphTimer, WallClockTimer
@@ -204,10 +205,6 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
                              tuner_speedup=d_us / t_us if d_us and t_us else None,
                              oracle_speedup=d_us / o_us if d_us else None, tuner_max_error_vs_default=error)
     return row
-
-
-def geomean(xs: list[float]) -> float | None:
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def summary(rows: list[dict], mode: str) -> dict:

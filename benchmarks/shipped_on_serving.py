@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
+
+from stats import geomean
 
 from tuner import settings
 from tuner.db import Problem, TuningDB, export_document
 from tuner.db.jsonio import load_document
 from tuner.jsonfile import file_bytes
 from tuner.keys import AttentionRunKey, canonical_json
-
-
-def _geomean(xs: list[float]) -> float | None:
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def compare(db: TuningDB, shipped: dict, op: str = "decode_attention", as_backend: str | None = None,
@@ -96,10 +93,10 @@ def summary(rows: list[dict]) -> dict:
     over_default = [r["default_us"] / r["shipped_us"] for r in full]
     return dict(
         keys_in_both=len(rows), compared=len(full),
-        shipped_over_default_geomean=_geomean(over_default),
+        shipped_over_default_geomean=geomean(over_default),
         shipped_worst_over_default=min(over_default, default=None),
         shipped_slower_than_default_by_2pct=len(losing(full)),
-        winner_over_shipped_geomean=_geomean([r["shipped_us"] / r["winner_us"] for r in full]),
+        winner_over_shipped_geomean=geomean([r["shipped_us"] / r["winner_us"] for r in full]),
     )
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import heads as head_configs
 import torch
 from run_info import header
+from stats import geomean
 
 from tuner import settings
 from tuner.bench import CudaGraphTimer, boundary_sync, measure_config, timer_for
@@ -154,7 +154,7 @@ def _sweep_summary(op, name, shapes, results, search, seconds, clock) -> dict:
         exhaustive_candidates=sum(len(candidate_configs(op, r.shape)) for r in done),
         ms_per_measurement=round(1000 * seconds / measured, 2) if measured else None,
         phase_seconds={k: round(v, 1) for k, v in clock.seconds.items()},
-        geomean_speedup=_geomean([r.speedup for r in done if r.speedup]),
+        geomean_speedup=geomean([r.speedup for r in done if r.speedup]),
         rows=rows,
     )
 
@@ -211,17 +211,12 @@ def phase_agree(op, shapes: list[DecodeShape], db: TuningDB, device: str, count:
         yield out
 
 
-def _geomean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
-
-
 def summarize_agreement(rows: list[dict]) -> dict:
     out = {}
     for k in ("exhaustive", "halving", "sweep"):
         vals = [r["agreement"][k] for r in rows if "agreement" in r and r["agreement"].get(k)]
         if vals:
-            out[k] = dict(shapes=len(vals), geomean=_geomean(vals), worst=min(vals),
+            out[k] = dict(shapes=len(vals), geomean=geomean(vals), worst=min(vals),
                           within_2pct=sum(v >= 0.98 for v in vals) / len(vals))
     exh = [r for r in rows if "exhaustive_s" in r]
     if exh:
