@@ -2,7 +2,7 @@
 per GPU, each GPU taking every n-th head configuration, all writing one DB.
 
     python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540 [--set serving]
-        [--search guided] [--ops decode_attention]
+        [--search guided] [--ops decode_attention] [--heads 32/8,8/1]
 
 GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
@@ -45,6 +45,15 @@ def gpus() -> list[str]:
 
 def head_config(shape: dict) -> tuple:
     return shape["num_q_heads"], shape["num_kv_heads"], shape["head_dim"]
+
+
+def only_heads(shapes: list[dict], heads: str | None) -> list[dict]:
+    """The shapes of the head configurations heads names ("Q/KV,...", e.g. "32/8,8/1"; None:
+    all of them)."""
+    if not heads:
+        return shapes
+    wanted = {tuple(int(n) for n in h.split("/")) for h in heads.split(",")}
+    return [s for s in shapes if (s["num_q_heads"], s["num_kv_heads"]) in wanted]
 
 
 def split(shapes: list[dict], parts: int) -> list[list[dict]]:
@@ -92,6 +101,8 @@ def main() -> None:
                     help="grid: the shipped tunings' grids (models.SWEEPS); serving: issue 12's serving grid")
     ap.add_argument("--search", default="halving", help="the sweeps' search (tuner.search), e.g. guided for serving")
     ap.add_argument("--ops", help="only these ops' sweeps, comma-separated (e.g. decode_attention)")
+    ap.add_argument("--heads", help="only these head configurations, Q/KV comma-separated (e.g. 32/8,8/1,28/4: "
+                    "serving.py's shipped ones first; a later run without --heads resumes the rest)")
     ap.add_argument("--dry-run", action="store_true", help="print each GPU's sweep commands, run nothing")
     args = ap.parse_args()
     sweeps = models.SWEEPS if args.set == "grid" else models.SERVING_SWEEPS
@@ -107,7 +118,8 @@ def main() -> None:
         for name, _, op in sweeps:
             if args.ops and op not in args.ops.split(","):
                 continue
-            shapes = split(json.loads((HERE / "shapes" / name).read_text()), len(devices))[part]
+            shapes = split(only_heads(json.loads((HERE / "shapes" / name).read_text()), args.heads),
+                           len(devices))[part]
             if not shapes:
                 continue
             path = work / f"{part}.{op}.{name}"

@@ -137,3 +137,54 @@ def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_pat
                                  spread_us=0.1, samples=5, default_config={"c": 0}, default_median_us=1.1,
                                  default_spread_us=0.1, method={})
     assert shipped_sweeps.stored_winners(str(db)) == 2
+
+
+def test_shipped_sweeps_heads_keeps_only_the_named_head_configurations():
+    """--heads 32/8,8/1 sweeps those head configurations' shapes of the serving grid and no
+    other, every one of theirs (so a later run without --heads resumes the rest)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import shipped_sweeps
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    shapes = json.loads((ROOT / "benchmarks" / "shapes" / "models_serving.json").read_text())
+    picked = shipped_sweeps.only_heads(shapes, "32/8,8/1")
+    assert {(s["num_q_heads"], s["num_kv_heads"]) for s in picked} == {(32, 8), (8, 1)}
+    assert len(picked) == sum((s["num_q_heads"], s["num_kv_heads"]) in {(32, 8), (8, 1)} for s in shapes)
+    assert shipped_sweeps.only_heads(shapes, None) == shapes
+
+
+def test_merge_reship_takes_the_reships_winners_but_keeps_shipped_flashinfer_ones(tmp_path):
+    """A serving re-ship's winner replaces the shipped one at its key, is added where the
+    shipped file has none, and leaves a shipped FlashInfer winner alone (the re-ship never
+    timed FlashInfer); other ops' records stay as shipped."""
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
+    from tuner.keys import attention_run_key
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import merge_reship
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    fp = (current_fingerprint_id(), current_fingerprint())
+    default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+
+    def document(path: Path, records: dict) -> dict:
+        with TuningDB(path) as db:
+            for (op, batch), config in records.items():
+                db.save_record(Problem(op, '{"h":8}', attention_run_key(batch, 1, 1024)), fp, config, median_us=1.0,
+                               spread_us=0.1, samples=5, default_config=default, default_median_us=1.1,
+                               default_spread_us=0.1, method={})
+            return export_document(db)
+
+    triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_stages": 2, "num_warps": 4}
+    flashinfer = {"backend": "flashinfer", "use_tensor_cores": True}
+    shipped = document(tmp_path / "shipped.db", {("decode_attention", 1): triton, ("decode_attention", 2): flashinfer,
+                                                  ("fa3", 1): {"num_splits": 2, "pack_gqa": None}})
+    reship = document(tmp_path / "reship.db", {("decode_attention", 1): default, ("decode_attention", 2): default,
+                                                ("decode_attention", 4): triton})
+    merged, counts = merge_reship.merge(shipped, reship, tmp_path)
+    got = {(r["op"], r["run_key"]["batch"]): r["config"] for r in merged["records"]}
+    assert got == {("decode_attention", 1): default, ("decode_attention", 2): flashinfer,
+                   ("decode_attention", 4): triton, ("fa3", 1): {"num_splits": 2, "pack_gqa": None}}
+    assert counts == dict(shipped=3, swept=3, replaced=1, kept_flashinfer=1, added=1, written=4)

@@ -1,0 +1,65 @@
+"""The shipped tunings file with a serving re-ship's winners merged in: at every key the
+re-ship swept, its winner replaces the shipped one, except where the shipped winner is a
+FlashInfer config (a serving sweep leaves FlashInfer out, since a captured decode graph
+cannot hold its per-call plan, so nothing timed the re-ship's winners against it there).
+No GPU: it reads the re-ship's DB.
+
+    python benchmarks/merge_reship.py --shipped tuning_cache/h200.tunings.json --reship serving.db \\
+        --out tuning_cache/h200.tunings.json.gz
+
+Prints what it did as one JSON line (records shipped, swept, replaced, kept, written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from tuner.db import TuningDB, export_document
+from tuner.db.jsonio import import_document, load_document
+from tuner.jsonfile import file_bytes
+from tuner.keys import canonical_json
+
+OP = "decode_attention"
+KEPT_BACKENDS = ("flashinfer",)  # what a serving sweep does not time
+
+
+def record_key(r: dict) -> tuple:
+    return r["op"], canonical_json(r["static_key"]), canonical_json(r["run_key"]), r["fingerprint"]
+
+
+def merge(shipped: dict, reship: dict, scratch: Path) -> tuple[dict, dict]:
+    """The merged document, and counts of what went into it."""
+    kept = {record_key(r) for r in shipped["records"]
+            if r["op"] == OP and r["config"].get("backend") in KEPT_BACKENDS}
+    swept = [r for r in reship["records"] if r["op"] == OP]
+    taken = [r for r in swept if record_key(r) not in kept]
+    with TuningDB(scratch / "merge.db") as db:
+        import_document(db, shipped, replace=True)
+        replaced = len({record_key(r) for r in shipped["records"]} & {record_key(r) for r in taken})
+        import_document(db, dict(reship, records=taken), replace=True)
+        merged = export_document(db)
+    counts = dict(shipped=len(shipped["records"]), swept=len(swept), replaced=replaced,
+                  kept_flashinfer=len(swept) - len(taken), added=len(taken) - replaced,
+                  written=len(merged["records"]))
+    return merged, counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shipped", required=True, type=Path, help="the shipped *.tunings.json[.gz]")
+    ap.add_argument("--reship", required=True, help="the re-ship's DB (SQLAlchemy URL or SQLite path)")
+    ap.add_argument("--out", required=True, type=Path, help="the merged file (gzip-compressed for a .gz name)")
+    args = ap.parse_args()
+    with TuningDB(args.reship, create=False) as db:
+        reship = export_document(db, op=OP)
+    with tempfile.TemporaryDirectory() as scratch:
+        merged, counts = merge(load_document(args.shipped), reship, Path(scratch))
+    args.out.write_bytes(file_bytes(args.out, json.dumps(merged, indent=1, sort_keys=True) + "\n"))
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()
