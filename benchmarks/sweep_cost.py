@@ -5,7 +5,7 @@ long, precise measurement (issue 12, item 4).
         --heads "16/8 hd256 softcap50 window4095" [--heads ...] [--agree 12] [--search guided]
 
 Phase 1, per head configuration given: `tuner.sweep.sweep` of op over the key's serving grid
-(every capture batch size x kv 1k-128k, mixed-length batches, tuner.ops.traffic; with --mtp
+(every capture batch size x kv 32-128k, mixed-length batches, tuner.ops.traffic; with --mtp
 MTP verify too) into --db, with --search; timed as a whole (compilation included: the
 sweep builds every shape's Triton candidates ahead, in parallel, before timing them), with
 the seconds spent making inputs, compiling and in the timers. Swept one kv length at a time,

@@ -3,7 +3,7 @@ shipped H200 tunings (tuning_cache/) were swept over.
 
     python benchmarks/shapes/models.py            # writes benchmarks/shapes/models_*.json
 
-models_serving.json is issue 12's serving grid (every capture batch size x kv 1k-128k on
+models_serving.json is issue 12's serving grid (every capture batch size x kv 32-128k on
 mixed-length batches, and MTP verify), for `benchmarks/shipped_sweeps.py --set serving`.
 
 Per GPU, a model's attention is (q heads / tp, max(1, kv heads / tp)) heads of dim 128
