@@ -4,8 +4,8 @@ FlashInfer config (a serving sweep leaves FlashInfer out, since a captured decod
 cannot hold its per-call plan, so nothing timed the re-ship's winners against it there).
 No GPU: it reads the re-ship's DB.
 
-    python benchmarks/merge_reship.py --shipped tuning_cache/h200.tunings.json --reship serving.db \\
-        --out tuning_cache/h200.tunings.json.gz
+    python benchmarks/merge_reship.py --shipped tuning_cache/h200.tunings.json.gz --reship serving.db \\
+        --out /tmp/merged.tunings.json.gz
 
 Prints what it did as one JSON line (records shipped, swept, replaced, kept, written).
 """

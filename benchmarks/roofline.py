@@ -12,7 +12,7 @@ kernel before and after side by side.
 
 Cases (--set): serving, serving.py's, per call (head configurations x capture-list batch
 sizes x length caps 1k-128k x length distributions; max_kv_len and the page table the
-batch's own); grid, the shipped grid (every shape of tuning_cache/h200.tunings.json's
+batch's own); grid, the shipped grid (every shape of tuning_cache/h200.tunings.json.gz's
 decode_attention records: full lengths at the top of the kv bucket, MTP's q_len). Each
 backend's configs are searched by successive halving on the case's batch (every output
 checked against the torch reference), then every backend's best is re-timed side by side
@@ -39,6 +39,7 @@ from stats import geomean
 
 from tuner.bench import OK, CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import Trial, cold_l2_copies
+from tuner.db.jsonio import load_document
 from tuner.keys import AttentionRunKey, visible_kv_len
 from tuner.ops import DecodeShape, get_op, make_decode_inputs
 from tuner.ops.rotation import bytes_read, fresh_page_copies
@@ -51,7 +52,7 @@ TARGET_BYTES = 64 * 2**20
 TARGET_FRACTION = 0.85
 TARGET_SLACK_US = 5.0
 BACKENDS = ("fa3", "flashinfer", "ours")
-SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json"
+SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json.gz"
 
 
 def kv_bytes_needed(shape: DecodeShape, lengths: list[int]) -> int:
@@ -102,7 +103,7 @@ def grid_set(tunings: Path) -> list[tuple[dict, DecodeShape, list[int]]]:
     """Every shape of the shipped decode_attention records, full lengths, in a stride through
     them (a run cut short still spans the head configurations and sizes)."""
     shapes = {}
-    for r in json.loads(tunings.read_text())["records"]:
+    for r in load_document(tunings)["records"]:
         if r["op"] == "decode_attention":
             shape = shape_from_keys(json.dumps(r["static_key"]), AttentionRunKey(**r["run_key"]))
             if shape is not None:

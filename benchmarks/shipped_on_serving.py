@@ -4,7 +4,7 @@ of the default and of the sweep's own winner, on the same serving trial (one bat
 length distribution, tuner.ops.traffic; each config's stored median, of its quick or its
 full rung). No GPU: it reads the sweep's DB.
 
-    python benchmarks/shipped_on_serving.py --db serving.db --shipped tuning_cache/h200.tunings.json \\
+    python benchmarks/shipped_on_serving.py --db serving.db --shipped tuning_cache/h200.tunings.json.gz \\
         --out benchmarks/results/h200/issue12/shipped_on_serving_66030f2.json [--op fa3 --as-backend fa3]
 
 --op fa3 --as-backend fa3: the FA3 drop-in's records, looked up among a decode_attention

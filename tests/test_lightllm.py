@@ -22,12 +22,13 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.db import Problem, TuningDB, fingerprint_id
+from tuner.db.jsonio import load_document
 from tuner.keys import attention_run_key, static_key_from_parts
 
 H200 = {"capability": "9.0", "cuda": "13.0", "device": "NVIDIA H200", "device_kind": "cuda", "driver": "580.159.04",
         "flashinfer": "0.6.15.post1", "sgl_kernel": "0.4.5", "sm_count": 132, "torch": "2.11.0", "triton": "3.6.0",
         "tuner": "0.1.0"}
-SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json"
+SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json.gz"
 KERNEL_DIR = "triton_3.6.0/NVIDIA_H200/sgl_fa3_kvcache_ns:v1"
 # the file LightLLM's get_config_file_name gives for bf16, 32 q / 8 kv heads, head dim 128,
 # page 1, causal, no window, softcap, sinks or descales, sgl-kernel 0.4.5 on an H200
@@ -70,7 +71,7 @@ def test_the_shipped_db_exports_with_the_defaults_to_files_lightllm_finds(tmp_pa
     assert all(len(part.encode()) <= 255 for f in files for part in f.split("/"))
     assert f"{KERNEL_DIR}/{NAME_32_8}" in files
     assert lightllm_name("bfloat16", 32, 8, 128, 1, True, (-1, -1), False, False, "0.4.5", "NVIDIA H200") == NAME_32_8
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = load_document(SHIPPED)
     decode = [r for r in shipped["records"] if r["op"] == "fa3" and r["run_key"]["max_q_len"] <= 16]
     for f in files:
         content = json.loads((out / f).read_text())
