@@ -3,13 +3,24 @@ time is scarce) does not fail on the script."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """benchmarks/NAME.py, imported as its scripts import each other (benchmarks/ on the path)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def test_roofline_smoke(tmp_path):
@@ -104,11 +115,7 @@ def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tm
 def test_serving_cases_with_octave_caps_reach_every_kv_bucket_at_large_batches():
     """The issue's caps (1k, 4k, 16k, 64k, 128k) never put a batch of 24 or more at kv 2k, 8k
     or 32k, the keys where shipped grid winners lost most; --caps octaves does."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import serving
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    serving = benchmark_module("serving")
     issue, octaves = serving.cases(False), serving.cases(False, caps=serving.CAP_SETS["octaves"])
     assert {c["cap"] for c in issue if c["batch"] == 256} == {1024, 4096}
     assert {c["cap"] for c in octaves if c["batch"] == 256} == {1024, 2048, 4096, 8192}
@@ -123,11 +130,7 @@ def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_pat
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
     from tuner.keys import attention_run_key
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import shipped_sweeps
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    shipped_sweeps = benchmark_module("shipped_sweeps")
     db = tmp_path / "serving.db"
     assert shipped_sweeps.stored_winners(str(db)) is None and not db.exists()
     with TuningDB(db) as database:
@@ -142,11 +145,7 @@ def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_pat
 def test_shipped_sweeps_heads_keeps_only_the_named_head_configurations():
     """--heads 32/8,8/1 sweeps those head configurations' shapes of the serving grid and no
     other, every one of theirs (so a later run without --heads resumes the rest)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import shipped_sweeps
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    shipped_sweeps = benchmark_module("shipped_sweeps")
     shapes = json.loads((ROOT / "benchmarks" / "shapes" / "models_serving.json").read_text())
     picked = shipped_sweeps.only_heads(shapes, "32/8,8/1")
     assert {(s["num_q_heads"], s["num_kv_heads"]) for s in picked} == {(32, 8), (8, 1)}
@@ -161,11 +160,7 @@ def test_merge_reship_takes_the_reships_winners_but_keeps_shipped_flashinfer_one
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
     from tuner.keys import attention_run_key
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import merge_reship
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    merge_reship = benchmark_module("merge_reship")
     fp = (current_fingerprint_id(), current_fingerprint())
     default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
 
