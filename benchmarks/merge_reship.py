@@ -27,7 +27,9 @@ KEPT_BACKENDS = ("flashinfer",)  # what a serving sweep does not time
 
 
 def record_key(r: dict) -> tuple:
-    return r["op"], canonical_json(r["static_key"]), canonical_json(r["run_key"]), r["fingerprint"]
+    """A record's key, whatever machine of the shipped kind measured it: the fingerprint's
+    id hashes the driver too, which may differ between two hosts of one GPU and stack."""
+    return r["op"], canonical_json(r["static_key"]), canonical_json(r["run_key"])
 
 
 def merge(shipped: dict, reship: dict, scratch: Path) -> tuple[dict, dict]:
@@ -36,9 +38,11 @@ def merge(shipped: dict, reship: dict, scratch: Path) -> tuple[dict, dict]:
             if r["op"] == OP and r["config"].get("backend") in KEPT_BACKENDS}
     swept = [r for r in reship["records"] if r["op"] == OP]
     taken = [r for r in swept if record_key(r) not in kept]
+    taken_keys = {record_key(r) for r in taken}
+    staying = [r for r in shipped["records"] if record_key(r) not in taken_keys]
     with TuningDB(scratch / "merge.db") as db:
-        import_document(db, shipped, replace=True)
-        replaced = len({record_key(r) for r in shipped["records"]} & {record_key(r) for r in taken})
+        import_document(db, dict(shipped, records=staying), replace=True)
+        replaced = len(shipped["records"]) - len(staying)
         import_document(db, dict(reship, records=taken), replace=True)
         merged = export_document(db)
     counts = dict(shipped=len(shipped["records"]), swept=len(swept), replaced=replaced,

@@ -6,6 +6,10 @@ machine's fingerprint, in a new DB. The shipped tunings are exported from that D
     python benchmarks/verify_shipped.py --tunings sweep.tunings.json --db $OUT/verified.db \\
         --out $OUT/verified.json --seconds 500
 
+--seed other than 0 re-times a serving winner on lengths drawn independently of the sweep's
+(its trials' seed), as the sweep's second trial does; --heads and --challengers-only pick
+which records.
+
 One worker per GPU (CUDA_VISIBLE_DEVICES, else every GPU torch sees), each taking every
 n-th record. Resumable: records already in --db for this environment are not re-timed.
 --out gets, per record, the sweep's and the re-timing's default and winner in us.
@@ -23,10 +27,19 @@ import time
 from pathlib import Path
 
 
-def _records(path: Path) -> list[dict]:
-    doc = json.loads(path.read_text())
-    return sorted(doc["records"], key=lambda r: (r["op"], json.dumps(r["static_key"], sort_keys=True),
-                                                 sorted(r["run_key"].items())))
+def _records(args: argparse.Namespace) -> list[dict]:
+    """The records to re-time: of --ops and --heads' head configurations, and (--challengers-only)
+    only those whose winner is not the default, in a fixed order."""
+    from tuner.db.jsonio import load_document
+
+    heads = {tuple(int(n) for n in h.split("/")) for h in args.heads.split(",")} if args.heads else None
+    ops = set(args.ops.split(",")) if args.ops else None
+    records = [r for r in load_document(args.tunings)["records"]
+               if (ops is None or r["op"] in ops)
+               and (heads is None or (r["static_key"].get("num_q_heads"), r["static_key"].get("num_kv_heads")) in heads)
+               and not (args.challengers_only and r["config"] == r["default"]["config"])]
+    return sorted(records, key=lambda r: (r["op"], json.dumps(r["static_key"], sort_keys=True),
+                                          sorted(r["run_key"].items())))
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -42,7 +55,7 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.search.pipeline import measure
 
     deadline = time.monotonic() + args.seconds
-    records = _records(args.tunings)[args.part::args.parts]
+    records = _records(args)[args.part::args.parts]
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU only to try this script out
     timer = timer_for("verify-gpu" if device == "cuda" else "verify-cpu", device)
     env = current_environment()
@@ -64,7 +77,8 @@ def worker(args: argparse.Namespace) -> None:
             default = op.default(shape)
             configs = [default] if same_config(default, r["config"]) else [default, r["config"]]
             # the sweep's own trial and pipeline: each checked against the reference, re-timed side by side
-            result = measure(build_trial(op, shape, device), configs, default, timer, strategy="exhaustive")
+            result = measure(build_trial(op, shape, device, seed=args.seed), configs, default, timer,
+                             strategy="exhaustive")
             winner, default_timing = result.winner, result.default_timing
             boundary_sync()
             row = {
@@ -77,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
             if winner is not None:
                 db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
                                method=dict(timer.method, device=device, min_gain=settings.MIN_GAIN,
-                                           kv_len=shape.kv_len, verified_from=r["method"],
+                                           kv_len=shape.kv_len, verified_from=r["method"], seed=args.seed,
                                            **({} if lengths == "full" else {"lengths": lengths})))
                 row.update(winner=winner.config, winner_us=winner.timing.median_us,
                            default_us=default_timing and default_timing.median_us,
@@ -93,6 +107,13 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seconds", type=float, default=500.0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the trials' seed: 0 re-times on the sweep's own draws of lengths; another (e.g. "
+                         "1000003, the sweep's second trial) on lengths drawn independently of them")
+    ap.add_argument("--heads", default=None, help="only these head configurations, Q/KV comma-separated")
+    ap.add_argument("--ops", default=None, help="only these ops' records, comma-separated")
+    ap.add_argument("--challengers-only", action="store_true",
+                    help="only records whose winner is not the default (a default winner stays one)")
     ap.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--parts", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -104,7 +125,10 @@ def main() -> None:
     started = time.monotonic()
     procs = [
         subprocess.Popen([sys.executable, __file__, "--tunings", str(args.tunings), "--db", args.db,
-                          "--out", str(args.out), "--seconds", str(args.seconds),
+                          "--out", str(args.out), "--seconds", str(args.seconds), "--seed", str(args.seed),
+                          *(["--heads", args.heads] if args.heads else []),
+                          *(["--ops", args.ops] if args.ops else []),
+                          *(["--challengers-only"] if args.challengers_only else []),
                           "--part", str(i), "--parts", str(len(gpus))],
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
         for i, gpu in enumerate(gpus)
@@ -118,7 +142,7 @@ def main() -> None:
         if part.exists():
             rows += json.loads(part.read_text())
             part.unlink()
-    total = len(_records(args.tunings))
+    total = len(_records(args))
     doc = {
         "benchmark": "verify_shipped",
         "command": "python " + " ".join(sys.argv),

@@ -183,3 +183,60 @@ def test_merge_reship_takes_the_reships_winners_but_keeps_shipped_flashinfer_one
     assert got == {("decode_attention", 1): default, ("decode_attention", 2): flashinfer,
                    ("decode_attention", 4): triton, ("fa3", 1): {"num_splits": 2, "pack_gqa": None}}
     assert counts == dict(shipped=3, swept=3, replaced=1, kept_flashinfer=1, added=1, written=4)
+
+
+def test_merge_reship_replaces_a_shipped_winner_measured_on_another_host_of_the_same_kind(tmp_path):
+    """Two hosts of one GPU and stack differ in driver, so in fingerprint id: the re-ship's
+    winner still replaces the shipped one rather than standing beside it."""
+    from tuner.db import Problem, TuningDB, export_document, fingerprint_id
+    from tuner.keys import attention_run_key
+
+    merge_reship = benchmark_module("merge_reship")
+    problem = Problem("decode_attention", '{"h":8}', attention_run_key(1, 1, 1024))
+    default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_stages": 2, "num_warps": 4}
+
+    def document(path: Path, driver: str, config: dict) -> dict:
+        data = {"device": "NVIDIA H200", "driver": driver, "torch": "2.11.0"}
+        with TuningDB(path) as db:
+            db.save_record(problem, (fingerprint_id(data), data), config, median_us=1.0, spread_us=0.1, samples=5,
+                           default_config=default, default_median_us=1.1, default_spread_us=0.1, method={})
+            return export_document(db)
+
+    shipped = document(tmp_path / "shipped.db", "580.1", triton)
+    reship = document(tmp_path / "reship.db", "580.2", default)
+    merged, counts = merge_reship.merge(shipped, reship, tmp_path)
+    assert [r["config"] for r in merged["records"]] == [default]
+    assert counts["replaced"] == 1 and counts["written"] == 1
+
+
+def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_path):
+    """--challengers-only and --heads pick the records; --seed builds the trials of lengths
+    drawn with that seed, which the verified record says."""
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
+    from tuner.ops import DecodeShape
+
+    common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32", lengths="serving")
+    fp = (current_fingerprint_id(), current_fingerprint())
+    default = {"chunk": 0}
+    records = {DecodeShape(batch=2, kv_len=64, **common): {"chunk": 16},  # a challenger: re-timed
+               DecodeShape(batch=3, kv_len=64, **common): default,  # the default: left alone
+               DecodeShape(batch=2, kv_len=64, **dict(common, num_q_heads=8)): {"chunk": 16}}  # other heads
+    with TuningDB(tmp_path / "sweep.db") as db:
+        for shape, config in records.items():
+            db.save_record(Problem("torch_split_decode", shape.static_key().to_json(), shape.run_key()), fp, config,
+                           median_us=1.0, spread_us=0.1, samples=5, default_config=default, default_median_us=1.1,
+                           default_spread_us=0.1, method={"lengths": "serving"})
+        (tmp_path / "sweep.tunings.json").write_text(json.dumps(export_document(db)))
+    out, verified = tmp_path / "verified.json", tmp_path / "verified.db"
+    result = subprocess.run([sys.executable, "verify_shipped.py", "--tunings", str(tmp_path / "sweep.tunings.json"),
+                             "--db", str(verified), "--out", str(out), "--seed", "7", "--heads", "4/2", "--ops", "torch_split_decode",
+                             "--challengers-only", "--seconds", "120"],
+                            cwd=ROOT / "benchmarks", env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES=""),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["records_in"] == 1 and [row["run_key"]["batch"] for row in doc["rows"]] == [2]
+    [record] = TuningDB(verified).records()
+    assert record.method["seed"] == 7 and record.method["lengths"] == "serving"
+    assert record.problem.run_key.batch == 2 and record.config in (default, {"chunk": 16})

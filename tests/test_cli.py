@@ -160,6 +160,19 @@ def test_sweep_on_serving_lengths_measures_mixed_batches(db_path, tiny_shapes):
     one_line_error(sweep(db_path, tiny_shapes, "--lengths", "zipf"), "--lengths", "full, serving")
 
 
+@pytest.mark.parametrize("flag, second_trial", [((), True), (("--no-second-trial",), False)])
+def test_sweep_confirms_serving_winners_on_a_second_trial_unless_told_not_to(db_path, tiny_shapes, monkeypatch,
+                                                                              flag, second_trial):
+    import tuner.sweep
+
+    seen = {}
+    real = tuner.sweep.sweep
+    monkeypatch.setattr(tuner.sweep, "sweep", lambda *a, **kw: seen.update(kw) or real(*a, **kw))
+    result = sweep(db_path, tiny_shapes, "--lengths", "serving", *flag)
+    assert result.exit_code == 0, result.output
+    assert seen["second_trial"] is second_trial
+
+
 @pytest.mark.parametrize(
     "args, fragments",
     [

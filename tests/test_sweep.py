@@ -390,6 +390,78 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch
     assert full.parts == []  # one batch: nothing to hold a winner to beyond the mean
 
 
+def drawn_op(timer, first_draw_cost, other_cost=50.0, wrong_off_first_draw=False, seed=0):
+    """Configs "default" (100 us) and "lucky": first_draw_cost on the batches of the first
+    trial's draws (serving_draws with the sweep's seed), other_cost on any other draw of the bucket,
+    and (wrong_off_first_draw) a wrong result there."""
+    from tuner.ops.traffic import serving_draws
+
+    def run(inputs, config):
+        shape, timer.last = inputs.shape, config["name"]
+        first = inputs.lengths() in serving_draws(shape.batch, shape.kv_len, seed)
+        out = split_kv_decode(inputs, 0)
+        if config["name"] == "default":
+            timer.cost = 100.0
+            return out
+        timer.cost = first_draw_cost if first else other_cost
+        return out if first or not wrong_off_first_draw else out + 1
+
+    return Op(name="drawn", description="test op", configs=lambda s: [{"name": "default"}, {"name": "lucky"}],
+              default=lambda s: {"name": "default"}, run=run, grids={})
+
+
+SERVING = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
+
+
+def test_a_serving_winner_that_loses_on_a_second_draw_of_lengths_keeps_the_default(db_path):
+    """Ahead on the trial it was found on, behind on another draw of the same bucket (as a
+    shipped 16-split Triton config was on the H200): the default is stored."""
+    from tuner import settings
+
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    [result] = sweep(drawn_op(timer, first_draw_cost=50.0, other_cost=120.0), [SERVING], db, timer=timer)
+    assert result.winner == {"name": "default"} and "second trial" in result.note and "0.833x" in result.note
+    [record] = db.records()
+    again = record.method["second_trial"]
+    assert record.config == {"name": "default"} and record.default_median_us == 100.0
+    assert again == dict(seed=settings.SECOND_TRIAL_SEED, held=False, error=None, winner_us=120.0, default_us=100.0)
+    # without it, the first trial's winner stands
+    [unchecked] = sweep(drawn_op(timer, 50.0, 120.0), [SERVING], db, timer=timer, force=True, second_trial=False)
+    assert unchecked.winner == {"name": "lucky"} and "second_trial" not in db.records()[0].method
+
+
+def test_a_serving_winner_that_holds_on_a_second_draw_is_stored_with_what_it_measured(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    [result] = sweep(drawn_op(timer, first_draw_cost=50.0, other_cost=60.0, seed=4), [SERVING], db, timer=timer,
+                     seed=4)
+    assert result.winner == {"name": "lucky"} and result.note == "" and result.winner_us == 50.0
+    again = db.records()[0].method["second_trial"]
+    assert again["held"] is True and again["winner_us"] == 60.0 and again["seed"] == 4 + 1_000_003
+
+
+def test_a_serving_winner_wrong_on_a_second_draw_keeps_the_default(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    op = drawn_op(timer, first_draw_cost=50.0, wrong_off_first_draw=True)
+    [result] = sweep(op, [SERVING], db, timer=timer)
+    assert result.winner == {"name": "default"}
+    again = db.records()[0].method["second_trial"]
+    assert again["held"] is False and "run 0" not in again["error"] and again["winner_us"] is None
+    assert again["error"] and "second trial" in result.note
+
+
+def test_a_full_batch_winner_and_a_kept_default_take_no_second_trial(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    full = dataclasses.replace(SERVING, lengths="full")
+    [on_full] = sweep(drawn_op(timer, 50.0, 50.0), [full], db, timer=timer)
+    assert on_full.winner == {"name": "lucky"} and "second_trial" not in db.records()[0].method
+    [slow] = sweep(drawn_op(timer, first_draw_cost=150.0), [SERVING], db, timer=timer, force=True)
+    assert slow.winner == {"name": "default"} and "second_trial" not in db.records()[0].method
+
+
 # -- guided search and kernels built ahead ---------------------------------------------------
 
 GUIDED_NAMES = ["default"] + [f"s{k}" for k in range(1, 9)]

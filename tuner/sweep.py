@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tuner import settings
-from tuner.bench import OK, Outcome, Timing, boundary_sync, one_line, timer_for, with_default_first
+from tuner.bench import OK, Outcome, Timing, boundary_sync, one_line, same_config, timer_for, with_default_first
 from tuner.bench.trial import cold_l2_copies
 from tuner.db import MeasurementRow, MissRow, Problem, TuningDB, current_environment
 from tuner.errors import TunerError
@@ -25,7 +25,7 @@ from tuner.ops.shapes import shape_from_keys
 from tuner.ops.trial import build_trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, Step, get_strategy
-from tuner.search.pipeline import measure
+from tuner.search.pipeline import SecondTrial, confirm_again, measure
 
 # a shape's status: a new winner measured, its stored winner kept, no config ran right, or
 # the same key as an earlier shape (not "tuned": tuner.ops.base.TUNED is another thing)
@@ -90,6 +90,7 @@ def sweep(
     halving: bool = False,
     on_advance: Callable[[int, str], None] | None = None,
     ranks: Ranks | None = None,
+    second_trial: bool = True,
 ) -> list[ShapeResult]:
     """Tune op over shapes into db. on_advance(n, label) reports n configs done.
 
@@ -102,6 +103,10 @@ def sweep(
     DB they all reach): each shape's first rung is shared round robin; the ranks meet when
     it is measured, rank 0 runs the later rungs, re-times and stores the winner, they meet
     again, and every rank reads that one winner back.
+
+    second_trial: a serving shape's winner (not the default) must hold again on a second
+    trial of freshly drawn lengths (tuner.search.pipeline.confirm_again), else the default
+    is stored; the method of the stored winner says how it went.
     """
     unavailable = op.unavailable()
     if unavailable:
@@ -214,9 +219,20 @@ def sweep(
         winner, default_timing = result.winner, result.default_timing
         if guide is not None:  # from what every rank holds alike: the ranks' shortlists agree
             guide.record(shape, result.first_rung)
-        if (ranks is None or ranks.rank == 0) and winner is not None:
+        again: dict[str, Any] = {}
+        note = ""
+        leader = ranks is None or ranks.rank == 0
+        if (leader and second_trial and shape.lengths != "full" and winner is not None
+                and default_timing is not None and not same_config(winner.config, default)):
+            checked = _second_trial(op, shape, device, seed, winner.config, default, timer, min_gain)
+            again = {"second_trial": checked.as_method(seed + settings.SECOND_TRIAL_SEED)}
+            if not checked.held:
+                note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"
+                winner = Outcome(default, OK, default_timing)
+        if leader and winner is not None:
             db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
-                           method=dict(method, **lengths, min_gain=min_gain, ranks=ranks.world if ranks else 1))
+                           method=dict(method, **lengths, min_gain=min_gain, ranks=ranks.world if ranks else 1,
+                                       **again))
         if ranks is not None:  # every rank takes the one winner rank 0 stored
             ranks.barrier()
             record_ = db.record(problem, env.id)
@@ -231,9 +247,28 @@ def sweep(
         results.append(ShapeResult(
             shape, MEASURED, winner.config, winner.timing.median_us,
             default_timing and default_timing.median_us, result.measured, result.resumed, result.failures,
+            note=note,
         ))
     by_index = dict(zip(order, results))
     return [by_index[i] for i in range(len(shapes))]
+
+
+def _second_trial(op: Op, shape: DecodeShape, device: str, seed: int, config: Config, default: Config,
+                  timer: Any, min_gain: float) -> SecondTrial:
+    """config against the default on the shape's second trial (its own draws of lengths),
+    built once the first is freed; one that cannot be built does not hold."""
+    try:
+        trial = build_trial(op, shape, device, seed + settings.SECOND_TRIAL_SEED)
+    except (RuntimeError, MemoryError) as e:
+        return SecondTrial(False, error=one_line(e))
+    boundary_sync(release=False)
+    return confirm_again(trial, config, default, timer, min_gain=min_gain)
+
+
+def _how(checked: SecondTrial) -> str:
+    if checked.error:
+        return checked.error
+    return f"{checked.default.median_us / checked.winner.median_us:.3f}x of the default on its mix"
 
 
 def _all_outcomes(db: TuningDB, problem: Problem, fp_id: str, configs: list[Config],

@@ -347,3 +347,10 @@ def test_a_serving_sweep_on_the_gpu_stores_winners_that_hold_on_every_batch_of_t
         assert r.speedup is None or r.speedup >= 1.0  # a winner beat the default, or is it
     records = db.records()
     assert len(records) == 2 and all(rec.method.get("lengths") == "serving" for rec in records)
+    # a winner other than the default held again on a second trial of other lengths
+    for rec in records:
+        again = rec.method.get("second_trial")
+        if rec.config != rec.default_config:
+            assert again is not None and again["held"] and again["winner_us"] < again["default_us"]
+        else:
+            assert again is None or not again["held"]

@@ -68,14 +68,10 @@ def measure_config(
     its own reference) and check it; time it only if it was right on all."""
     calls = rotation(runs, config)
     try:
-        max_error = 0.0
-        for i, expected in ((0, reference), *checks):
-            check = compare(calls[i](), expected, *tolerance)
-            if not check.ok:
-                reason = check.reason if i == 0 else f"run {i}: {check.reason}"
-                return Outcome(config, WRONG, max_error=check.max_error, error=reason)
-            max_error = max(max_error, check.max_error or 0.0)
-        return Outcome(config, OK, timer(calls), max_error=max_error)
+        wrong = check_config(calls, config, reference=reference, tolerance=tolerance, checks=checks)
+        if wrong.status == WRONG:
+            return wrong
+        return Outcome(config, OK, timer(calls), max_error=wrong.max_error)
     except torch.OutOfMemoryError as e:
         outcome = Outcome(config, OOM, error=one_line(e))
     except Exception as e:  # a candidate may fail in any way; it must not stop the sweep
@@ -85,6 +81,20 @@ def measure_config(
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
     return outcome
+
+
+def check_config(calls: Sequence[Callable[[], Any]], config: dict[str, Any], *, reference: torch.Tensor,
+                 tolerance: tuple[float, float], checks: Sequence[tuple[int, Any]] = ()) -> Outcome:
+    """config's calls run once on each distinct input and checked: an Outcome of WRONG with
+    the reason, else of OK (untimed) with the largest error. A failing call raises."""
+    max_error = 0.0
+    for i, expected in ((0, reference), *checks):
+        check = compare(calls[i](), expected, *tolerance)
+        if not check.ok:
+            reason = check.reason if i == 0 else f"run {i}: {check.reason}"
+            return Outcome(config, WRONG, max_error=check.max_error, error=reason)
+        max_error = max(max_error, check.max_error or 0.0)
+    return Outcome(config, OK, max_error=max_error)
 
 
 def measure_configs(
@@ -133,14 +143,14 @@ def decide(
                          key=lambda o: o.timing.median_us)
     t_default = default.timing
     for challenger in challengers[:settings.CONFIRM_TRIES if parts else 1]:
-        (t_challenger, t_default), holds = _confirm(runs, parts, challenger.config, default.config, timer)
+        (t_challenger, t_default), holds = side_by_side(runs, parts, challenger.config, default.config, timer)
         if holds and beats(t_challenger, t_default, min_gain):
             return replace(challenger, timing=t_challenger), t_default
     return replace(default, timing=t_default), t_default
 
 
-def _confirm(runs: Runs, parts: Sequence[Sequence[int]], config: dict[str, Any], default: dict[str, Any],
-             timer: Any) -> tuple[tuple[Timing, Timing], bool]:
+def side_by_side(runs: Runs, parts: Sequence[Sequence[int]], config: dict[str, Any], default: dict[str, Any],
+                 timer: Any) -> tuple[tuple[Timing, Timing], bool]:
     """config and default timed side by side: on the whole rotation when there are no parts;
     else on each part alone (in one interleaved run where the timer has one), their mix's
     timings being the parts' means (each part holds as many runs). Also whether config lost

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tuner import settings
-from tuner.bench import OK, Outcome, Timer, Timing, decide, measure_config, same_config
+from tuner.bench import (OK, WRONG, Outcome, Timer, Timing, beats, check_config, decide, measure_config, one_line,
+                         same_config, side_by_side)
+from tuner.bench.runner import rotation
 from tuner.bench.trial import Trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, get_strategy
@@ -135,3 +137,38 @@ def _keep_default(result: Measured, default: Config) -> None:
     result.winner = next((o for o in result.outcomes if o.status == OK and same_config(o.config, default)), None)
     result.default_timing = result.winner.timing if result.winner else None
 
+
+
+@dataclass(frozen=True)
+class SecondTrial:
+    """A winner against the default on a second trial: whether it held (right on every
+    batch, lost on none by more than settings.MAX_PART_LOSS, beat the default by the
+    winner rule), the two timings there, and why not where it failed to run."""
+
+    held: bool
+    winner: Timing | None = None
+    default: Timing | None = None
+    error: str | None = None
+
+    def as_method(self, seed: int) -> dict:
+        """What a stored winner's method says of it."""
+        return dict(seed=seed, held=self.held, error=self.error,
+                    winner_us=self.winner and round(self.winner.median_us, 3),
+                    default_us=self.default and round(self.default.median_us, 3))
+
+
+def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *,
+                  min_gain: float = settings.MIN_GAIN) -> SecondTrial:
+    """config checked on a second trial (lengths drawn independently of the first's) and
+    timed side by side with the default there, as tuner.bench.decide confirms it on the
+    first: one draw of lengths per distribution can crown a config that loses on another
+    draw of the same bucket. A call that fails does not hold (the caller keeps the default)."""
+    try:
+        checked = check_config(rotation(trial.runs, config), config, reference=trial.reference,
+                               tolerance=trial.tolerance, checks=trial.checks)
+        if checked.status == WRONG:
+            return SecondTrial(False, error=checked.error)
+        (mine, theirs), holds = side_by_side(trial.runs, trial.parts, config, default, timer)
+    except Exception as e:  # out of memory, a capture that failed: unsure, so not held
+        return SecondTrial(False, error=one_line(e))
+    return SecondTrial(holds and beats(mine, theirs, min_gain), mine, theirs)
