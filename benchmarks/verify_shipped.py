@@ -7,8 +7,8 @@ machine's fingerprint, in a new DB. The shipped tunings are exported from that D
         --out $OUT/verified.json --seconds 500
 
 --seed other than 0 re-times a serving winner on lengths drawn independently of the sweep's
-(its trials' seed), as the sweep's second trial does; --heads and --challengers-only pick
-which records.
+(its trials' seed); --second-trial on the sweep's own second trial (tuner.sweep); --ops,
+--heads, --max-batch and --challengers-only pick which records.
 
 One worker per GPU (CUDA_VISIBLE_DEVICES, else every GPU torch sees), each taking every
 n-th record. Resumable: records already in --db for this environment are not re-timed.
@@ -37,7 +37,8 @@ def _records(args: argparse.Namespace) -> list[dict]:
     records = [r for r in load_document(args.tunings)["records"]
                if (ops is None or r["op"] in ops)
                and (heads is None or (r["static_key"].get("num_q_heads"), r["static_key"].get("num_kv_heads")) in heads)
-               and not (args.challengers_only and r["config"] == r["default"]["config"])]
+               and not (args.challengers_only and r["config"] == r["default"]["config"])
+               and (args.max_batch is None or r["run_key"]["batch"] <= args.max_batch)]
     return sorted(records, key=lambda r: (r["op"], json.dumps(r["static_key"], sort_keys=True),
                                           sorted(r["run_key"].items())))
 
@@ -51,7 +52,7 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.keys import AttentionRunKey, canonical_json
     from tuner.ops import get_op
     from tuner.ops.shapes import shape_from_keys
-    from tuner.ops.trial import build_trial
+    from tuner.ops.trial import build_second_trial, build_trial
     from tuner.search.pipeline import measure
 
     deadline = time.monotonic() + args.seconds
@@ -77,8 +78,10 @@ def worker(args: argparse.Namespace) -> None:
             default = op.default(shape)
             configs = [default] if same_config(default, r["config"]) else [default, r["config"]]
             # the sweep's own trial and pipeline: each checked against the reference, re-timed side by side
-            result = measure(build_trial(op, shape, device, seed=args.seed), configs, default, timer,
-                             strategy="exhaustive")
+            trial = (build_second_trial(op, shape, device, seed=args.seed) if args.second_trial
+                     else build_trial(op, shape, device, seed=args.seed))
+            result = measure(trial, configs, default, timer, strategy="exhaustive")
+            del trial
             winner, default_timing = result.winner, result.default_timing
             boundary_sync()
             row = {
@@ -92,6 +95,7 @@ def worker(args: argparse.Namespace) -> None:
                 db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
                                method=dict(timer.method, device=device, min_gain=settings.MIN_GAIN,
                                            kv_len=shape.kv_len, verified_from=r["method"], seed=args.seed,
+                                           second_trial=args.second_trial,
                                            **({} if lengths == "full" else {"lengths": lengths})))
                 row.update(winner=winner.config, winner_us=winner.timing.median_us,
                            default_us=default_timing and default_timing.median_us,
@@ -110,6 +114,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0,
                     help="the trials' seed: 0 re-times on the sweep's own draws of lengths; another (e.g. "
                          "1000003, the sweep's second trial) on lengths drawn independently of them")
+    ap.add_argument("--second-trial", action="store_true",
+                    help="re-time on the sweep's second trial of each shape (tuner.ops.trial.build_second_trial: "
+                         "lengths of the seed plus settings.SECOND_TRIAL_SEED, one batch at the bucket's top)")
+    ap.add_argument("--max-batch", type=int, default=None, help="only records of batch sizes up to this")
     ap.add_argument("--heads", default=None, help="only these head configurations, Q/KV comma-separated")
     ap.add_argument("--ops", default=None, help="only these ops' records, comma-separated")
     ap.add_argument("--challengers-only", action="store_true",
@@ -129,6 +137,8 @@ def main() -> None:
                           *(["--heads", args.heads] if args.heads else []),
                           *(["--ops", args.ops] if args.ops else []),
                           *(["--challengers-only"] if args.challengers_only else []),
+                          *(["--second-trial"] if args.second_trial else []),
+                          *(["--max-batch", str(args.max_batch)] if args.max_batch is not None else []),
                           "--part", str(i), "--parts", str(len(gpus))],
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
         for i, gpu in enumerate(gpus)

@@ -221,6 +221,7 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
     default = {"chunk": 0}
     records = {DecodeShape(batch=2, kv_len=64, **common): {"chunk": 16},  # a challenger: re-timed
                DecodeShape(batch=3, kv_len=64, **common): default,  # the default: left alone
+               DecodeShape(batch=4, kv_len=64, **common): {"chunk": 16},  # past --max-batch
                DecodeShape(batch=2, kv_len=64, **dict(common, num_q_heads=8)): {"chunk": 16}}  # other heads
     with TuningDB(tmp_path / "sweep.db") as db:
         for shape, config in records.items():
@@ -230,7 +231,7 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
         (tmp_path / "sweep.tunings.json").write_text(json.dumps(export_document(db)))
     out, verified = tmp_path / "verified.json", tmp_path / "verified.db"
     result = subprocess.run([sys.executable, "verify_shipped.py", "--tunings", str(tmp_path / "sweep.tunings.json"),
-                             "--db", str(verified), "--out", str(out), "--seed", "7", "--heads", "4/2", "--ops", "torch_split_decode",
+                             "--db", str(verified), "--out", str(out), "--seed", "7", "--heads", "4/2", "--ops", "torch_split_decode", "--max-batch", "2",
                              "--challengers-only", "--seconds", "120"],
                             cwd=ROOT / "benchmarks", env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES=""),
                             capture_output=True, text=True, timeout=600)
@@ -239,4 +240,5 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
     assert doc["records_in"] == 1 and [row["run_key"]["batch"] for row in doc["rows"]] == [2]
     [record] = TuningDB(verified).records()
     assert record.method["seed"] == 7 and record.method["lengths"] == "serving"
+    assert record.method["second_trial"] is False
     assert record.problem.run_key.batch == 2 and record.config in (default, {"chunk": 16})

@@ -322,6 +322,18 @@ def test_serving_draws_put_each_batchs_longest_in_the_kv_bucket():
     assert {s.batch for s in grid} >= {1, 2, 3, 5, 7, 12, 24, 40, 136, 256}
 
 
+def test_serving_draws_that_reach_the_top_put_the_first_batchs_longest_at_kv_len():
+    """A second trial's draws: of batch 1 above all, whose three lengths may all fall in the
+    middle of a bucket twice as wide as its bottom."""
+    from tuner.ops.traffic import serving_draws
+
+    for batch, kv in ((1, 65536), (8, 3000)):
+        plain, top = serving_draws(batch, kv, seed=3), serving_draws(batch, kv, seed=3, reach_top=True)
+        assert max(top[0]) == kv and top[1:] == plain[1:]
+        assert sorted(top[0])[:-1] == sorted(plain[0])[:-1]  # only the longest moved
+    assert max(serving_draws(1, 65536, seed=0)[0]) < 65536  # which plain draws miss here
+
+
 def test_torch_split_decode_honours_each_sequences_length():
     op = get_op("torch_split_decode")
     shape = DecodeShape(batch=3, kv_len=40, **dict(SMALL, q_len=2, window=(9, 0), sinks=True))

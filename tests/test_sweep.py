@@ -390,7 +390,7 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch
     assert full.parts == []  # one batch: nothing to hold a winner to beyond the mean
 
 
-def drawn_op(timer, first_draw_cost, other_cost=50.0, wrong_off_first_draw=False, seed=0):
+def drawn_op(timer, first_draw_cost, other_cost=50.0, wrong_off_first_draw=False, seed=0, seen=None):
     """Configs "default" (100 us) and "lucky": first_draw_cost on the batches of the first
     trial's draws (serving_draws with the sweep's seed), other_cost on any other draw of the bucket,
     and (wrong_off_first_draw) a wrong result there."""
@@ -399,6 +399,8 @@ def drawn_op(timer, first_draw_cost, other_cost=50.0, wrong_off_first_draw=False
     def run(inputs, config):
         shape, timer.last = inputs.shape, config["name"]
         first = inputs.lengths() in serving_draws(shape.batch, shape.kv_len, seed)
+        if seen is not None:
+            seen.append(inputs.lengths())
         out = split_kv_decode(inputs, 0)
         if config["name"] == "default":
             timer.cost = 100.0
@@ -418,10 +420,16 @@ def test_a_serving_winner_that_loses_on_a_second_draw_of_lengths_keeps_the_defau
     shipped 16-split Triton config was on the H200): the default is stored."""
     from tuner import settings
 
+    from tuner.ops.traffic import serving_draws
+
     timer = FakeTimer()
     db = TuningDB(db_path)
-    [result] = sweep(drawn_op(timer, first_draw_cost=50.0, other_cost=120.0), [SERVING], db, timer=timer)
+    seen = []
+    [result] = sweep(drawn_op(timer, first_draw_cost=50.0, other_cost=120.0, seen=seen), [SERVING], db, timer=timer)
     assert result.winner == {"name": "default"} and "second trial" in result.note and "0.833x" in result.note
+    # the second trial: other draws, its first batch at the bucket's top
+    second = serving_draws(3, 64, settings.SECOND_TRIAL_SEED, reach_top=True)
+    assert max(second[0]) == 64 and all(lens in seen for lens in second)
     [record] = db.records()
     again = record.method["second_trial"]
     assert record.config == {"name": "default"} and record.default_median_us == 100.0

@@ -22,7 +22,7 @@ from tuner.keys import canonical_json
 from tuner.ops import Config, DecodeInputs, DecodeShape, Op
 from tuner.ops.rotation import bytes_read
 from tuner.ops.shapes import shape_from_keys
-from tuner.ops.trial import build_trial
+from tuner.ops.trial import build_second_trial, build_trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, Step, get_strategy
 from tuner.search.pipeline import SecondTrial, confirm_again, measure
@@ -255,10 +255,11 @@ def sweep(
 
 def _second_trial(op: Op, shape: DecodeShape, device: str, seed: int, config: Config, default: Config,
                   timer: Any, min_gain: float) -> SecondTrial:
-    """config against the default on the shape's second trial (its own draws of lengths),
-    built once the first is freed; one that cannot be built does not hold."""
+    """config against the default on the shape's second trial (its own draws of lengths, one
+    batch at the bucket's top), built once the first is freed; one that cannot be built
+    does not hold."""
     try:
-        trial = build_trial(op, shape, device, seed + settings.SECOND_TRIAL_SEED)
+        trial = build_second_trial(op, shape, device, seed)
     except (RuntimeError, MemoryError) as e:
         return SecondTrial(False, error=one_line(e))
     boundary_sync(release=False)

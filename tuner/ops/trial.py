@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from tuner import settings
 from tuner.bench.trial import Trial, cold_l2_copies
 from tuner.ops.base import Op
 from tuner.ops.rotation import bytes_read, fresh_page_copies
@@ -33,13 +34,21 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
     return None
 
 
-def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial:
+def build_second_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial:
+    """The trial a serving winner must hold on again (tuner.search.pipeline.confirm_again):
+    lengths drawn independently of the first trial's (seed + settings.SECOND_TRIAL_SEED),
+    one batch reaching the bucket's top."""
+    return build_trial(op, shape, device, seed + settings.SECOND_TRIAL_SEED, reach_top=True)
+
+
+def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_top: bool = False) -> Trial:
     """The trial of one shape of an op. MemoryError when it cannot fit; a RuntimeError of
     the reference passes through (the caller records the shape as failed).
 
     A "serving" shape's trial holds one batch per length distribution (serving_draws); its
     rotation runs them in turn, so a timing is their mean: the expected time over the mix,
-    each batch weighted alike. The copies for a cold L2 are of the whole set."""
+    each batch weighted alike. The copies for a cold L2 are of the whole set. reach_top: a
+    serving trial's first batch reaches the bucket's top (serving_draws)."""
     why = too_big(shape, device)
     if why:
         raise MemoryError(why)
@@ -47,7 +56,7 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial
         batches = [op.make_inputs(shape, device=device, seed=seed)]
     else:
         batches = [op.make_inputs(shape, device=device, seed=seed, seq_lens=lens)
-                   for lens in serving_draws(shape.batch, shape.kv_len, seed)]
+                   for lens in serving_draws(shape.batch, shape.kv_len, seed, reach_top)]
     references = [inputs.reference() for inputs in batches]
     count = cold_l2_copies(sum(bytes_read(inputs) for inputs in batches), device)
     copies = [fresh_page_copies(inputs, count) for inputs in batches]
