@@ -61,12 +61,13 @@ PRECISE_REPEATS = 30
 FINALISTS = 3
 
 
-def grid_of(spec: dict, mtp: bool, smoke: bool, max_tokens: int) -> list[DecodeShape]:
+def grid_of(spec: dict, mtp: bool, smoke: bool, max_tokens: int, kv_lens: tuple[int, ...] | None = None
+            ) -> list[DecodeShape]:
     common = dict(dtype="bfloat16", **spec) if "dtype" not in spec else dict(spec)
     if smoke:
         return serving_grid((1, 2, 3, 4), (64,), **common) if "window" not in spec else \
-            serving_grid((1, 2), (64, 128), **common)  # two kv lengths past the window: one run key
-    shapes = serving_grid(max_tokens=max_tokens, **common)
+            serving_grid((1, 2), (64, 128), **common)  # two kv lengths past the window
+    shapes = serving_grid(max_tokens=max_tokens, **({"kv_lens": kv_lens} if kv_lens else {}), **common)
     if mtp:
         shapes += [DecodeShape(batch=b, kv_len=n, q_len=q, lengths="serving", **common) for q in (2, 4)
                    for b in (1, 4, 16, 64) for n in (2048, 8192, 32768, 131072) if b * n <= max_tokens]
@@ -126,9 +127,7 @@ def phase_sweep(op, name: str, shapes: list[DecodeShape], db: TuningDB, search: 
     results: list = []
     seconds = 0.0
     result: dict = {}
-    # longest kv first: a windowed key's kv lengths past its window are one run key, and the
-    # first of them swept takes it (the others are skipped as stored), so that is the longest,
-    # whose sequences, like most calls', fill the window (as `tuner sweep` chooses)
+    # one kv length at a time, longest first; each is its own run key, a windowed key's too
     for _, family in sorted(families.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         if time.perf_counter() > deadline:
             break
@@ -237,6 +236,8 @@ def main() -> None:
     ap.add_argument("--mtp", action="store_true", help="add MTP verify shapes (2 and 4 query tokens)")
     ap.add_argument("--max-tokens", type=int, default=4 * 2**20, help="batch x kv at most, in the grid")
     ap.add_argument("--backends", default="fa3,triton_decode", help="decode_attention's backends to search")
+    ap.add_argument("--kv", default=None,
+                    help="only these kv buckets of the serving grid, comma-separated (e.g. serving.py's caps)")
     ap.add_argument("--smoke", action="store_true", help="a tiny grid on the CPU (Triton interpreted)")
     ap.add_argument("--seconds", type=float, default=540.0,
                     help="start no kv length's sweep nor agreement shape after this long")
@@ -265,7 +266,8 @@ def run(args: argparse.Namespace, started: float, device: str) -> None:
         doc.update(header("sweep_cost", started))
         args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
-    grids = {name: grid_of(HEADS[name], args.mtp, args.smoke, args.max_tokens) for name in heads}
+    kv_lens = tuple(int(n) for n in args.kv.split(",")) if args.kv else None
+    grids = {name: grid_of(HEADS[name], args.mtp, args.smoke, args.max_tokens, kv_lens) for name in heads}
     deadline = started + args.seconds
     for name in heads:
         doc["sweeps"].append({})

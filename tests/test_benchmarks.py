@@ -51,11 +51,11 @@ def test_serving_smoke(tmp_path):
     assert "error" not in row and row["per_call"]["default_us"] > 0 and row["graph"]["tuner_us"] > 0
 
 
-def test_sweep_cost_sweeps_a_windowed_keys_bucket_on_its_longest_shape(tmp_path):
-    """Past its window a key's kv lengths are one run key, swept once: on the longest shape,
-    whose sequences fill the window as most calls' do (as `tuner sweep` picks), not the
-    first the grid lists. Swept shortest first, the window-4095 key's serving record came
-    from sequences of at most 4096 keys and missed the oracle's 1.13-1.65x at caps of 16k-128k."""
+def test_sweep_cost_sweeps_each_kv_bucket_of_a_windowed_key(tmp_path):
+    """Past its window a key's kv lengths are still each their own run key: of mixed batches
+    the shorter sequences read less. Swept as one (the window-4095 key's record from caps of
+    128k), it ran at 0.48x of FA3's default at caps of 4k-16k; from caps of 4k, it missed
+    the oracle's 1.13-1.65x at 16k-128k."""
     out = tmp_path / "sweep_cost.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "sweep_cost.py", "--smoke", "--heads", "cpu-tiny window31",
@@ -64,7 +64,7 @@ def test_sweep_cost_sweeps_a_windowed_keys_bucket_on_its_longest_shape(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     [sweep] = json.loads(out.read_text())["sweeps"]
     status = {(r["batch"], r["kv_len"]): r["status"] for r in sweep["rows"]}
-    assert status == {(1, 128): "measured", (2, 128): "measured", (1, 64): "skipped", (2, 64): "skipped"}
+    assert status == {(1, 128): "measured", (2, 128): "measured", (1, 64): "measured", (2, 64): "measured"}
 
 
 def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tmp_path):
@@ -242,3 +242,12 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
     assert record.method["seed"] == 7 and record.method["lengths"] == "serving"
     assert record.method["second_trial"] is False
     assert record.problem.run_key.batch == 2 and record.config in (default, {"chunk": 16})
+
+
+def test_sweep_cost_kv_option_keeps_only_those_kv_buckets_of_the_serving_grid():
+    sweep_cost = benchmark_module("sweep_cost")
+    spec = sweep_cost.HEADS["16/8 hd256 softcap50 window4095"]
+    picked = sweep_cost.grid_of(spec, False, False, 2**21, (1024, 131072))
+    every = sweep_cost.grid_of(spec, False, False, 2**21)
+    assert {s.kv_len for s in picked} == {1024, 131072}
+    assert picked == [s for s in every if s.kv_len in (1024, 131072)]

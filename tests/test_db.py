@@ -341,20 +341,17 @@ def test_misses_add_up_and_drop_out_once_tuned(make_db):
     assert db.misses(OTHER[0]) == [] and db.integrity() == []
 
 
-def test_a_windowed_miss_stored_past_its_window_drops_out_once_the_windows_key_is_tuned(make_db):
-    """A miss recorded at kv bucket 16384 of a 127-key window (before run keys bucketed what
-    the window sees) is the window's key, 128: a winner there tunes it."""
+def test_a_windowed_miss_past_its_window_stays_until_its_own_kv_bucket_is_tuned(make_db):
+    """A miss at kv bucket 16384 of a 127-key window is that bucket's: a winner at the
+    window's bucket (128) does not solve it, one at 16384 does."""
     db = TuningDB(make_db())
     static = '{"h":8,"window_left":127,"window_right":0}'
-    old = problem(kv=16384, static=static)
-    db.save_misses(FP, [(old, "default", 4)])
-    assert db.misses(FP[0]) == [MissRow(old, "default", 4)]
+    missed = problem(kv=16384, static=static)
+    db.save_misses(FP, [(missed, "default", 4)])
     save(db, problem(kv=128, static=static), {"c": 1})
+    assert db.misses(FP[0]) == [MissRow(missed, "default", 4)]
+    save(db, missed, {"c": 1})
     assert db.misses(FP[0]) == []
-    unwindowed = problem(kv=16384)  # no window: another key, still missed
-    db.save_misses(FP, [(unwindowed, "default", 1)])
-    save(db, problem(kv=128), {"c": 1})
-    assert db.misses(FP[0]) == [MissRow(unwindowed, "default", 1)]
 
 
 def test_missed_calls_lengths_merge_across_saves(make_db):

@@ -205,27 +205,16 @@ def _windowed_call_runs(db_path, monkeypatch) -> list:
     return ran
 
 
-def test_a_windowed_call_keys_on_the_keys_its_window_sees(db_path, monkeypatch):
-    """A 15-key window over 200-key sequences reads 16 keys a query, as over 16-key ones: one
-    record (kv bucket 16) serves both, and a sweep of the 200-key shape is a sweep of it."""
-    short = dataclasses.replace(WINDOWED, kv_len=16)
-    assert WINDOWED.run_key() == short.run_key() and short.run_key().kv_len_bucket == 16
-    _store(db_path, short, _triton_splits(2))
-    assert _windowed_call_runs(db_path, monkeypatch) == [(16, 2)]  # the default is (16, 1)
-
-
-def test_a_windowed_record_stored_past_its_window_serves_the_windows_key(db_path, monkeypatch):
-    """Records of a windowed key stored at kv buckets past the window (before run keys bucketed
-    what the window sees) measured a window's work: the largest such bucket's serves (its
-    lengths reached furthest past the window, as most calls' do)."""
-    db = TuningDB(db_path)
-    for bucket, splits in ((1024, 3), (256, 2), (512, 4)):  # in any order; 4+ octaves from 16: none borrowed
-        db.save_record(Problem("decode_attention", WINDOWED.static_key().to_json(), attention_run_key(2, 1, bucket)),
-                       (current_fingerprint_id(), current_fingerprint()), _triton_splits(splits), median_us=1.0,
-                       spread_us=0.0, samples=3, default_config={"backend": "triton_decode"}, default_median_us=3.0,
-                       default_spread_us=0.0, method={})
-    db.close()
-    assert _windowed_call_runs(db_path, monkeypatch) == [(16, 3)]  # the default is (16, 1)
+def test_a_windowed_call_keys_on_its_longest_sequence_not_on_what_its_window_sees(db_path, monkeypatch):
+    """A 15-key window over sequences of up to 200 keys: the record at kv bucket 256 serves it,
+    not one at the window's bucket (16). Of a mixed batch past the window the shorter sequences
+    read less, so traffic at a longer cap is other work (H200: a window-4095 key's one record
+    for every length past its window ran at 0.48x of FA3's default at caps 4k-16k)."""
+    assert WINDOWED.run_key().kv_len_bucket == 256
+    _store(db_path, dataclasses.replace(WINDOWED, kv_len=16), _triton_splits(2))  # 4 octaves away: not borrowed
+    assert _windowed_call_runs(db_path, monkeypatch) == [(16, 1)]  # the default
+    _store(db_path, WINDOWED, _triton_splits(3))
+    assert _windowed_call_runs(db_path, monkeypatch) == [(16, 3)]
 
 
 def test_a_users_function_keyed_on_raw_lengths_keeps_its_windowed_records(db_path):
@@ -314,7 +303,8 @@ def test_a_miss_records_the_lengths_a_call_had_on_the_host_and_sweeps_them_as_se
 
 def test_a_windowed_miss_records_the_lengths_its_window_sees(db_path):
     """Each sequence's queries see at most the window (15) + 1 keys: the miss's statistics are of
-    those, as its run key is (lengths of 200 and 100 read 16 keys each: full, not mixed)."""
+    those (lengths of 200 and 100 read 16 keys each: full, not mixed), its run key of the
+    longest sequence; `--from-misses` then sweeps full batches at that bucket's top."""
     from tuner.sweep import shape_from_miss
 
     TuningDB(db_path).close()
@@ -326,5 +316,6 @@ def test_a_windowed_miss_records_the_lengths_its_window_sees(db_path):
                                       seq_lens_host=inputs.seq_lens_host)
     assert tuner.flush_misses() == 1
     [miss] = TuningDB(db_path).misses(current_fingerprint_id())
-    assert miss.problem.run_key.kv_len_bucket == 16 and miss.lengths == (1, 16.0, 16.0, 0.0)
-    assert shape_from_miss(miss).lengths == "full"
+    assert miss.problem.run_key.kv_len_bucket == 256 and miss.lengths == (1, 16.0, 16.0, 0.0)
+    swept = shape_from_miss(miss)
+    assert swept.lengths == "full" and swept.kv_len == 256 and swept.window == (15, -1)

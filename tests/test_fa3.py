@@ -3,6 +3,8 @@
 sgl-kernel's kernel is replaced by a recorder here; tests/test_gpu.py runs the real one.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -52,18 +54,18 @@ def test_the_drop_in_runs_the_swept_winner(db_path, kernel_calls):
     assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(12, True), (12, True)]
 
 
-def test_a_windowed_call_runs_the_winner_of_the_keys_its_window_sees(db_path, kernel_calls):
-    """A 63-key window over 2048-key sequences reads what one over 64-key sequences does: the
-    record at kv bucket 64 serves both (a call keyed on its page table's 2048 missed it)."""
-    short = make_decode_inputs(DecodeShape(batch=4, kv_len=64, num_q_heads=8, num_kv_heads=2, head_dim=16,
-                                           dtype="float32", window=(63, 0)))
-    store(db_path, short, {"num_splits": 3, "pack_gqa": True})
+def test_a_windowed_call_runs_the_winner_of_its_longest_sequences_bucket(db_path, kernel_calls):
+    """A 63-key window over 2048-key sequences keys on kv bucket 2048, not on the window's 64:
+    over mixed lengths the two are other work (tuner.keys.visible_kv_len)."""
+    shape = DecodeShape(batch=4, kv_len=2048, num_q_heads=8, num_kv_heads=2, head_dim=16, dtype="float32",
+                        window=(63, 0))
+    store(db_path, make_decode_inputs(dataclasses.replace(shape, kv_len=64)), {"num_splits": 3, "pack_gqa": True})
+    store(db_path, make_decode_inputs(shape), {"num_splits": 5, "pack_gqa": False})
     tuner.configure(db=db_path, mode="lookup")
-    long = make_decode_inputs(DecodeShape(batch=4, kv_len=2048, num_q_heads=8, num_kv_heads=2, head_dim=16,
-                                          dtype="float32", window=(63, 0)))
+    long = make_decode_inputs(shape)
     call(long)
     call(long, window_size=(-1, -1))  # no window: another static key, with no winner
-    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(3, True), (0, None)]
+    assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(5, False), (0, None)]
 
 
 def test_a_value_the_caller_sets_is_kept_and_the_librarys_choice_is_tuned(db_path, kernel_calls):

@@ -202,13 +202,14 @@ def test_the_db_chooses_the_plan_config_and_an_explicit_argument_wins(fake, db_p
     assert not fake.instances[-1].use_tensor_cores
 
 
-def test_a_windowed_plan_takes_the_record_of_the_keys_its_window_sees(fake, db_path):
-    """window_left 15 over sequences of 300 and 400 keys reads 16 keys a query: the record at
-    kv bucket 16 configures the plan (keyed on 400's bucket, 512, it was missed)."""
+def test_a_windowed_plan_takes_the_record_of_its_longest_sequences_bucket(fake, db_path):
+    """window_left 15 over sequences of 300 and 400 keys keys on 400's bucket, 512, not on the
+    window's 16 (a record there, 5 octaves away, is not borrowed)."""
     static = DecodeShape(batch=1, kv_len=1, num_q_heads=4, num_kv_heads=2, head_dim=8, page_size=1,
                          dtype="float16", window=(15, 0)).static_key().to_json()
     tc = {"use_tensor_cores": True, "flashinfer_backend": "fa2", "fixed_split_size": 4, "disable_split_kv": False}
-    _store(db_path, static, attention_run_key(2, 1, 16), tc)
+    _store(db_path, static, attention_run_key(2, 1, 16), dict(tc, fixed_split_size=2))
+    _store(db_path, static, attention_run_key(2, 1, 512), tc)
     tuner.configure(db=db_path, mode="lookup")
     wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     lens = np.array([300, 400])

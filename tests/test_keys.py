@@ -189,15 +189,11 @@ def test_a_numpy_window_is_a_window():
         normalize_window(np.array([1, 2, 3]))
 
 
-def test_a_window_caps_the_kv_length_a_run_key_buckets():
-    from tuner.keys import looked_up_run_key, visible_kv_len
+def test_a_window_caps_what_a_call_reads_but_not_the_kv_length_its_run_key_buckets():
+    from tuner.keys import visible_kv_len
+    from tuner.ops import DecodeShape
 
     assert visible_kv_len(65536, 1, 127) == 128 and visible_kv_len(100, 2, 127) == 100
     assert visible_kv_len(65536, 4, -1) == 65536
-    # a record or miss stored at a bucket past the window belongs to the window's bucket: also
-    # for a static key with fields beyond the attention ones (the FA3 drop-in's extras)
-    windowed = '{"extras":["k_new"],"window_left":127,"window_right":0}'
-    assert looked_up_run_key(windowed, attention_run_key(4, 1, 16384)) == attention_run_key(4, 1, 128)
-    assert looked_up_run_key(windowed, attention_run_key(4, 1, 64)) == attention_run_key(4, 1, 64)
-    for other in ('{"window_left":-1}', '{"h":8}', "not json", "[1, 2]", '{"window_left":"127"}'):
-        assert looked_up_run_key(other, attention_run_key(4, 1, 16384)) == attention_run_key(4, 1, 16384), other
+    shape = DecodeShape(batch=4, kv_len=16384, num_q_heads=8, num_kv_heads=2, head_dim=16, window=(127, 0))
+    assert shape.run_key() == attention_run_key(4, 1, 16384)

@@ -221,24 +221,23 @@ def test_shapes_sharing_a_key_are_measured_once(db_path):
     op = fake_op(timer, COSTS)
     shapes = [DecodeShape(batch=1, kv_len=300, **SMALL), DecodeShape(batch=1, kv_len=500, **SMALL)]
     results = sweep(op, shapes, TuningDB(db_path), timer=timer)
-    assert [r.status for r in results] == [MEASURED, "duplicate"]
-    assert "kv300" in results[1].note and results[1].measured == 0
+    assert [r.status for r in results] == ["duplicate", MEASURED]  # the longest: at the bucket's top
+    assert "kv500" in results[0].note and results[0].measured == 0
 
 
-def test_windowed_shapes_past_their_window_share_one_record(db_path):
-    """A 15-key window: kv 64, 500 and 2000 read 16 keys a query alike, so one of them is swept
-    and stored at kv bucket 16: of full lengths the shortest (the same work, cheaper)."""
+def test_windowed_shapes_past_their_window_are_each_their_own_kv_bucket(db_path):
+    """A 15-key window: kv 64, 500 and 2000 read 16 keys a query on full batches, but their
+    mixed batches read less the shorter their sequences: each is its own record, at its
+    longest sequence's bucket."""
     timer = FakeTimer()
     op = fake_op(timer, COSTS)
     shapes = [DecodeShape(batch=1, kv_len=kv, window=(15, -1), **SMALL) for kv in (64, 500, 2000)]
-    results = sweep(op, shapes, TuningDB(db_path), timer=timer)
-    assert [r.status for r in results] == [MEASURED, "duplicate", "duplicate"]
-    [record] = TuningDB(db_path).records()
-    assert record.problem.run_key.kv_len_bucket == 16 and "kv64" in results[2].note
-    # mixed lengths: the longest, whose sequences reach past the window as most calls' do
-    serving = [dataclasses.replace(s, lengths="serving") for s in shapes]
-    results = sweep(op, serving, TuningDB(db_path), timer=timer, force=True)
-    assert [r.status for r in results] == ["duplicate", "duplicate", MEASURED] and "kv2000" in results[0].note
+    for lengths in ("full", "serving"):
+        batches = [dataclasses.replace(s, lengths=lengths) for s in shapes]
+        results = sweep(op, batches, TuningDB(db_path), timer=timer, force=True)
+        assert [r.status for r in results] == [MEASURED] * 3
+    buckets = sorted(r.problem.run_key.kv_len_bucket for r in TuningDB(db_path).records())
+    assert buckets == [64, 512, 2048]
     # a shape listed twice is swept once
     twice = sweep(op, [shapes[0], shapes[0]], TuningDB(db_path), timer=timer, force=True)
     assert [r.status for r in twice] == [MEASURED, "duplicate"]

@@ -120,12 +120,11 @@ def sweep(
     method = dict(timer.method, device=device)
     advance = on_advance or (lambda n, label: None)
     results: list[ShapeResult] = []
-    # shapes of one key (static key and run key: a window caps the kv bucket) share one
-    # record, and one of them is swept: of mixed-length ones the longest (whose sequences,
-    # like most calls', reach past the window), else the shortest (the same work, cheaper)
+    # shapes of one key (static key and run key) share one record, and one of them is swept:
+    # a mixed-length one before full batches, and the longest, at its kv bucket's top (a
+    # bucket bounds its calls' lengths)
     def preference(shape: DecodeShape) -> tuple[bool, int]:
-        mixed = shape.lengths != "full"
-        return mixed, shape.kv_len if mixed else -shape.kv_len
+        return shape.lengths != "full", shape.kv_len
 
     problems = [Problem(op.name, shape.static_key().to_json(), shape.run_key()) for shape in shapes]
     chosen: dict[Problem, DecodeShape] = {}

@@ -34,7 +34,7 @@ from tuner.db.schema import (
     MISS_LENGTH_COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
     ReplacedRecord, TuningRecord, utcnow,
 )
-from tuner.keys import AttentionRunKey, canonical_json, looked_up_run_key
+from tuner.keys import AttentionRunKey, canonical_json
 
 WRITE_LOCK_TIMEOUT_S = 120.0
 
@@ -914,10 +914,7 @@ class TuningDB:
             raise self._malformed("misses", bad)
         solved = {r.problem for r in (self.records(op=op, environment=environment) if environment is not None
                                       else self.records(op=op, fingerprint_id=fingerprint_id))}
-        # a miss stored under a windowed key's kv bucket past the window is solved by a record at the
-        # window's bucket too (tuner.keys.looked_up_run_key)
-        unsolved = [m for m in out if m.problem not in solved and Problem(
-            m.problem.op, m.problem.static_key, looked_up_run_key(m.problem.static_key, m.problem.run_key)) not in solved]
+        unsolved = [m for m in out if m.problem not in solved]
         return sorted(unsolved, key=lambda m: (-m.count, m.problem.op, m.problem.static_key))
 
     # -- damage ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tuner.keys import host_flags, host_scalar, host_window, static_key_from_tuple, visible_kv_len
+from tuner.keys import host_flags, host_scalar, host_window, static_key_from_tuple
 from tuner.ops.base import Config
 from tuner.ops.decode_attention import OP_NAME, Call, _configs, _default, call_shape, can_run, run_call
 from tuner.runtime import autotune
@@ -38,7 +38,7 @@ def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal
         window_size, softcap, causal = flags
     static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[2], k_cache.shape[2], q_shape[3], v_cache.shape[3],
               k_cache.shape[1], causal, window_size, softcap, sinks is not None, False, False)
-    return static, q_shape[0], q_shape[1], visible_kv_len(max_kv_len, q_shape[1], window_size[0])
+    return static, q_shape[0], q_shape[1], max_kv_len
 
 
 def _static_json(static: tuple) -> str:
@@ -57,8 +57,9 @@ def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
 
 def _host_lengths(*args: Any, **kwargs: Any) -> Any:
     """seq_lens_host, when it is on the host (a device tensor is never read back), as the keys
-    each sequence's queries see: a sliding window caps them (the call's run key is of those,
-    tuner.keys.visible_kv_len, and so are its miss's statistics)."""
+    each sequence's queries see: a sliding window caps them (tuner.keys.visible_kv_len), so a
+    miss whose sequences all reach past the window reads as one of full batches, and
+    `tuner sweep --from-misses` measures it so."""
     call = _call(*args, **kwargs)
     lengths = call.seq_lens_host
     if lengths is None or (isinstance(lengths, torch.Tensor) and lengths.device.type != "cpu"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.keys import STATIC_FIELDS, canonical_json, host_flags, host_scalar, static_key_from_tuple, visible_kv_len
+from tuner.keys import STATIC_FIELDS, canonical_json, host_flags, host_scalar, static_key_from_tuple
 from tuner.ops.base import TUNED
 from tuner.ops import fa3 as fa3_op
 from tuner.ops.fa3 import DEFAULT, EXTRAS, OP_NAME, Config, check_config, config_space
@@ -82,7 +82,7 @@ def _call_key(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rot
     static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[-2], k_shape[2], q_shape[-1], v_cache.shape[-1],
               page_size, causal, window_size, softcap, sinks is not None, k_descale is not None,
               v_descale is not None, extras)
-    return static, batch, q_len, visible_kv_len(kv_len, q_len, window_size[0])
+    return static, batch, q_len, kv_len
 
 
 def _call_configs(q, k_cache, *args, **kwargs) -> list[Config]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tuner.keys import STATIC_FIELDS, static_key_from_tuple, visible_kv_len
+from tuner.keys import STATIC_FIELDS, static_key_from_tuple
 from tuner.ops.base import TUNED, Config
 from tuner.ops.flashinfer import DECODE_RULES, OP_NAME, PREFILL_RULES, PlanReuseDecodeWrapper, PlanReusePrefillWrapper
 from tuner.ops.rules import config_error
@@ -39,7 +39,7 @@ def _lookup() -> ConfigLookup:
 
 def choose(static: tuple, batch: int, q_len: int, kv_len: int, default: Config) -> Config:
     """The tuning DB's config for a plan (the wrappers' `choose`)."""
-    return _lookup().get(static, batch, q_len, visible_kv_len(kv_len, q_len, static[_WINDOW][0]), default)
+    return _lookup().get(static, batch, q_len, kv_len, default)
 
 
 class BatchDecodeWithPagedKVCacheWrapper(PlanReuseDecodeWrapper):

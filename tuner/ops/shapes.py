@@ -9,7 +9,7 @@ from typing import Any
 from tuner.errors import TunerError
 from tuner.jsonfile import read_json
 from tuner.keys import (
-    AttentionRunKey, AttentionStaticKey, attention_run_key, normalize_window, static_key_from_parts, visible_kv_len,
+    AttentionRunKey, AttentionStaticKey, attention_run_key, normalize_window, static_key_from_parts,
 )
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -55,8 +55,8 @@ class DecodeShape:
         )
 
     def run_key(self) -> AttentionRunKey:
-        """The key its calls run under: a window caps the kv length it buckets (visible_kv_len)."""
-        return attention_run_key(self.batch, self.q_len, visible_kv_len(self.kv_len, self.q_len, self.window[0]))
+        """The key its calls run under: the kv bucket of its longest sequence, window or not."""
+        return attention_run_key(self.batch, self.q_len, self.kv_len)
 
     def kv_bytes(self) -> int:
         """Bytes of K and V cache a sweep allocates for this shape (whole pages)."""

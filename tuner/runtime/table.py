@@ -10,7 +10,7 @@ from typing import Any
 from tuner.db import MissingDBError, TuningDB, current_fingerprint
 from tuner.db import shipped
 from tuner.errors import TunerError
-from tuner.keys import AttentionRunKey, looked_up_run_key
+from tuner.keys import AttentionRunKey
 from tuner.runtime.borrowing import Winner, winner_gain
 
 # (op, static key JSON) -> {run key: Winner}
@@ -18,22 +18,8 @@ Table = dict[tuple[str, str], dict[AttentionRunKey, Winner]]
 
 
 def _winners(timed: dict) -> Table:
-    return {key: _past_the_window(key[1], {run: Winner(t.config, winner_gain(t.median_us, t.default_median_us))
-                                           for run, t in runs.items()})
+    return {key: {run: Winner(t.config, winner_gain(t.median_us, t.default_median_us)) for run, t in runs.items()}
             for key, runs in timed.items()}
-
-
-def _past_the_window(static_json: str, runs: dict[AttentionRunKey, Winner]) -> dict[AttentionRunKey, Winner]:
-    """A windowed key's winners also under the run keys the attention integrations look up
-    (tuner.keys.looked_up_run_key): a record stored at a kv bucket past the window (before run
-    keys bucketed what the window sees) measured a window's work, and serves the window's
-    bucket where nothing is stored there; of several, the largest bucket's (its lengths were
-    the longest past the window, as most calls are). The stored keys stay, for callers that
-    key on the raw length (an @autotune function of the user's)."""
-    out = dict(runs)
-    for run in sorted(runs, key=lambda r: -r.kv_len_bucket):
-        out.setdefault(looked_up_run_key(static_json, run), runs[run])
-    return out
 
 
 def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tuple[Table, bool]:
