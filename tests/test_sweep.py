@@ -372,6 +372,20 @@ def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
         assert trial.runs[i].args[0].lengths() == lens
 
 
+def test_a_serving_batch_runs_as_a_call_of_it_does_at_its_own_longest_length():
+    """Not at the bucket's top: FA3's split heuristic reads the page table's width and the
+    Triton kernel plans its splits from the max length, as a server's call passes them."""
+    from tuner.ops.trial import build_trial
+    from tuner.ops.traffic import serving_draws
+
+    shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **dict(SMALL, page_size=1))
+    trial = build_trial(get_op("torch_split_decode"), shape, "cpu", seed=5)
+    for run, lens in zip(trial.runs, serving_draws(3, 64, 5)):
+        inputs = run.args[0]
+        assert inputs.shape.kv_len == max(lens) and inputs.run_key() == shape.run_key()
+        assert inputs.page_table.shape[1] == -(-max(lens) // 16) * 16  # its width, in whole 16-page units
+
+
 def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch):
     """decide() holds a winner to every batch of the mix: each part must be one batch's
     copies, and every run in exactly one part."""
@@ -396,8 +410,8 @@ def drawn_op(timer, first_draw_cost, other_cost=50.0, wrong_off_first_draw=False
     from tuner.ops.traffic import serving_draws
 
     def run(inputs, config):
-        shape, timer.last = inputs.shape, config["name"]
-        first = inputs.lengths() in serving_draws(shape.batch, shape.kv_len, seed)
+        timer.last = config["name"]
+        first = inputs.lengths() in serving_draws(SERVING.batch, SERVING.kv_len, seed)
         if seen is not None:
             seen.append(inputs.lengths())
         out = split_kv_decode(inputs, 0)

@@ -3,6 +3,7 @@ that read fresh pages for a cold L2 (tuner.ops.rotation), and the op's tolerance
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -34,6 +35,25 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
     return None
 
 
+# a serving batch's page table is as wide as its longest sequence, rounded up to this many
+# pages: a table's width within a page or two changes nothing a kernel does, and a round one
+# keeps the Triton kernels' stride specialisation of the bucket's other batches
+TABLE_PAGES_ROUNDING = 16
+
+
+def as_called(shape: DecodeShape, lens: list[int]) -> tuple[DecodeShape, int]:
+    """A serving batch's shape and page-table width as a server's eager call passes them:
+    its longest sequence as the max length, a table as wide as that (the lengths' own
+    bucket, same run key), not the bucket's top. FA3's split heuristic reads the table's
+    width and the Triton kernel plans its splits from the max length, so a batch of 42k-key
+    sequences timed as if 64k long had both pick other splits than the call does (H200: a
+    128-split Triton winner of batch 1 x kv 64k, 7% ahead on such trials, ran at 0.95-0.97x
+    of FA3's default on serving.py's calls of 54k-57k keys)."""
+    longest = max(max(lens), shape.q_len, 1)
+    unit = shape.page_size * TABLE_PAGES_ROUNDING
+    return dataclasses.replace(shape, kv_len=longest), -(-longest // unit) * unit
+
+
 def build_second_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial:
     """The trial a serving winner must hold on again (tuner.search.pipeline.confirm_again):
     lengths drawn independently of the first trial's (seed + settings.SECOND_TRIAL_SEED),
@@ -48,15 +68,18 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     A "serving" shape's trial holds one batch per length distribution (serving_draws); its
     rotation runs them in turn, so a timing is their mean: the expected time over the mix,
     each batch weighted alike. The copies for a cold L2 are of the whole set. reach_top: a
-    serving trial's first batch reaches the bucket's top (serving_draws)."""
+    serving trial's first batch reaches the bucket's top (serving_draws). Each serving batch
+    runs as a call of it does (as_called)."""
     why = too_big(shape, device)
     if why:
         raise MemoryError(why)
     if shape.lengths == "full":
         batches = [op.make_inputs(shape, device=device, seed=seed)]
     else:
-        batches = [op.make_inputs(shape, device=device, seed=seed, seq_lens=lens)
-                   for lens in serving_draws(shape.batch, shape.kv_len, seed, reach_top)]
+        batches = []
+        for lens in serving_draws(shape.batch, shape.kv_len, seed, reach_top):
+            called, width = as_called(shape, lens)
+            batches.append(op.make_inputs(called, device=device, seed=seed, seq_lens=lens, table_width=width))
     references = [inputs.reference() for inputs in batches]
     count = cold_l2_copies(sum(bytes_read(inputs) for inputs in batches), device)
     copies = [fresh_page_copies(inputs, count) for inputs in batches]
