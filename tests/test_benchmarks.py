@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -210,9 +212,11 @@ def test_merge_reship_replaces_a_shipped_winner_measured_on_another_host_of_the_
     assert counts["replaced"] == 1 and counts["written"] == 1
 
 
-def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_path):
-    """--challengers-only and --heads pick the records; --seed builds the trials of lengths
-    drawn with that seed, which the verified record says."""
+@pytest.mark.parametrize("trial, seed, second", [(("--seed", "7"), 7, False), (("--second-trial",), 0, True)])
+def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_path, trial, seed, second):
+    """--challengers-only, --heads, --ops and --max-batch pick the records; --seed builds the
+    trials of lengths drawn with that seed, --second-trial the sweep's second trial; the
+    verified record says which."""
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
     from tuner.ops import DecodeShape
 
@@ -230,17 +234,18 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
                            default_spread_us=0.1, method={"lengths": "serving"})
         (tmp_path / "sweep.tunings.json").write_text(json.dumps(export_document(db)))
     out, verified = tmp_path / "verified.json", tmp_path / "verified.db"
-    result = subprocess.run([sys.executable, "verify_shipped.py", "--tunings", str(tmp_path / "sweep.tunings.json"),
-                             "--db", str(verified), "--out", str(out), "--seed", "7", "--heads", "4/2", "--ops", "torch_split_decode", "--max-batch", "2",
-                             "--challengers-only", "--seconds", "120"],
-                            cwd=ROOT / "benchmarks", env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES=""),
+    args = ["--tunings", str(tmp_path / "sweep.tunings.json"), "--db", str(verified), "--out", str(out),
+            *trial, "--heads", "4/2", "--ops", "torch_split_decode", "--max-batch", "2", "--challengers-only",
+            "--seconds", "120"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "verify_shipped.py", *args], cwd=ROOT / "benchmarks", env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["records_in"] == 1 and [row["run_key"]["batch"] for row in doc["rows"]] == [2]
     [record] = TuningDB(verified).records()
-    assert record.method["seed"] == 7 and record.method["lengths"] == "serving"
-    assert record.method["second_trial"] is False
+    assert record.method["seed"] == seed and record.method["lengths"] == "serving"
+    assert record.method["second_trial"] is second
     assert record.problem.run_key.batch == 2 and record.config in (default, {"chunk": 16})
 
 

@@ -10,6 +10,7 @@ from tuner.bench.timer import Timer, Timing, WallClockTimer, summarize, timer_fo
 __all__ = [
     "ERROR", "OK", "OOM", "WRONG",
     "Check", "CudaGraphTimer", "Outcome", "Timer", "Timing", "WallClockTimer",
-    "beats", "boundary_sync", "check_config", "contenders", "decide", "compare", "measure_config", "measure_configs", "one_line",
+    "beats", "boundary_sync", "check_config", "contenders", "decide", "compare", "measure_config", "measure_configs",
+    "one_line",
     "TOLERANCE", "same_config", "side_by_side", "summarize", "timer_for", "tolerance_for", "with_default_first",
 ]

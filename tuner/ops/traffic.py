@@ -66,8 +66,8 @@ def serving_draws(batch: int, kv_len: int, seed: int, reach_top: bool = False) -
     at kv_len, each with its longest sequence moved into kv_len's bucket (above half its top)
     if it fell below, so the call keys where the shape does. reach_top: the first batch's
     longest at kv_len itself, the bucket's top, which a small batch's draws may all miss
-    (measured, H200: a 128-split Triton winner of batch 1 at 37k-50k keys ran at 0.96x of
-    FA3's default at 54k-57k)."""
+    (batch 1's three lengths of seeds 0 and 1000003 at kv 64k: 37k-50k of a 33k-64k
+    bucket)."""
     low = max(1, (1 << max(kv_len - 1, 0).bit_length()) // 2 + 1)  # the bucket's first length
     draws = []
     for i, name in enumerate(DISTRIBUTIONS):

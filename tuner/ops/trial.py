@@ -36,19 +36,20 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
 
 
 # a serving batch's page table is as wide as its longest sequence, rounded up to this many
-# pages: a table's width within a page or two changes nothing a kernel does, and a round one
-# keeps the Triton kernels' stride specialisation of the bucket's other batches
+# pages: so every batch's table stride is a multiple of 16, which Triton specialises its
+# kernels on, and one batch's compiled kernels serve the others
 TABLE_PAGES_ROUNDING = 16
 
 
 def as_called(shape: DecodeShape, lens: list[int]) -> tuple[DecodeShape, int]:
     """A serving batch's shape and page-table width as a server's eager call passes them:
     its longest sequence as the max length, a table as wide as that (the lengths' own
-    bucket, same run key), not the bucket's top. FA3's split heuristic reads the table's
-    width and the Triton kernel plans its splits from the max length, so a batch of 42k-key
-    sequences timed as if 64k long had both pick other splits than the call does (H200: a
-    128-split Triton winner of batch 1 x kv 64k, 7% ahead on such trials, ran at 0.95-0.97x
-    of FA3's default on serving.py's calls of 54k-57k keys)."""
+    bucket, same run key), not the bucket's top. FA3's default sizes its splits by the
+    table's width and the Triton kernel caps its splits by the max length, so at the
+    bucket's top a batch may run other splits than its calls do. Measured on the H200: a
+    128-split Triton winner of batch 1 x kv 64k, 7% ahead of FA3's default on trials at
+    the top, ran at 0.95-0.97x of it on serving.py's calls of 54k-57k keys (that this is
+    the cause is not yet measured)."""
     longest = max(max(lens), shape.q_len, 1)
     unit = shape.page_size * TABLE_PAGES_ROUNDING
     return dataclasses.replace(shape, kv_len=longest), -(-longest // unit) * unit

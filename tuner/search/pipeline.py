@@ -138,7 +138,6 @@ def _keep_default(result: Measured, default: Config) -> None:
     result.default_timing = result.winner.timing if result.winner else None
 
 
-
 @dataclass(frozen=True)
 class SecondTrial:
     """A winner against the default on a second trial: whether it held (right on every
