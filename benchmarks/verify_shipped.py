@@ -30,15 +30,16 @@ from pathlib import Path
 def _records(args: argparse.Namespace) -> list[dict]:
     """The records to re-time: of --ops and --heads' head configurations, and (--challengers-only)
     only those whose winner is not the default, in a fixed order."""
+    from shipped_sweeps import only_heads  # a sibling script
+
     from tuner.db.jsonio import load_document
 
-    heads = {tuple(int(n) for n in h.split("/")) for h in args.heads.split(",")} if args.heads else None
     ops = set(args.ops.split(",")) if args.ops else None
     records = [r for r in load_document(args.tunings)["records"]
                if (ops is None or r["op"] in ops)
-               and (heads is None or (r["static_key"].get("num_q_heads"), r["static_key"].get("num_kv_heads")) in heads)
                and not (args.challengers_only and r["config"] == r["default"]["config"])
                and (args.max_batch is None or r["run_key"]["batch"] <= args.max_batch)]
+    records = [r for r in records if only_heads([r["static_key"]], args.heads)]
     return sorted(records, key=lambda r: (r["op"], json.dumps(r["static_key"], sort_keys=True),
                                           sorted(r["run_key"].items())))
 
@@ -132,14 +133,7 @@ def main() -> None:
     gpus = visible_gpus() or [""]  # no GPU: one worker on the CPU
     started = time.monotonic()
     procs = [
-        subprocess.Popen([sys.executable, __file__, "--tunings", str(args.tunings), "--db", args.db,
-                          "--out", str(args.out), "--seconds", str(args.seconds), "--seed", str(args.seed),
-                          *(["--heads", args.heads] if args.heads else []),
-                          *(["--ops", args.ops] if args.ops else []),
-                          *(["--challengers-only"] if args.challengers_only else []),
-                          *(["--second-trial"] if args.second_trial else []),
-                          *(["--max-batch", str(args.max_batch)] if args.max_batch is not None else []),
-                          "--part", str(i), "--parts", str(len(gpus))],
+        subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--part", str(i), "--parts", str(len(gpus))],
                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=gpu))
         for i, gpu in enumerate(gpus)
     ]
