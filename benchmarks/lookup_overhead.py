@@ -3,7 +3,10 @@
     python benchmarks/lookup_overhead.py [--out benchmarks/results/lookup_overhead_cpu.json]
 
 FA3-style keys (q dtype, q heads, kv heads, head dim; batch, q len, kv len) on a no-op
-kernel whose winner is in the DB, so every measured call is a memo hit. Also the
+kernel whose winner is in the DB, so every measured call is a memo hit; the winner is one
+a CUDA-graph capture must not freeze, so each hit asks whether one is on
+(torch.cuda.is_current_stream_capturing, on a GPU machine), except for
+autotune_combined_key_frozen_safe, whose winner wins at every kv bucket. Also the
 hand-written key tuple + dict lookup (the same keys, inline): the floor any lookup pays.
 The project aims at under 1 us per lookup; on a loaded 2-core
 development machine the hand-written floor itself measures about 1.0-1.3 us, and the
@@ -89,12 +92,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db_path = Path(tmp) / "bench.db"
         db = TuningDB(db_path)
-        db.save_record(
-            Problem("bench", canonical_json(static_key(q, k, k, seqlens, 2048)), attention_run_key(64, 1, 2048)),
-            (current_fingerprint_id(), current_fingerprint()), {"num_splits": 4},
-            median_us=1.0, spread_us=0.0, samples=1, default_config={"num_splits": 0},
-            default_median_us=1.0, default_spread_us=0.0, method={"timer": "none"},
-        )
+        # "bench": a winner at kv 2k only, which a capture must not freeze (the frozen rule
+        # picks the default), so its memo hit asks whether a capture is on; "bench_frozen":
+        # the same winner at 1k and 2k, frozen as it is, so its hit asks nothing
+        for op, kvs in (("bench", (2048,)), ("bench_frozen", (1024, 2048))):
+            for kv in kvs:
+                db.save_record(
+                    Problem(op, canonical_json(static_key(q, k, k, seqlens, 2048)), attention_run_key(64, 1, kv)),
+                    (current_fingerprint_id(), current_fingerprint()), {"num_splits": 4},
+                    median_us=1.0, spread_us=0.0, samples=1, default_config={"num_splits": 0},
+                    default_median_us=1.0, default_spread_us=0.0, method={"timer": "none"},
+                )
         db.close()
         tuner.configure(db=db_path, mode="lookup")
         configs = [{"num_splits": n} for n in (0, 1, 2, 4, 8)]
@@ -104,6 +112,7 @@ def main() -> None:
             "autotune_combined_key": tuner.autotune("bench", key=combined_key, **common)(kernel),
             # a kernel taking *args: the generic wrapper packs and unpacks them
             "autotune_star_args_kernel": tuner.autotune("bench", key=combined_key, **common)(star_kernel),
+            "autotune_combined_key_frozen_safe": tuner.autotune("bench_frozen", key=combined_key, **common)(kernel),
         }
         for name, fn in variants.items():
             fn(q, k, k, seqlens, 2048)

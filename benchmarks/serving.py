@@ -11,7 +11,8 @@ L2 by the bytes a call reads: tuner.ops.rotation):
   the longest sequence (as a server slices it outside graphs, and under piecewise graphs);
 - graph: one graph per batch size, captured with the server's max context (MAX_CONTEXT)
   as max_kv_len and page-table width, replayed over the case's lengths; the config is what
-  the call resolves to at capture, fixed for every replay;
+  the call resolves to inside a plain CUDA-graph capture after a warm-up call at that bound
+  (as a server does it, without tuner.graph_capture), fixed for every replay;
 - graph_unknown: the same graphs, captured inside tuner.graph_capture() with no lengths
   (unknown): a stored config is frozen only where it won at every kv bucket up to the bound
   for that batch size, else FA3's default;
@@ -37,6 +38,7 @@ import math
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import heads as head_configs
@@ -104,6 +106,19 @@ def cases(smoke: bool, heads: dict[str, dict] = MODELS, caps: tuple[int, ...] = 
     return [grid[(i * stride) % len(grid)] for i in range(len(grid))]
 
 
+def _resolved_in_capture(dispatch, args: tuple, kwargs: dict, device: str) -> dict:
+    """The config a call at the capture bound resolves to inside a plain CUDA-graph capture,
+    after a warm-up call at that bound outside it (on the CPU, with no capture, the warm-up's)."""
+    dispatch.config_for(*args, **kwargs)  # the warm-up: memoised as an eager call's
+    if device != "cuda":
+        return dispatch.config_for(*args, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the graph captures no kernel: "the CUDA Graph is empty"
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            config = dispatch.config_for(*args, **kwargs)
+    return config
+
+
 def _calls(inputs, copies, max_kv_len: int, table_width: int | None, host_lens):
     """The rotation's call arguments: one per copy, the page table widened to table_width."""
     s = inputs.shape
@@ -166,9 +181,10 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
         pooled_config = dispatch.config_for(*ga, **gk)
     with tuner.graph_capture():  # lengths unknown
         unknown_config = dispatch.config_for(*ga, **gk)
+    graph_config = _resolved_in_capture(dispatch, ga, gk, device)
     calls = {"per_call": per_call, **{m: graph for m in WIDE_MODES}}
     defaults = {"per_call": dispatch.default(a, k), **{m: dispatch.default(ga, gk) for m in WIDE_MODES}}
-    tuned = {"per_call": dispatch.config_for(*a, **k), "graph": dispatch.config_for(*ga, **gk),
+    tuned = {"per_call": dispatch.config_for(*a, **k), "graph": graph_config,
              "graph_unknown": unknown_config, "graph_declared": declared_config,
              "graph_declared_pooled": pooled_config}
     row.update(default=defaults, tuner=tuned)

@@ -351,6 +351,41 @@ def test_a_cuda_graph_capture_without_declaration_freezes_only_what_wins_at_ever
     assert run(fn, 8, 2**17, calls) == 64
 
 
+def test_a_config_memoised_before_a_capture_is_resolved_again_inside_it(db_path, monkeypatch):
+    """A server's warm-up call at the capture bound memoises that bucket's winner; a plain
+    CUDA-graph capture after it must not freeze it for every replayed length (H200: the
+    window-4095 key's 128k winner ran at 0.46x of FA3's default on short batches), and the
+    memo serves the eager calls after the capture as before. A winner of every bucket is
+    frozen as it is, and the capture status is not asked for it on a memo hit."""
+    for kv in (2**k for k in range(10, 18)):
+        store(db_path, 16, kv, {"block": 64})  # batch 16: one winner at every bucket
+    store(db_path, 8, 1024, {"block": 16})  # batch 8: the winners differ by length
+    store(db_path, 8, 2**17, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    bound = 2**17
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert run(fn, 8, bound, calls) == 64  # warm-up, eagerly: the bound's winner, memoised
+    assert run(fn, 16, bound, calls) == 64
+    asked = []
+
+    def is_capturing():
+        asked.append(1)
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", is_capturing)
+    assert run(fn, 8, bound, calls) == 32  # under capture: the frozen rule's choice, the default
+    assert fn.tuner.config_for(torch.ones(2), 8, bound) == {"block": 32}
+    assert asked
+    asked.clear()
+    assert run(fn, 16, bound, calls) == 64 and not asked  # frozen as it is, no query
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert run(fn, 8, bound, calls) == 64  # after the capture: the memo's winner again
+    assert fn.tuner.config_for(torch.ones(2), 8, bound) == {"block": 64}
+
+
 @pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"]])
 def test_graph_capture_refuses_what_is_not_lengths(lengths):
     with pytest.raises(tuner.TunerError, match="graph_capture"):

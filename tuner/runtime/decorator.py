@@ -17,7 +17,9 @@ from tuner.ranks import current_ranks
 from tuner.runtime.borrowing import Config
 from tuner.runtime.capture import declared_kv_len
 from tuner.runtime.misses import length_stats
-from tuner.runtime.state import capturing, runtime
+import torch
+
+from tuner.runtime.state import capturing, runtime, stream_capturing
 from tuner.runtime.tune import tune_call
 
 
@@ -33,6 +35,16 @@ def _memoise(memo: dict, memo_key: tuple, config: Config, epoch: int) -> Config:
         if runtime.epoch == epoch:
             memo[memo_key] = config
     return config
+
+
+class CaptureSensitive(dict):
+    """A memoised config that a CUDA-graph capture must not freeze: for its key the frozen
+    rule (tuner.runtime.borrowing.choose_frozen) picks another. A server's warm-up call at
+    the capture bound memoises the bound's winner, which a graph replayed over shorter
+    lengths then runs for all of them (measured on the H200: down to 0.46x of FA3's
+    default); the hot path resolves such a config again under capture, and only such.
+    Only where CUDA is (a capture can happen), so the hot path's query needs no
+    is_available()."""
 
 
 class AutotunedFunction:
@@ -65,7 +77,9 @@ class AutotunedFunction:
             static = keys["_static_key"](*args, **kwargs)
         memo_key = (static, batch, q_len, _kv_bits(kv_len))
         config = self.memo.get(memo_key)
-        return dict(config if config is not None else self.resolve(memo_key, kv_len, args, kwargs, tune=False))
+        if config is None or (config.__class__ is CaptureSensitive and stream_capturing()):
+            config = self.resolve(memo_key, kv_len, args, kwargs, tune=False)
+        return dict(config)
 
     def configs(self, args: tuple, kwargs: dict) -> list[Config]:
         return list(self._configs(*args, **kwargs) if callable(self._configs) else self._configs)
@@ -122,6 +136,10 @@ class AutotunedFunction:
             config = tune_call(self, Problem(self.name, static_json, run), kv_len, default, args, kwargs,
                                ranks) or config
             self.tuned.add(memo_key)
+        if not declared and torch.cuda.is_available() and not stream_capturing():
+            frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True)
+            if config != (default if frozen_stored is None else frozen_stored):
+                config = CaptureSensitive(config)
         return self._memoise(memo_key, config, epoch)
 
     def _call_lengths(self, args: tuple, kwargs: dict, declared: bool) -> tuple[float, float, float] | None:
@@ -228,7 +246,8 @@ def autotune(
 # The hot path, as source so it can take the decorated function's own parameter list.
 # Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
 # Its locals start with "_": parameters that do are refused (_explicit_wrapper), so no
-# parameter is ever shadowed. Integer-likes that are not ints (numpy) take the except branch.
+# parameter is ever shadowed. A memo hit queries the capture status only for a
+# CaptureSensitive config. Integer-likes that are not ints (numpy) take the except branch.
 _WRAPPER_SOURCE = """
 def wrapper({params}):
     if config is None:
@@ -238,7 +257,7 @@ def wrapper({params}):
         except AttributeError:
             _memo_key = (_static, _batch, _q_len, _kv_bits(_kv_len))
         config = _memo.get(_memo_key)
-        if config is None:
+        if config is None or (config.__class__ is _CaptureSensitive and _capturing()):
             config = _resolve(_memo_key, _kv_len, {args}, {kwargs})
     return _fn({call_with_config})
 """
@@ -253,7 +272,8 @@ def _kv_bits(kv_len: Any) -> int:
 
 def _build(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable], params: str, call: str,
            args: str, kwargs: str, namespace: dict[str, Any] | None = None) -> Callable:
-    namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, _kv_bits=_kv_bits, **keys)
+    namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, _kv_bits=_kv_bits,
+                     _CaptureSensitive=CaptureSensitive, _capturing=stream_capturing, **keys)
     key_code = (_COMBINED_KEY if "_key" in keys else _SEPARATE_KEYS).format(call=call)
     source = _WRAPPER_SOURCE.format(
         params=params, keys=key_code, args=args, kwargs=kwargs,

@@ -40,6 +40,12 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def stream_capturing() -> bool:
+    """capturing() where CUDA is known to be there: the hot path's query, without
+    is_available()'s cost."""
+    return torch.cuda.is_current_stream_capturing()
+
+
 class Runtime:
     """Process-wide settings and the winners table, loaded on first need."""
 
