@@ -354,3 +354,34 @@ def test_a_serving_sweep_on_the_gpu_stores_winners_that_hold_on_every_batch_of_t
             assert again is not None and again["held"] and again["winner_us"] < again["default_us"]
         else:
             assert again is None or not again["held"]
+
+
+def test_a_plain_capture_after_a_warm_up_call_does_not_freeze_the_bounds_winner(tmp_path):
+    """Issue 12: a server's warm-up call at the bound memoises the bound's winner; a plain
+    torch.cuda.graph capture after it resolves the call again under the frozen rule (the
+    bound's winner alone is not a winner at every length: the default), and the eager calls
+    after the capture get the memo's winner again."""
+    calls = []
+
+    @tuner.autotune("toy_capture", configs=[{"block": 16}, {"block": 64}], default={"block": 32},
+                    static_key=lambda x, kv: "toy", run_key=lambda x, kv: (x.shape[0], 1, kv))
+    def toy(x, kv, *, config):
+        calls.append(config["block"])
+        return x * 2
+
+    db = TuningDB(tmp_path / "t.db")
+    db.save_record(Problem("toy_capture", '"toy"', attention_run_key(4, 1, 131072)),
+                   (current_fingerprint_id(), current_fingerprint()), {"block": 64}, median_us=1.0,
+                   spread_us=0.0, samples=3, default_config={"block": 32}, default_median_us=2.0,
+                   default_spread_us=0.0, method={})
+    db.close()
+    tuner.configure(db=tmp_path / "t.db", shipped="off", mode="lookup")
+    x = torch.ones(4, device="cuda")
+    toy(x, 131072)  # the warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = toy(x, 131072)
+    graph.replay()
+    torch.cuda.synchronize()
+    toy(x, 131072)
+    assert calls == [64, 32, 64] and torch.equal(out, x * 2)
