@@ -133,7 +133,7 @@ def main() -> None:
     bare = med(samples["bare_call"])
     result = {
         "benchmark": "lookup_overhead",
-        "command": "python benchmarks/lookup_overhead.py",
+        "command": "python " + " ".join(sys.argv),
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": current_fingerprint()["device"], "cores": os.cpu_count(),
                     "python": platform.python_version(), "torch": torch.__version__},
