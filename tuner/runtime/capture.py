@@ -9,7 +9,8 @@ length on the declaration instead: an int
 (the typical longest sequence of a batch), or sample lengths of the deployment's traffic
 (per sequence; for a batch of b the key is the length-weighted median of the
 longest of b draws). Inside graph_capture() with no lengths, and in a CUDA-graph capture
-outside it (for a call not resolved before it), the lengths are unknown: a stored config is
+outside it (also for a call memoised before it: tuner.runtime.decorator.CaptureSensitive),
+the lengths are unknown: a stored config is
 kept only where it is the winner at every kv bucket from settings.FROZEN_FROM_KV up to the
 bound, else the default runs (tuner.runtime.borrowing.choose_frozen). Every config of the ops tuner ships runs correctly
 at any length up to the bound the call passes, so only speed depends on the choice.
