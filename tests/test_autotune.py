@@ -375,15 +375,47 @@ def test_a_config_memoised_before_a_capture_is_resolved_again_inside_it(db_path,
         asked.append(1)
         return True
 
+    from tuner.runtime.capture_watch import CAPTURES
+
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", is_capturing)
-    assert run(fn, 8, bound, calls) == 32  # under capture: the frozen rule's choice, the default
-    assert fn.tuner.config_for(torch.ones(2), 8, bound) == {"block": 32}
-    assert asked
-    asked.clear()
-    assert run(fn, 16, bound, calls) == 64 and not asked  # frozen as it is, no query
+    assert run(fn, 8, bound, calls) == 64 and not asked  # no capture begun through torch: not asked
+    CAPTURES[0] += 1  # one begun (tuner.runtime.capture_watch counts them)
+    try:
+        assert run(fn, 8, bound, calls) == 32  # under capture: the frozen rule's choice, the default
+        assert fn.tuner.config_for(torch.ones(2), 8, bound) == {"block": 32}
+        assert asked
+        asked.clear()
+        assert run(fn, 16, bound, calls) == 64 and not asked  # frozen as it is, no query
+    finally:
+        CAPTURES[0] -= 1
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert run(fn, 8, bound, calls) == 64  # after the capture: the memo's winner again
     assert fn.tuner.config_for(torch.ones(2), 8, bound) == {"block": 64}
+
+
+def test_captures_are_counted_from_begin_to_end_also_when_one_fails():
+    from tuner.runtime.capture_watch import CAPTURES, watch_captures
+
+    class Graph:
+        def capture_begin(self, fail=False):
+            if fail:
+                raise RuntimeError("capture refused")
+
+        def capture_end(self):
+            raise RuntimeError("capture invalidated")
+
+    before = CAPTURES[0]
+    watch_captures(Graph)
+    watch_captures(Graph)  # once per class
+    graph = Graph()
+    graph.capture_begin()
+    assert CAPTURES[0] == before + 1
+    with pytest.raises(RuntimeError, match="invalidated"):
+        graph.capture_end()
+    assert CAPTURES[0] == before
+    with pytest.raises(RuntimeError, match="refused"):
+        graph.capture_begin(fail=True)
+    assert CAPTURES[0] == before
 
 
 @pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"]])

@@ -16,6 +16,7 @@ from tuner.keys import attention_run_key, canonical_json, kv_len_bucket
 from tuner.ranks import current_ranks
 from tuner.runtime.borrowing import Config
 from tuner.runtime.capture import declared_kv_len
+from tuner.runtime.capture_watch import CAPTURES, watch_captures
 from tuner.runtime.misses import length_stats
 import torch
 
@@ -44,7 +45,7 @@ class CaptureSensitive(dict):
     lengths then runs for all of them (measured on the H200: down to 0.46x of FA3's
     default); the hot path resolves such a config again under capture, and only such.
     Only where CUDA is (a capture can happen), so the hot path's query needs no
-    is_available()."""
+    is_available(); and it asks only while tuner.runtime.capture_watch counts a capture."""
 
 
 class AutotunedFunction:
@@ -77,7 +78,7 @@ class AutotunedFunction:
             static = keys["_static_key"](*args, **kwargs)
         memo_key = (static, batch, q_len, _kv_bits(kv_len))
         config = self.memo.get(memo_key)
-        if config is None or (config.__class__ is CaptureSensitive and stream_capturing()):
+        if config is None or (config.__class__ is CaptureSensitive and CAPTURES[0] and stream_capturing()):
             config = self.resolve(memo_key, kv_len, args, kwargs, tune=False)
         return dict(config)
 
@@ -139,6 +140,7 @@ class AutotunedFunction:
         if not declared and torch.cuda.is_available() and not stream_capturing():
             frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True)
             if config != (default if frozen_stored is None else frozen_stored):
+                watch_captures()
                 config = CaptureSensitive(config)
         return self._memoise(memo_key, config, epoch)
 
@@ -247,7 +249,7 @@ def autotune(
 # Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
 # Its locals start with "_": parameters that do are refused (_explicit_wrapper), so no
 # parameter is ever shadowed. A memo hit queries the capture status only for a
-# CaptureSensitive config. Integer-likes that are not ints (numpy) take the except branch.
+# CaptureSensitive config while a capture may be on (tuner.runtime.capture_watch). Integer-likes that are not ints (numpy) take the except branch.
 _WRAPPER_SOURCE = """
 def wrapper({params}):
     if config is None:
@@ -257,7 +259,7 @@ def wrapper({params}):
         except AttributeError:
             _memo_key = (_static, _batch, _q_len, _kv_bits(_kv_len))
         config = _memo.get(_memo_key)
-        if config is None or (config.__class__ is _CaptureSensitive and _capturing()):
+        if config is None or (config.__class__ is _CaptureSensitive and _captures[0] and _capturing()):
             config = _resolve(_memo_key, _kv_len, {args}, {kwargs})
     return _fn({call_with_config})
 """
@@ -273,7 +275,8 @@ def _kv_bits(kv_len: Any) -> int:
 def _build(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable], params: str, call: str,
            args: str, kwargs: str, namespace: dict[str, Any] | None = None) -> Callable:
     namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, _kv_bits=_kv_bits,
-                     _CaptureSensitive=CaptureSensitive, _capturing=stream_capturing, **keys)
+                     _CaptureSensitive=CaptureSensitive, _captures=CAPTURES, _capturing=stream_capturing,
+                     **keys)
     key_code = (_COMBINED_KEY if "_key" in keys else _SEPARATE_KEYS).format(call=call)
     source = _WRAPPER_SOURCE.format(
         params=params, keys=key_code, args=args, kwargs=kwargs,
