@@ -4,8 +4,8 @@
 
 FA3-style keys (q dtype, q heads, kv heads, head dim; batch, q len, kv len) on a no-op
 kernel whose winner is in the DB, so every measured call is a memo hit; the winner is one
-a CUDA-graph capture must not freeze, so each hit asks whether one is on
-(torch.cuda.is_current_stream_capturing, on a GPU machine), except for
+a CUDA-graph capture must not freeze, so on a GPU machine each hit checks whether a capture
+is counted (tuner.runtime.capture_watch; none is here), except for
 autotune_combined_key_frozen_safe, whose winner wins at every kv bucket. Also the
 hand-written key tuple + dict lookup (the same keys, inline): the floor any lookup pays.
 The project aims at under 1 us per lookup; on a loaded 2-core
@@ -93,8 +93,8 @@ def main() -> None:
         db_path = Path(tmp) / "bench.db"
         db = TuningDB(db_path)
         # "bench": a winner at kv 2k only, which a capture must not freeze (the frozen rule
-        # picks the default), so its memo hit asks whether a capture is on; "bench_frozen":
-        # the same winner at 1k and 2k, frozen as it is, so its hit asks nothing
+        # picks the default), so its memo hit checks for a capture; "bench_frozen": the
+        # same winner at 1k and 2k, frozen as it is, so its hit checks nothing
         for op, kvs in (("bench", (2048,)), ("bench_frozen", (1024, 2048))):
             for kv in kvs:
                 db.save_record(

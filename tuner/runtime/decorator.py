@@ -10,6 +10,8 @@ import functools
 import inspect
 from typing import Any, Callable
 
+import torch
+
 from tuner.db import Problem
 from tuner.errors import TunerError
 from tuner.keys import attention_run_key, canonical_json, kv_len_bucket
@@ -18,8 +20,6 @@ from tuner.runtime.borrowing import Config
 from tuner.runtime.capture import declared_kv_len
 from tuner.runtime.capture_watch import CAPTURES, watch_captures
 from tuner.runtime.misses import length_stats
-import torch
-
 from tuner.runtime.state import capturing, runtime, stream_capturing
 from tuner.runtime.tune import tune_call
 
@@ -249,7 +249,8 @@ def autotune(
 # Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
 # Its locals start with "_": parameters that do are refused (_explicit_wrapper), so no
 # parameter is ever shadowed. A memo hit queries the capture status only for a
-# CaptureSensitive config while a capture may be on (tuner.runtime.capture_watch). Integer-likes that are not ints (numpy) take the except branch.
+# CaptureSensitive config while a capture may be on (tuner.runtime.capture_watch).
+# Integer-likes that are not ints (numpy) take the except branch.
 _WRAPPER_SOURCE = """
 def wrapper({params}):
     if config is None:
