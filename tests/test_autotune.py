@@ -418,6 +418,78 @@ def test_captures_are_counted_from_begin_to_end_also_when_one_fails():
     assert CAPTURES[0] == before
 
 
+def test_torch_compile_does_not_recompile_when_the_capture_count_changes(db_path, monkeypatch):
+    """A capture-sensitive memo hit reads the capture count; traced by dynamo, that read
+    would become a guard, and every capture would recompile the caller (review of 1c54335)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from tuner.runtime.capture_watch import CAPTURES
+    from tuner.runtime.decorator import CaptureSensitive
+
+    store(db_path, 8, 2**17, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    fn = make_fn()
+    real_is_available = torch.cuda.is_available
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    fn(torch.ones(2), 8, 2**17)
+    assert [type(c) for c in fn.tuner.memo.values()] == [CaptureSensitive]
+    monkeypatch.setattr(torch.cuda, "is_available", real_is_available)  # dynamo asks it too
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(lambda x: fn(x, 8, 2**17), backend=counter)
+    compiled(torch.ones(2))
+    CAPTURES[0] += 1
+    try:
+        compiled(torch.ones(2))
+    finally:
+        CAPTURES[0] -= 1
+    assert counter.frame_count == 1
+
+
+def test_a_capture_end_that_fails_while_the_stream_still_captures_keeps_the_count(monkeypatch):
+    from tuner.runtime.capture_watch import CAPTURES, watch_captures
+
+    class Graph:
+        def capture_begin(self):
+            pass
+
+        def capture_end(self):
+            raise RuntimeError("capture must end on the stream it began on")
+
+    watch_captures(Graph)
+    before = CAPTURES[0]
+    Graph().capture_begin()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="stream it began on"):
+        Graph().capture_end()
+    assert CAPTURES[0] == before + 1  # still capturing: still counted
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with pytest.raises(RuntimeError):
+        Graph().capture_end()
+    assert CAPTURES[0] == before
+
+
+def test_in_tune_mode_a_non_default_memo_entry_is_capture_sensitive(db_path, monkeypatch):
+    """Tuning another bucket changes what the frozen rule keeps: an entry it kept when
+    memoised may not be kept later, so in tune and force modes every non-default one is
+    checked under capture (review of 1c54335)."""
+    from tuner.runtime.decorator import CaptureSensitive
+
+    for kv in (2**k for k in range(10, 18)):
+        store(db_path, 16, kv, {"block": 64})  # the frozen rule keeps it, as things stand
+    tuner.configure(db=db_path, mode="tune")
+    fn = make_fn()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    fn(torch.ones(2), 16, 2**17)
+    assert [type(c) for c in fn.tuner.memo.values()] == [CaptureSensitive]
+    tuner.configure(mode="lookup")
+    fn(torch.ones(2), 16, 2**17)
+    assert [type(c) for c in fn.tuner.memo.values()] == [dict]  # in lookup mode the table is fixed
+
+
 @pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"]])
 def test_graph_capture_refuses_what_is_not_lengths(lengths):
     with pytest.raises(tuner.TunerError, match="graph_capture"):

@@ -2,7 +2,8 @@
 captures begun through torch.cuda.CUDAGraph (torch.cuda.graph, make_graphed_callables,
 torch.compile's CUDA graphs) and not yet ended. The hot path asks the stream's capture
 status (about 1.5 us of host time on the H200 host) only while the count is not zero.
-A capture begun another way (cudaStreamBeginCapture outside torch's class) is not seen."""
+A capture begun another way (cudaStreamBeginCapture outside torch's class), or begun
+before the watch was installed (autotune() installs it where CUDA is), is not seen."""
 
 from __future__ import annotations
 
@@ -40,15 +41,18 @@ def watch_captures(graph_class: Any = None) -> None:
             try:
                 return begin(self, *args, **kwargs)
             except BaseException:
-                _ended()
+                _ended_unless_capturing()
                 raise
 
         @functools.wraps(end)
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                return end(self, *args, **kwargs)
-            finally:
-                _ended()
+                result = end(self, *args, **kwargs)
+            except BaseException:
+                _ended_unless_capturing()  # e.g. ended on another stream: still capturing
+                raise
+            _ended()
+            return result
 
         try:
             graph_class.capture_begin = capture_begin
@@ -60,6 +64,17 @@ def watch_captures(graph_class: Any = None) -> None:
 def _ended() -> None:
     with _lock:
         CAPTURES[0] = max(0, CAPTURES[0] - 1)
+
+
+def _ended_unless_capturing() -> None:
+    """After a capture method raised: the capture ended unless the stream still captures
+    (a failed begin or end may leave it on)."""
+    try:
+        still = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    except Exception:  # noqa: BLE001 - no CUDA to ask: nothing captures
+        still = False
+    if not still:
+        _ended()
 
 
 __all__ = ["CAPTURES", "watch_captures"]

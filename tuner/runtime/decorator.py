@@ -78,7 +78,8 @@ class AutotunedFunction:
             static = keys["_static_key"](*args, **kwargs)
         memo_key = (static, batch, q_len, _kv_bits(kv_len))
         config = self.memo.get(memo_key)
-        if config is None or (config.__class__ is CaptureSensitive and CAPTURES[0] and stream_capturing()):
+        if config is None or (config.__class__ is CaptureSensitive and not torch.compiler.is_compiling()
+                              and CAPTURES[0] and stream_capturing()):
             config = self.resolve(memo_key, kv_len, args, kwargs, tune=False)
         return dict(config)
 
@@ -139,7 +140,10 @@ class AutotunedFunction:
             self.tuned.add(memo_key)
         if not declared and torch.cuda.is_available() and not stream_capturing():
             frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True)
-            if config != (default if frozen_stored is None else frozen_stored):
+            # in tune and force modes the table changes under the memo: a non-default config
+            # the rule keeps now may not be kept after another bucket is tuned
+            if config != (default if frozen_stored is None else frozen_stored) or (
+                    mode in ("tune", "force") and config != default):
                 watch_captures()
                 config = CaptureSensitive(config)
         return self._memoise(memo_key, config, epoch)
@@ -233,6 +237,8 @@ def autotune(
         raise TunerError("autotune takes key=, or static_key= and run_key=, not both")
 
     def wrap(fn: Callable) -> Callable:
+        if torch.cuda.is_available():
+            watch_captures()  # early, so a capture that begins later is counted from its start
         state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts, lengths)
         runtime.functions.add(state)
         keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
@@ -249,7 +255,8 @@ def autotune(
 # Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
 # Its locals start with "_": parameters that do are refused (_explicit_wrapper), so no
 # parameter is ever shadowed. A memo hit queries the capture status only for a
-# CaptureSensitive config while a capture may be on (tuner.runtime.capture_watch).
+# CaptureSensitive config while a capture may be on (tuner.runtime.capture_watch), and not
+# while torch.compile traces it (the count would become a guard: a recompile per change).
 # Integer-likes that are not ints (numpy) take the except branch.
 _WRAPPER_SOURCE = """
 def wrapper({params}):
@@ -260,7 +267,8 @@ def wrapper({params}):
         except AttributeError:
             _memo_key = (_static, _batch, _q_len, _kv_bits(_kv_len))
         config = _memo.get(_memo_key)
-        if config is None or (config.__class__ is _CaptureSensitive and _captures[0] and _capturing()):
+        if config is None or (config.__class__ is _CaptureSensitive and not _compiling() and _captures[0]
+                              and _capturing()):
             config = _resolve(_memo_key, _kv_len, {args}, {kwargs})
     return _fn({call_with_config})
 """
@@ -277,7 +285,7 @@ def _build(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable], pa
            args: str, kwargs: str, namespace: dict[str, Any] | None = None) -> Callable:
     namespace = dict(namespace or {}, _memo=state.memo, _resolve=state.resolve, _fn=fn, _kv_bits=_kv_bits,
                      _CaptureSensitive=CaptureSensitive, _captures=CAPTURES, _capturing=stream_capturing,
-                     **keys)
+                     _compiling=torch.compiler.is_compiling, **keys)
     key_code = (_COMBINED_KEY if "_key" in keys else _SEPARATE_KEYS).format(call=call)
     source = _WRAPPER_SOURCE.format(
         params=params, keys=key_code, args=args, kwargs=kwargs,
