@@ -48,6 +48,13 @@ class CaptureSensitive(dict):
     is_available(); and it asks only while tuner.runtime.capture_watch counts a capture."""
 
 
+def _resolves_under_capture(config: Config) -> bool:
+    """Whether a memo hit resolves again: a CaptureSensitive config inside a capture. The
+    hot path (_WRAPPER_SOURCE) inlines the same test."""
+    return (config.__class__ is CaptureSensitive and not torch.compiler.is_compiling()
+            and bool(CAPTURES[0]) and stream_capturing())
+
+
 class AutotunedFunction:
     """Holds a decorated function's settings and memo; the hot path is the closure
     built in autotune(), which reads the memo directly."""
@@ -78,8 +85,7 @@ class AutotunedFunction:
             static = keys["_static_key"](*args, **kwargs)
         memo_key = (static, batch, q_len, _kv_bits(kv_len))
         config = self.memo.get(memo_key)
-        if config is None or (config.__class__ is CaptureSensitive and not torch.compiler.is_compiling()
-                              and CAPTURES[0] and stream_capturing()):
+        if config is None or _resolves_under_capture(config):
             config = self.resolve(memo_key, kv_len, args, kwargs, tune=False)
         return dict(config)
 
@@ -138,7 +144,7 @@ class AutotunedFunction:
             config = tune_call(self, Problem(self.name, static_json, run), kv_len, default, args, kwargs,
                                ranks) or config
             self.tuned.add(memo_key)
-        if not declared and torch.cuda.is_available() and not stream_capturing():
+        if not declared and torch.cuda.is_available():  # (not capturing: that returned above)
             frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True)
             # in tune and force modes the table changes under the memo: a non-default config
             # the rule keeps now may not be kept after another bucket is tuned
@@ -254,9 +260,10 @@ def autotune(
 # The hot path, as source so it can take the decorated function's own parameter list.
 # Memo key: (static key, batch, max q len, bit length of max kv len - 1), i.e. the kv bucket.
 # Its locals start with "_": parameters that do are refused (_explicit_wrapper), so no
-# parameter is ever shadowed. A memo hit queries the capture status only for a
-# CaptureSensitive config while a capture may be on (tuner.runtime.capture_watch), and not
-# while torch.compile traces it (the count would become a guard: a recompile per change).
+# parameter is ever shadowed. A memo hit resolves again only as _resolves_under_capture
+# says, inlined: a CaptureSensitive config while a capture may be on
+# (tuner.runtime.capture_watch), never while torch.compile traces it (the count would
+# become a guard: a recompile per change).
 # Integer-likes that are not ints (numpy) take the except branch.
 _WRAPPER_SOURCE = """
 def wrapper({params}):
