@@ -17,10 +17,16 @@ import lzma
 import math
 from pathlib import Path
 
+DENSE_FILL = 0.5  # a batch whose mean length is at least this share of its longest is dense
+
 GROUPINGS = {
     "per case (the screen's oracle)": lambda r: id(r),
     "per (head configuration, batch, kv bucket of the batch max)": lambda r: (
         r["model"], r["batch"], (r["kv_max"] - 1).bit_length()),
+    # the key a lookup that also reads the batch's fill (mean / longest length, from host-side
+    # lengths) would use: dense batches (uniform traffic) apart from skewed ones
+    "per (head configuration, batch, kv bucket, fill >= 1/2)": lambda r: (
+        r["model"], r["batch"], (r["kv_max"] - 1).bit_length(), r["kv_mean"] >= DENSE_FILL * r["kv_max"]),
     "per (head configuration, batch, length cap)": lambda r: (r["model"], r["batch"], r["cap"]),
     "per (head configuration, batch): one config for every length": lambda r: (r["model"], r["batch"]),
     "per (head configuration, kv bucket): one config for every batch": lambda r: (
