@@ -51,7 +51,7 @@ import tuner
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.ops import DecodeShape, make_decode_inputs
-from tuner.ops.decode_attention import BACKENDS, decode_attention
+from tuner.ops.decode_attention import BACKENDS, decode_attention, fill_branch
 from tuner.ops.rotation import bytes_read, fresh_page_copies
 from tuner.ops.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths
 
@@ -187,7 +187,12 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
     tuned = {"per_call": dispatch.config_for(*a, **k), "graph": graph_config,
              "graph_unknown": unknown_config, "graph_declared": declared_config,
              "graph_declared_pooled": pooled_config}
-    row.update(default=defaults, tuner=tuned)
+    # a by_fill record runs the config of its call's fill (per call: these host lengths; a
+    # captured graph: its config for any batch); that plain config is timed, as it runs
+    stored = dict(tuned)
+    tuned = {m: fill_branch(c, host_lens if m == "per_call" else None, kv_max, case["batch"])
+             for m, c in tuned.items()}
+    row.update(default=defaults, tuner=tuned, **({"tuner_record": stored} if stored != tuned else {}))
 
     # the oracle: every candidate on exactly this batch (per call), the fastest re-timed
     candidates = dispatch.configs(a, k)

@@ -2,7 +2,7 @@
 per GPU, each GPU taking every n-th head configuration, all writing one DB.
 
     python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540 [--set serving]
-        [--search guided] [--ops decode_attention] [--heads 32/8,8/1]
+        [--search guided] [--ops decode_attention] [--heads 32/8,8/1] [--batches 3,8,24]
 
 GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--ops", help="only these ops' sweeps, comma-separated (e.g. decode_attention)")
     ap.add_argument("--heads", help="only these head configurations, Q/KV comma-separated (e.g. 32/8,8/1,28/4: "
                     "serving.py's shipped ones first; a later run without --heads resumes the rest)")
+    ap.add_argument("--batches", help="only these batch sizes, comma-separated (e.g. serving.py's 3,8,24,64,136,256)")
     ap.add_argument("--dry-run", action="store_true", help="print each GPU's sweep commands, run nothing")
     args = ap.parse_args()
     sweeps = models.SWEEPS if args.set == "grid" else models.SERVING_SWEEPS
@@ -118,8 +119,10 @@ def main() -> None:
         for name, _, op in sweeps:
             if args.ops and op not in args.ops.split(","):
                 continue
-            shapes = split(only_heads(json.loads((HERE / "shapes" / name).read_text()), args.heads),
-                           len(devices))[part]
+            shapes = only_heads(json.loads((HERE / "shapes" / name).read_text()), args.heads)
+            if args.batches:
+                shapes = [s for s in shapes if s["batch"] in {int(b) for b in args.batches.split(",")}]
+            shapes = split(shapes, len(devices))[part]
             if not shapes:
                 continue
             path = work / f"{part}.{op}.{name}"

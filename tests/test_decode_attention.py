@@ -319,3 +319,79 @@ def test_a_windowed_miss_records_the_lengths_its_window_sees(db_path):
     assert miss.problem.run_key.kv_len_bucket == 256 and miss.lengths == (1, 16.0, 16.0, 0.0)
     swept = shape_from_miss(miss)
     assert swept.lengths == "full" and swept.kv_len == 256 and swept.window == (15, -1)
+
+
+def _triton(block_n: int, splits: int) -> dict:
+    return {"backend": "triton_decode", "block_n": block_n, "num_kv_splits": splits, "num_warps": 4, "num_stages": 2}
+
+
+DENSE, OTHER = _triton(32, 4), _triton(16, 2)
+
+
+def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch):
+    """An even-split config won dense batches and lost skewed ones of the same key on the H200
+    (serving_shipped_1d9cd51): a by_fill record runs it only where the host lengths sum to
+    at least half of batch x the longest, and the other config everywhere else."""
+    import numpy as np
+
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
+    inputs = make_decode_inputs(shape)
+    config = by_fill(DENSE, OTHER)
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200)
+    cases = [
+        (torch.tensor([200, 150, 100, 60], dtype=torch.int32), DENSE),  # 510 of 800: dense
+        (torch.tensor([200, 100, 60, 30], dtype=torch.int32), OTHER),  # 390 of 800
+        ([200, 200, 0, 0], DENSE),  # exactly half
+        (np.array([200, 199, 0, 0]), OTHER),
+        ((200, 200, 200, 200), DENSE),
+        (None, OTHER),  # lengths not on the host
+        (torch.tensor([200, 200, 200, 200], dtype=torch.int32, device="meta"), OTHER),  # not on the host
+    ]
+    for lengths, expected in cases:
+        decode_attention(*args, config=config, seq_lens_host=lengths)
+        assert ran.pop() == (expected["block_n"], expected["num_kv_splits"]), lengths
+    # a max_kv_len that is not a plain int says nothing of the fill
+    decode_attention(*args[:5], torch.tensor(200), config=config, seq_lens_host=[200] * 4)
+    assert ran.pop() == (OTHER["block_n"], OTHER["num_kv_splits"])
+
+
+def test_a_by_fill_config_under_capture_runs_its_config_for_any_batch(monkeypatch):
+    """A graph captured with dense lengths replays whatever lengths come: the dense config
+    would be frozen for skewed batches too."""
+    import tuner.ops.decode_attention as da
+    ran = _recording_triton(monkeypatch)
+    monkeypatch.setattr(da, "_capturing", lambda: True)
+    inputs = make_decode_inputs(SHAPE)
+    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                     SHAPE.kv_len, config=da.by_fill(DENSE, OTHER), seq_lens_host=[SHAPE.kv_len] * SHAPE.batch)
+    assert ran == [(OTHER["block_n"], OTHER["num_kv_splits"])]
+
+
+def test_a_sweeps_batch_runs_a_by_fill_config_by_its_own_lengths(monkeypatch):
+    """The dense pass times by_fill configs on dense and skewed batches; each runs the
+    config its calls would (tuner.ops.decode_attention.fill_branch)."""
+    from tuner.ops.decode_attention import DECODE_ATTENTION, by_fill
+    ran = []
+
+    def record(inputs, config):
+        ran.append((config["block_n"], config["num_kv_splits"]))
+        return torch.zeros_like(inputs.q)
+    monkeypatch.setitem(BACKENDS, "triton_decode", _with_op(BACKENDS["triton_decode"], run=record))
+    shape = dataclasses.replace(SHAPE, batch=4, kv_len=200)
+    config = by_fill(DENSE, OTHER)
+    DECODE_ATTENTION.run(make_decode_inputs(shape), config)  # every sequence at kv_len
+    DECODE_ATTENTION.run(make_decode_inputs(shape, seq_lens=[200, 20, 20, 20]), config)
+    assert ran == [(32, 4), (16, 2)]
+
+
+def test_by_fill_configs_are_checked_part_by_part():
+    from tuner.ops.decode_attention import by_fill, check_config
+    assert check_config(by_fill(DENSE, OTHER), SHAPE) is None
+    assert check_config(by_fill(DENSE, DENSE), SHAPE) is None  # a dense pass's baseline
+    assert "cannot nest" in check_config(by_fill(by_fill(DENSE, OTHER), OTHER), SHAPE)
+    assert check_config({"backend": "by_fill", "dense.block_n": 32, "block_n": 16}, SHAPE).startswith(
+        "a by_fill config holds dense.* and other.* knobs, got block_n")
+    bad = check_config(by_fill(DENSE, {"backend": "nope"}), SHAPE)
+    assert bad.startswith("other: backend='nope'")

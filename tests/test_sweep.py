@@ -613,3 +613,99 @@ def test_a_sweep_moving_between_shapes_collects_no_garbage(db_path, monkeypatch)
     assert [r.winner for r in results] == [{"name": "fast"}] * 2
     # only the candidate that ran out of memory is collected after, once per shape
     assert len(collections) == 2
+
+
+def fill_op(timer, dense_cost=50.0, skewed_cost=150.0, runs=None):
+    """Configs "default" (100 us on any batch) and "even" (dense_cost on dense batches,
+    skewed_cost on the rest), and by_fill configs that run one on dense batches and the
+    other elsewhere, as decode_attention's do."""
+    from tuner.ops.traffic import is_dense
+
+    def plain(inputs, config):
+        if "dense.name" in config:
+            lens = inputs.lengths()
+            part = "dense" if is_dense(sum(lens), len(lens), max(lens)) else "other"
+            return plain(inputs, {"name": config[f"{part}.name"]})
+        lens = inputs.lengths()
+        dense = is_dense(sum(lens), len(lens), max(lens))
+        if runs is not None:
+            runs.append((config["name"], dense))
+        timer.last = config["name"]
+        timer.cost = 100.0 if config["name"] == "default" else dense_cost if dense else skewed_cost
+        return split_kv_decode(inputs, 0)
+
+    return Op(name="filled", description="test op", configs=lambda s: [{"name": "default"}, {"name": "even"}],
+              default=lambda s: {"name": "default"}, run=plain, grids={},
+              by_fill=lambda dense, other: {"dense.name": dense["name"], "other.name": other["name"]})
+
+
+FILLED = DecodeShape(batch=4, kv_len=256, lengths="serving", **SMALL)
+
+
+def test_a_config_that_wins_dense_batches_only_is_stored_for_them_beside_the_winner(db_path):
+    """An even split 2x faster on dense batches and 1.5x slower on skewed ones loses the
+    serving mix to the default; the dense pass stores it for dense calls, the default for
+    the rest, held on the second trial against the default and timed there."""
+    from tuner import settings
+    from tuner.ops.traffic import dense_draws, is_dense, serving_draws
+
+    draws = serving_draws(FILLED.batch, FILLED.kv_len, 0)
+    def dense(d):
+        return is_dense(sum(d), len(d), max(d))
+    assert dense(draws[0]) and not dense(draws[2])  # the test's premise: uniform is dense, few_long not
+    assert all(dense(d) for d in dense_draws(4, 256, settings.DENSE_TRIAL_SEED))
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    [result] = sweep(fill_op(timer), [FILLED], db, timer=timer)
+    composite = {"dense.name": "even", "other.name": "default"}
+    assert result.winner == composite and result.status == MEASURED
+    [record] = db.records()
+    assert record.config == composite
+    # the second trial's mix: the even split on its dense batches, the default on the others
+    second = serving_draws(4, 256, settings.SECOND_TRIAL_SEED, reach_top=True)
+    expected = sum(50.0 if dense(d) else 100.0 for d in second) / 3
+    assert expected < 100.0 and not all(map(dense, second))
+    assert record.median_us == pytest.approx(expected) and record.default_median_us == 100.0
+    info = record.method["dense_pass"]
+    assert info["kept"] is False and info["dense_us"] == 50.0 and info["winner_on_dense_us"] == 100.0
+    assert info["second_trial"]["held"] is True
+    rows = db.measurements(record.problem, record.fingerprint_id)
+    assert {r.method["lengths"] for r in rows} == {"serving", "serving-dense"}
+    assert composite in [r.config for r in rows if r.method["lengths"] == "serving-dense"]
+
+
+def test_a_dense_pass_that_finds_nothing_keeps_the_winner_and_says_so(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    runs = []
+    [result] = sweep(fill_op(timer, dense_cost=99.5, runs=runs), [FILLED], db, timer=timer)
+    assert result.winner == {"name": "default"}
+    [record] = db.records()
+    assert record.method["dense_pass"]["kept"] is True and "second_trial" not in record.method["dense_pass"]
+    assert ("even", True) in runs  # it was measured on dense batches
+
+
+def test_a_stored_winner_gets_its_dense_pass_once(db_path):
+    """A DB swept before dense passes (or seeded from a shipped file) gets one on the next
+    sweep: the record is replaced by its by_fill config; a third sweep measures nothing."""
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    [first] = sweep(fill_op(timer), [FILLED], db, timer=timer, dense_pass=False)
+    assert first.winner == {"name": "default"} and "dense_pass" not in db.records()[0].method
+    [second] = sweep(fill_op(timer), [FILLED], db, timer=timer)
+    assert second.status == MEASURED and second.winner == {"dense.name": "even", "other.name": "default"} and "dense pass" in second.note
+    assert db.records()[0].config == second.winner
+    runs = []
+    [third] = sweep(fill_op(timer, runs=runs), [FILLED], db, timer=timer)
+    assert third.status == SKIPPED and third.winner == second.winner and runs == []
+
+
+def test_no_dense_pass_where_every_call_is_dense_or_the_op_has_no_by_fill(db_path):
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    one = dataclasses.replace(FILLED, batch=1)  # one sequence: every batch is dense
+    sweep(fill_op(timer), [one, dataclasses.replace(FILLED, lengths="full")], db, timer=timer)
+    assert all("dense_pass" not in r.method for r in db.records())
+    plain = dataclasses.replace(fill_op(timer), by_fill=None)
+    [result] = sweep(plain, [FILLED], db, timer=timer, force=True)
+    assert result.winner == {"name": "default"} and "dense_pass" not in db.records()[0].method

@@ -180,6 +180,7 @@ def sweep_command(
     max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
     min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=_finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = settings.MIN_GAIN,
     second_trial: Annotated[bool, typer.Option("--second-trial/--no-second-trial", help="Serving shapes: confirm each winner once more, side by side with the default, on a second batch of freshly drawn lengths, and keep the default where it does not hold (one draw of lengths can crown a config that loses on another).")] = True,
+    dense_pass: Annotated[bool, typer.Option("--dense-pass/--no-dense-pass", help="Serving shapes of batch > 1 (decode_attention): once a winner is known, search a second config for dense batches (lengths summing to at least half of batch x the longest), kept only where it beats the winner on dense batches and holds against the default on a second trial; the winner serves the rest. Runs on stored winners that have had none. Not in a distributed sweep.")] = True,
 ) -> None:
     """Benchmark every candidate config of OP over a grid of shapes; store the winners.
 
@@ -268,7 +269,7 @@ def sweep_command(
             task = progress.add_task(op.name, total=total)
             results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain, strategy=strategy,
                             on_advance=lambda n, label: progress.update(task, advance=n, description=label),
-                            ranks=ranks, second_trial=second_trial)
+                            ranks=ranks, second_trial=second_trial, dense_pass=dense_pass)
             progress.update(task, description=op.name)
         if leader:
             console.print(_sweep_table(op.name, results))

@@ -48,6 +48,14 @@ CONFIRM_TRIES = 3
 # draws of the same bucket (H200, serving_shipped_043d49c: a Triton config 5.6% ahead on its
 # trial ran at 0.89x of the default on serving.py's lengths). Far from serving.py's seeds.
 SECOND_TRIAL_SEED = 1_000_003
+# a batch whose kv lengths sum to at least this share of batch x its longest is dense: a
+# decode_attention record may hold a config for dense calls besides the one for the rest
+# (tuner.ops.decode_attention.fill_branch), since on the H200 an even-split Triton config
+# won dense batches (1.32x, Llama 3.1 8B b3 kv16k) and lost on skewed ones of the same key,
+# where one config per key kept FA3's default (serving_shipped_1d9cd51)
+DENSE_FILL = 0.5
+# the sweep's dense pass (tuner.sweep) draws its dense batches with the seed plus this
+DENSE_TRIAL_SEED = 2_000_003
 # nearest-key lookup (tuner.keys.run): octaves of batch + kv, and of query length, a stored
 # winner may be from the call
 MAX_DISTANCE = 2.0

@@ -22,7 +22,7 @@ from tuner.keys import canonical_json
 from tuner.ops import Config, DecodeInputs, DecodeShape, Op
 from tuner.ops.rotation import bytes_read
 from tuner.ops.shapes import shape_from_keys
-from tuner.ops.trial import build_second_trial, build_trial
+from tuner.ops.trial import build_dense_trial, build_second_trial, build_trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, Step, get_strategy
 from tuner.search.pipeline import SecondTrial, confirm_again, measure
@@ -30,6 +30,9 @@ from tuner.search.pipeline import SecondTrial, confirm_again, measure
 # a shape's status: a new winner measured, its stored winner kept, no config ran right, or
 # the same key as an earlier shape (not "tuned": tuner.ops.base.TUNED is another thing)
 MEASURED, SKIPPED, FAILED, DUPLICATE = "measured", "skipped", "failed", "duplicate"
+# the method's lengths of a dense pass's measurements (each a by_fill config over the shape's
+# winner, timed on the dense batches alone), kept apart from the mix's
+DENSE_LENGTHS = "serving-dense"
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ def sweep(
     on_advance: Callable[[int, str], None] | None = None,
     ranks: Ranks | None = None,
     second_trial: bool = True,
+    dense_pass: bool = True,
 ) -> list[ShapeResult]:
     """Tune op over shapes into db. on_advance(n, label) reports n configs done.
 
@@ -107,6 +111,11 @@ def sweep(
     second_trial: a serving shape's winner (not the default) must hold again on a second
     trial of freshly drawn lengths (tuner.search.pipeline.confirm_again), else the default
     is stored; the method of the stored winner says how it went.
+
+    dense_pass: for a serving shape of batch > 1 of an op with by_fill configs
+    (decode_attention), once its winner W is known, a dense pass (_dense_pass) searches a
+    config for its dense batches, which W keeps serving the rest of; a stored winner that
+    has had none gets one (its record is replaced). Not in a distributed sweep.
     """
     unavailable = op.unavailable()
     if unavailable:
@@ -132,6 +141,18 @@ def sweep(
         if problem not in chosen or preference(shape) > preference(chosen[problem]):
             chosen[problem] = shape
     swept: set[Problem] = set()
+    dense_guide = strategy.guide() if guide is not None else None  # the dense passes' own anchors
+
+    def wants_dense(shape: DecodeShape) -> bool:
+        return dense_pass and ranks is None and op.by_fill is not None and shape.lengths == "serving" \
+            and shape.batch > 1
+
+    def run_dense(shape: DecodeShape, problem: Problem, winner: Config, default: Config, label: str):
+        return _dense_pass(op, shape, problem, db, env, device, seed, winner, default, timer, strategy,
+                           dense_guide, min_gain, method, force,
+                           # the bar counts the mixes' measurements: a dense pass only names itself
+                           lambda n: advance(0, f"{label} (dense pass)"))
+
     for shape, problem in ((shapes[i], problems[i]) for i in order):
         configs = candidate_configs(op, shape)
         if guide is not None:
@@ -151,6 +172,22 @@ def sweep(
                 guide.record(shape, [_stored_outcome(m) for m in db.measurements(problem, env.id)
                                      if m.method.get("lengths", "full") == shape.lengths], stored_winner.config)
             advance(len(configs), label)
+            if wants_dense(shape) and "dense_pass" not in stored_winner.method \
+                    and op.check(op.by_fill(stored_winner.config, stored_winner.config), shape) is None:
+                found, info = run_dense(shape, problem, stored_winner.config, stored_winner.default_config, label)
+                if found is not None:
+                    config, timing, default_timing = found
+                    db.save_winner(problem, env, config, timing, stored_winner.default_config, default_timing,
+                                   method=dict(stored_winner.method, **info))
+                    results.append(ShapeResult(shape, MEASURED, config, timing.median_us, default_timing.median_us,
+                                               0, 0, 0, note="a dense pass over its stored winner"))
+                    continue
+                db.save_record(problem, env, stored_winner.config, median_us=stored_winner.median_us,
+                               spread_us=stored_winner.spread_us, samples=stored_winner.samples,
+                               default_config=stored_winner.default_config,
+                               default_median_us=stored_winner.default_median_us,
+                               default_spread_us=stored_winner.default_spread_us,
+                               method=dict(stored_winner.method, **info))
             results.append(ShapeResult(
                 shape, SKIPPED, stored_winner.config, stored_winner.median_us,
                 stored_winner.default_median_us, 0, 0, 0,
@@ -228,10 +265,17 @@ def sweep(
             if not checked.held:
                 note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"
                 winner = Outcome(default, OK, default_timing)
+        dense: dict[str, Any] = {}
+        if leader and winner is not None and default_timing is not None and wants_dense(shape):
+            found, dense = run_dense(shape, problem, winner.config, default, label)
+            if found is not None:
+                config, timing, default_timing = found
+                winner = Outcome(config, OK, timing)
+                note = "a dense pass: timed on its second trial"
         if leader and winner is not None:
             db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
                            method=dict(method, **lengths, min_gain=min_gain, ranks=ranks.world if ranks else 1,
-                                       **again))
+                                       **again, **dense))
         if ranks is not None:  # every rank takes the one winner rank 0 stored
             ranks.barrier()
             record_ = db.record(problem, env.id)
@@ -250,6 +294,71 @@ def sweep(
         ))
     by_index = dict(zip(order, results))
     return [by_index[i] for i in range(len(shapes))]
+
+
+def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env: Any, device: str, seed: int,
+                winner: Config, default: Config, timer: Any, strategy: Any, guide: Any, min_gain: float,
+                method: dict[str, Any], force: bool, advance: Callable[[int], None]
+                ) -> tuple[tuple[Config, Timing, Timing] | None, dict[str, Any]]:
+    """A serving shape's dense pass over its winner W. Each candidate C is measured as
+    by_fill(C, W) on dense batches alone (tuner.ops.trial.build_dense_trial), the search and
+    the winner rule as a sweep's, with by_fill(W, W) as the default to beat: on the H200 an
+    even-split Triton config won a bucket's dense batches by 1.32x and lost on its skewed
+    ones, where one config per key kept FA3's default. A winner by_fill(D, W) must then
+    hold against the library default on the shape's second trial (a mix of every
+    distribution, freshly drawn), whose timings it is stored with. Returns (config, its
+    timing, the default's) or None (W stays), and what the record's method says of it.
+    Measurements are stored (lengths DENSE_LENGTHS) and resumed like a mix's."""
+    configs = candidate_configs(op, shape)
+    if guide is not None:
+        configs = guide.shortlist(shape, configs)
+    baseline = op.by_fill(winner, winner)
+    candidates = [baseline] + [op.by_fill(c, winner) for c in configs if not same_config(c, winner)]
+    stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
+                               if m.method.get("lengths") == DENSE_LENGTHS}
+    try:
+        trial = build_dense_trial(op, shape, device, seed)
+    except (RuntimeError, MemoryError) as e:
+        return None, {"dense_pass": {"error": one_line(e)}}
+    pending: list[dict[str, Any]] = []
+
+    def resume(config: Config) -> tuple[Outcome, int] | None:
+        row = stored.get(canonical_json(config))
+        return (_stored_outcome(row), row.rung) if row is not None else None
+
+    def record(step: Step, outcome: Outcome) -> None:
+        t = outcome.timing
+        pending.append(dict(
+            config=step.config, kv_len=shape.kv_len, status=outcome.status,
+            method=dict(method, **step.timer.method, lengths=DENSE_LENGTHS,
+                        **({"rung": step.rung} if step.rung != 1 else {})),
+            rung=step.rung, median_us=t and t.median_us, spread_us=t and t.spread_us,
+            samples=t.samples if t else 0, max_error=outcome.max_error, error=outcome.error,
+        ))
+
+    boundary_sync(release=False)
+    try:
+        result = measure(trial, candidates, baseline, timer, strategy=strategy, min_gain=min_gain, resume=resume,
+                         record=record, advance=advance, keep_default_if_confirm_fails=True)
+    finally:
+        db.save_measurements(problem, env, pending)
+    del trial
+    boundary_sync(release=False)
+    if guide is not None:  # its anchors' leaders, as plain configs (a shortlist's currency)
+        plain = {canonical_json(op.by_fill(c, winner)): c for c in configs}
+        guide.record(shape, [dataclasses.replace(o, config=plain[canonical_json(o.config)])
+                             for o in result.first_rung if canonical_json(o.config) in plain])
+    found = result.winner
+    info: dict[str, Any] = dict(seed=seed + settings.DENSE_TRIAL_SEED, measured=result.measured,
+                                resumed=result.resumed)
+    if found is None or same_config(found.config, baseline) or result.default_timing is None:
+        return None, {"dense_pass": dict(info, kept=True)}
+    info.update(dense_us=round(found.timing.median_us, 3), winner_on_dense_us=round(result.default_timing.median_us, 3))
+    checked = _second_trial(op, shape, device, seed, found.config, default, timer, min_gain)
+    info["second_trial"] = checked.as_method(seed + settings.SECOND_TRIAL_SEED)
+    if not checked.held:
+        return None, {"dense_pass": dict(info, kept=True)}
+    return (found.config, checked.winner, checked.default), {"dense_pass": dict(info, kept=False)}
 
 
 def _second_trial(op: Op, shape: DecodeShape, device: str, seed: int, config: Config, default: Config,

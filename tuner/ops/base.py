@@ -150,3 +150,7 @@ class Op:
     # timing never waits on a compiler; best effort: a config it could not build fails later,
     # when it runs, as it would without this. None: nothing to compile
     precompile: Callable[[DecodeInputs, list[Config]], None] | None = None
+    # by_fill(dense, other): one config that runs `dense` on dense batches
+    # (tuner.ops.traffic.is_dense) and `other` on the rest, for a sweep's dense pass
+    # (tuner.sweep); None: the op has no such config
+    by_fill: Callable[[Config, Config], Config] | None = None

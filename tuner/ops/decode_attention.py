@@ -2,7 +2,10 @@
 (FA3, FlashInfer or our Triton kernel) with that backend's fastest config, as the sweep measured.
 
 A config is {"backend": name, **that backend's config}; the sweep measures the union of
-the backends' spaces, so the winner is chosen across backends and knobs at once. Each
+the backends' spaces, so the winner is chosen across backends and knobs at once. A record
+may also hold a by_fill config (flat: "dense.*" and "other.*" knobs): one
+config for dense batches (tuner.ops.traffic.is_dense), one for the rest, chosen per call
+from host values (fill_branch), which the sweep's dense pass measures. Each
 backend is a record (Backend): its op (configs, default, rules, run on a sweep's inputs),
 how to run a caller's call with a config, and what a call must offer it (host lengths,
 no CUDA-graph capture). The sweep and the serving entry point
@@ -27,7 +30,7 @@ from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
 from tuner.ops.shapes import DecodeShape
-from tuner.ops.traffic import serving_grid
+from tuner.ops.traffic import is_dense, serving_grid
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
 
 OP_NAME = "decode_attention"
@@ -163,11 +166,86 @@ def _default(shape: DecodeShape) -> Config:
     return {"backend": backends[0].name, **backends[0].op.default(shape)}
 
 
+BY_FILL = "by_fill"
+_PARTS = ("dense", "other")
+
+
+def by_fill(dense: Config, other: Config) -> Config:
+    """One config that runs `dense` on dense batches and `other` on the rest (fill_branch),
+    flat as every stored config is ({"backend": "by_fill", "dense.backend": ..., "other.num_splits": ...}).
+    The two may be one config: a dense pass's baseline, which runs `other` on every batch
+    (its measurement must not take the place of the plain config's on the shape's mix)."""
+    return {"backend": BY_FILL, **{f"dense.{k}": v for k, v in dense.items()},
+            **{f"other.{k}": v for k, v in other.items()}}
+
+
+_UNPACKED: dict[int, tuple[Config, Config, Config]] = {}  # id -> (the by_fill config, dense, other)
+_UNPACKED_MAX = 4096
+
+
+def fill_parts(config: Config) -> tuple[Config, Config]:
+    """A by_fill config's (dense, other) configs, unpacked once per config object (a memo's
+    config is one object for every call of its key)."""
+    entry = _UNPACKED.get(id(config))
+    if entry is not None and entry[0] is config:
+        return entry[1], entry[2]
+    parts: dict[str, Config] = {p: {} for p in _PARTS}
+    for name, value in config.items():
+        part, _, knob = name.partition(".")
+        if part in parts and knob:
+            parts[part][knob] = value
+    if len(_UNPACKED) >= _UNPACKED_MAX:
+        _UNPACKED.clear()
+    _UNPACKED[id(config)] = (config, parts["dense"], parts["other"])  # holds config: its id stays its own
+    return parts["dense"], parts["other"]
+
+
+def _lengths_sum(seq_lens_host: Any) -> int | None:
+    """The sum of a call's host-side lengths (a CPU tensor, an array or a sequence), or None
+    when they are not on the host (a device tensor is never read back)."""
+    if seq_lens_host is None:
+        return None
+    if isinstance(seq_lens_host, torch.Tensor):
+        return int(seq_lens_host.sum()) if seq_lens_host.device.type == "cpu" else None
+    try:
+        total = seq_lens_host.sum() if hasattr(seq_lens_host, "sum") else sum(seq_lens_host)
+        return int(total)
+    except (TypeError, ValueError):
+        return None
+
+
+def fill_branch(config: Config, seq_lens_host: Any, max_kv_len: Any, batch: int) -> Config:
+    """The plain config a call runs: a by_fill config's `dense` one where the host-side
+    lengths show a dense batch (their sum against batch x max_kv_len, the host bound of
+    the longest), else its `other` one (lengths unknown, or not plain ints); any other
+    config as it is."""
+    if config.get("backend") != BY_FILL:
+        return config
+    dense, other = fill_parts(config)
+    if type(max_kv_len) is int and max_kv_len > 0 and batch > 0:
+        total = _lengths_sum(seq_lens_host)
+        if total is not None and is_dense(total, batch, max_kv_len):
+            return dense
+    return other
+
+
 def check_config(config: Config, shape: DecodeShape) -> str | None:
-    """A config names a backend and passes that backend's own rules for the shape."""
+    """A config names a backend and passes that backend's own rules for the shape (a by_fill
+    config: both of its configs, each a plain one)."""
     if not isinstance(config, dict):
         return f"a config is an object, got {type(config).__name__}"
     backend = config.get("backend")
+    if backend == BY_FILL:
+        stray = [k for k in config if k != "backend" and k.partition(".")[0] not in _PARTS]
+        if stray:
+            return f"a {BY_FILL} config holds dense.* and other.* knobs, got {', '.join(sorted(stray))[:80]}"
+        for part, plain in zip(_PARTS, fill_parts(config)):
+            if plain.get("backend") == BY_FILL:
+                return f"{part}: a {BY_FILL} config cannot nest another"
+            why = check_config(plain, shape)
+            if why:
+                return f"{part}: {why}"
+        return None
     if backend not in BACKENDS:
         return f"backend={backend!r:.40} is not one of {', '.join(BACKENDS)}"
     return BACKENDS[backend].op.check(_rest(config), shape)
@@ -178,13 +256,17 @@ def _rest(config: Config) -> Config:
 
 
 def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
+    # a sweep's batch: its lengths are fixed (a graph captured of it replays them alone)
+    config = fill_branch(config, inputs.seq_lens_host if inputs.seq_lens_host is not None
+                         else [inputs.shape.kv_len] * inputs.shape.batch, inputs.shape.kv_len, inputs.shape.batch)
     return BACKENDS[config["backend"]].op.run(inputs, _rest(config))
 
 
 def _precompile(inputs: DecodeInputs, configs: list[Config]) -> None:
     """Each backend that compiles ahead (tuner.ops.base.Op.precompile) builds its configs."""
+    plain = [p for c in configs for p in (fill_parts(c) if c.get("backend") == BY_FILL else (c,))]
     for name, backend in BACKENDS.items():
-        mine = [_rest(c) for c in configs if c.get("backend") == name]
+        mine = [_rest(c) for c in plain if c.get("backend") == name]
         if mine and backend.op.precompile is not None:
             backend.op.precompile(inputs, mine)
 
@@ -207,6 +289,7 @@ DECODE_ATTENTION = Op(
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
     check=check_config,
     precompile=_precompile,
+    by_fill=by_fill,
 )
 
 
@@ -279,6 +362,11 @@ def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     instead. An empty batch gives an empty output."""
     if q.shape[0] == 0:
         return q.new_empty(*q.shape[:3], v_cache.shape[-1])
+    if config["backend"] == BY_FILL:
+        chosen = fill_branch(config, seq_lens_host, max_kv_len, q.shape[0])
+        # a graph captured now replays other lengths: the config for any batch
+        other = fill_parts(config)[1]
+        config = other if chosen is not other and _capturing() else chosen
     backend = BACKENDS.get(config["backend"])
     if backend is None or not (backend.runs_any_call or backend.runs(
             q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,

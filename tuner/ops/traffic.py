@@ -7,6 +7,7 @@ import math
 import random
 from typing import Any, Callable
 
+from tuner import settings
 from tuner.ops.shapes import DecodeShape
 
 # SGLang's default CUDA-graph batch sizes (its --cuda-graph-bs): 1-8, 12, 16, then every 8 to 256
@@ -59,6 +60,40 @@ def draw_lengths(distribution: str, batch: int, cap: int, seed: int) -> list[int
         raise ValueError(f"batch and cap must be >= 1, got {batch}, {cap}")
     lens = DISTRIBUTIONS[distribution](random.Random(f"{distribution}/{batch}/{cap}/{seed}"), batch, cap)
     return lens
+
+
+def is_dense(lengths_sum: int, batch: int, max_kv_len: int) -> bool:
+    """Whether a batch is dense: its lengths sum to at least settings.DENSE_FILL of batch x
+    its longest (max_kv_len: a bound of the longest; one above it reads as less dense)."""
+    return lengths_sum >= settings.DENSE_FILL * batch * max_kv_len
+
+
+def _into_bucket(lens: list[int], kv_len: int, salt: str) -> list[int]:
+    """lens with its longest moved into kv_len's bucket (above half its top) if it fell below."""
+    low = max(1, (1 << max(kv_len - 1, 0).bit_length()) // 2 + 1)  # the bucket's first length
+    longest = max(range(len(lens)), key=lens.__getitem__)
+    if lens[longest] < low:
+        lens[longest] = random.Random(f"longest/{salt}").randint(min(low, kv_len), kv_len)
+    return lens
+
+
+def dense_draws(batch: int, kv_len: int, seed: int) -> list[list[int]]:
+    """The dense batches (is_dense) of a serving shape's dense pass, their longest in kv_len's
+    bucket: one uniform in [kv_len/2, kv_len] (fill about 3/4) and one uniform in
+    [kv_len/8, kv_len] (about 9/16), so both ends of the dense range are measured; a draw
+    that is not dense is drawn again, at most 16 times, then taken from the first kind."""
+    draws = []
+    for low_share in (2, 8):
+        rng = random.Random(f"dense/{low_share}/{batch}/{kv_len}/{seed}")
+        for _ in range(16):
+            lens = [rng.randint(_at_least(kv_len // low_share, kv_len), kv_len) for _ in range(batch)]
+            lens = _into_bucket(lens, kv_len, f"dense/{low_share}/{batch}/{kv_len}/{seed}")
+            if is_dense(sum(lens), batch, max(lens)):
+                break
+        else:
+            lens = _into_bucket(_uniform(rng, batch, kv_len), kv_len, f"dense/{batch}/{kv_len}/{seed}")
+        draws.append(lens)
+    return draws
 
 
 def serving_draws(batch: int, kv_len: int, seed: int, reach_top: bool = False) -> list[list[int]]:

@@ -14,7 +14,7 @@ from tuner.bench.trial import Trial, cold_l2_copies
 from tuner.ops.base import Op
 from tuner.ops.rotation import bytes_read, fresh_page_copies
 from tuner.ops.shapes import DecodeShape
-from tuner.ops.traffic import serving_draws
+from tuner.ops.traffic import dense_draws, serving_draws
 
 
 def too_big(shape: DecodeShape, device: str) -> str | None:
@@ -62,7 +62,15 @@ def build_second_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -
     return build_trial(op, shape, device, seed + settings.SECOND_TRIAL_SEED, reach_top=True)
 
 
-def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_top: bool = False) -> Trial:
+def build_dense_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial:
+    """The trial of a serving shape's dense pass (tuner.sweep): its dense batches alone
+    (tuner.ops.traffic.dense_draws, seed + settings.DENSE_TRIAL_SEED), each run as called."""
+    return build_trial(op, shape, device, seed, draws=dense_draws(shape.batch, shape.kv_len,
+                                                                  seed + settings.DENSE_TRIAL_SEED))
+
+
+def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_top: bool = False,
+                draws: list[list[int]] | None = None) -> Trial:
     """The trial of one shape of an op. MemoryError when it cannot fit; a RuntimeError of
     the reference passes through (the caller records the shape as failed).
 
@@ -70,15 +78,16 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     rotation runs them in turn, so a timing is their mean: the expected time over the mix,
     each batch weighted alike. The copies for a cold L2 are of the whole set. reach_top: a
     serving trial's first batch reaches the bucket's top (serving_draws). Each serving batch
-    runs as a call of it does (as_called)."""
+    runs as a call of it does (as_called). draws: the batches' lengths instead of the
+    serving shape's own (a dense pass's)."""
     why = too_big(shape, device)
     if why:
         raise MemoryError(why)
-    if shape.lengths == "full":
+    if shape.lengths == "full" and draws is None:
         batches = [op.make_inputs(shape, device=device, seed=seed)]
     else:
         batches = []
-        for lens in serving_draws(shape.batch, shape.kv_len, seed, reach_top):
+        for lens in draws if draws is not None else serving_draws(shape.batch, shape.kv_len, seed, reach_top):
             called, width = as_called(shape, lens)
             batches.append(op.make_inputs(called, device=device, seed=seed, seq_lens=lens, table_width=width))
     references = [inputs.reference() for inputs in batches]
