@@ -1,8 +1,10 @@
 """Host cost of decode_attention's dispatch per call: the entry point with an explicit
 config around a no-op Triton kernel (the only backend on a CPU), for the paths a server
 takes: a FlashInfer winner that falls back to the default backend (no host lengths, or
-CUDA-graph capture), at one kv length and at lengths growing through their buckets; and a
-Triton config with and without seq_lens_host (which only FlashInfer reads).
+CUDA-graph capture), at one kv length and at lengths growing through their buckets; a
+Triton config with and without seq_lens_host (which only FlashInfer reads); and a by_fill
+config (two Triton configs, chosen per call from the host lengths' sum), on a dense and a
+sparse batch, from a CPU tensor, a NumPy array, and without host lengths.
 
     python benchmarks/decode_attention_dispatch.py [--label NAME] [--out FILE]
 
@@ -34,6 +36,8 @@ def main() -> None:
     table = torch.zeros(batch, 16, dtype=torch.int32)
     lens = torch.full((batch,), 40, dtype=torch.int32)
     host_tensor, host_array = lens.clone(), np.full(batch, 40, dtype=np.int32)
+    by_fill = da.by_fill(triton, dict(triton, num_kv_splits=8))
+    sparse_tensor = torch.tensor([100, 1, 1, 1], dtype=torch.int32)  # sum 103 < 1/2 x 4 x 100
     step = iter(range(10**9))
     cases = {
         "flashinfer_config_fallback_fixed_kv": lambda: decode_attention(q, k, k, table, lens, 100, config=flashinfer),
@@ -44,6 +48,13 @@ def main() -> None:
             q, k, k, table, lens, 100, config=triton, seq_lens_host=host_tensor),
         "triton_config_host_lengths_numpy_int32": lambda: decode_attention(
             q, k, k, table, lens, 100, config=triton, seq_lens_host=host_array),
+        "by_fill_no_host_lengths": lambda: decode_attention(q, k, k, table, lens, 40, config=by_fill),
+        "by_fill_dense_cpu_int32_tensor": lambda: decode_attention(
+            q, k, k, table, lens, 40, config=by_fill, seq_lens_host=host_tensor),
+        "by_fill_sparse_cpu_int32_tensor": lambda: decode_attention(
+            q, k, k, table, lens, 100, config=by_fill, seq_lens_host=sparse_tensor),
+        "by_fill_dense_numpy_int32": lambda: decode_attention(
+            q, k, k, table, lens, 40, config=by_fill, seq_lens_host=host_array),
     }
     results = {}
     for name, fn in cases.items():

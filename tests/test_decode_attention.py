@@ -357,6 +357,33 @@ def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch)
     assert ran.pop() == (OTHER["block_n"], OTHER["num_kv_splits"])
 
 
+def test_a_by_fill_call_sums_a_lengths_tensor_again_once_it_changes(monkeypatch):
+    """The sum of a CPU lengths tensor is kept for the next call with the same tensor (every
+    layer of a decode step passes one), so it must be taken again once the tensor is
+    written in place, as a server's reused buffer is; an inference tensor has no version
+    counter and is summed each call."""
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
+    inputs = make_decode_inputs(shape)
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200)
+    config = by_fill(DENSE, OTHER)
+    lengths = torch.tensor([200, 150, 100, 60], dtype=torch.int32)
+    decode_attention(*args, config=config, seq_lens_host=lengths)
+    decode_attention(*args, config=config, seq_lens_host=lengths)
+    lengths.copy_(torch.tensor([200, 1, 1, 1]))
+    decode_attention(*args, config=config, seq_lens_host=lengths)
+    lengths[1:] = 200
+    decode_attention(*args, config=config, seq_lens_host=lengths)
+    with torch.inference_mode():
+        frozen = torch.tensor([200, 1, 1, 1], dtype=torch.int32)
+        decode_attention(*args, config=config, seq_lens_host=frozen)
+        frozen[1:] = 200
+        decode_attention(*args, config=config, seq_lens_host=frozen)
+    picked = [DENSE if r == (DENSE["block_n"], DENSE["num_kv_splits"]) else OTHER for r in ran]
+    assert picked == [DENSE, DENSE, OTHER, DENSE, OTHER, DENSE]
+
+
 def test_a_by_fill_config_under_capture_runs_its_config_for_any_batch(monkeypatch):
     """A graph captured with dense lengths replays whatever lengths come: the dense config
     would be frozen for skewed batches too."""

@@ -13,7 +13,7 @@ from tuner.keys import attention_run_key
 from tuner.ops import DecodeShape, paged_decode_reference
 from tuner.ops import fa3 as fa3_op
 from tuner.ops import flashinfer as fi
-from tuner.ops.decode_attention import decode_attention
+from tuner.ops.decode_attention import by_fill, decode_attention
 from tuner.ops.flashinfer_plan import paged_metadata
 
 pytestmark = pytest.mark.gpu
@@ -104,6 +104,9 @@ CONFIGS = {
     "flashinfer-cuda-cores": {"backend": "flashinfer", **fi.DECODE_DEFAULT},
     "fa3": {"backend": "fa3", "num_splits": 0, "pack_gqa": None},
     "triton": {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2},
+    # a dense pass's record: its two configs chosen per call from the host lengths' fill
+    "by_fill": by_fill({"backend": "triton_decode", "block_n": 64, "num_kv_splits": 8, "num_warps": 4, "num_stages": 2},
+                       {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}),
 }
 
 
