@@ -23,7 +23,8 @@ L2 by the bytes a call reads: tuner.ops.rotation):
 - graph_declared_pooled: the same graphs, with one declaration for the whole run (lengths
   pooled over every distribution and cap), as a server declaring all its traffic at once.
 For each mode: FA3's default, tuner (the config decode_attention resolves for the call: DB,
-shipped tunings, borrowing rule, default), and the oracle (every candidate config of the
+shipped tunings, borrowing rule, default; of a by_fill record, the config of the call's fill
+or, in the declared modes, of the declared lengths'), and the oracle (every candidate config of the
 space timed on exactly that batch, the fastest three re-timed side by side with the other
 two). FlashInfer is left out of the space: its plan is host work per call, which a captured
 decode graph cannot hold (tuner replaces a FlashInfer winner by the default under capture).
@@ -50,6 +51,7 @@ from stats import geomean
 import tuner
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
+from tuner.integrations.decode_attention import declared_branch
 from tuner.ops import DecodeShape, make_decode_inputs
 from tuner.ops.decode_attention import BACKENDS, decode_attention, fill_branch
 from tuner.ops.rotation import bytes_read, fresh_page_copies
@@ -175,10 +177,13 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
     # what a deployment declares at capture: its traffic's lengths (a sample of this case's
     # distribution, not this batch's own lengths)
     declared = draw_lengths(case["distribution"], 4096, case["cap"], seed + 10**6)
+    # (the record each lookup served, and the plain config a call captured there runs)
     with tuner.graph_capture(declared):
-        declared_config = dispatch.config_for(*ga, **gk)
+        declared_record = dispatch.config_for(*ga, **gk)
+        declared_config = declared_branch(declared_record, case["batch"])
     with tuner.graph_capture(POOLED):
-        pooled_config = dispatch.config_for(*ga, **gk)
+        pooled_record = dispatch.config_for(*ga, **gk)
+        pooled_config = declared_branch(pooled_record, case["batch"])
     with tuner.graph_capture():  # lengths unknown
         unknown_config = dispatch.config_for(*ga, **gk)
     graph_config = _resolved_in_capture(dispatch, ga, gk, device)
@@ -188,8 +193,9 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
              "graph_unknown": unknown_config, "graph_declared": declared_config,
              "graph_declared_pooled": pooled_config}
     # a by_fill record runs the config of its call's fill (per call: these host lengths; a
-    # captured graph: its config for any batch); that plain config is timed, as it runs
-    stored = dict(tuned)
+    # graph captured in graph_capture(lengths): the declared lengths'; any other captured
+    # graph: its config for any batch); that plain config is timed, as it runs
+    stored = dict(tuned, graph_declared=declared_record, graph_declared_pooled=pooled_record)
     tuned = {m: fill_branch(c, host_lens if m == "per_call" else None, kv_max, case["batch"])
              for m, c in tuned.items()}
     row.update(default=defaults, tuner=tuned, **({"tuner_record": stored} if stored != tuned else {}))

@@ -325,7 +325,7 @@ def _triton(block_n: int, splits: int) -> dict:
     return {"backend": "triton_decode", "block_n": block_n, "num_kv_splits": splits, "num_warps": 4, "num_stages": 2}
 
 
-DENSE, OTHER = _triton(32, 4), _triton(16, 2)
+DENSE, OTHER = _triton(64, 8), _triton(16, 2)  # neither is the default (32, 4)
 
 
 def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch):
@@ -354,6 +354,59 @@ def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch)
         assert ran.pop() == (expected["block_n"], expected["num_kv_splits"]), lengths
     # a max_kv_len that is not a plain int says nothing of the fill
     decode_attention(*args[:5], torch.tensor(200), config=config, seq_lens_host=[200] * 4)
+    assert ran.pop() == (OTHER["block_n"], OTHER["num_kv_splits"])
+
+
+def test_a_stored_by_fill_record_is_served_and_runs_by_each_calls_fill(db_path, monkeypatch):
+    """The dense pass stored by_fill records and every lookup refused them (no backend is
+    named "by_fill"), so the serving benchmark ran FA3's default on 20 more cases than before
+    it; a record whose part cannot run here (FlashInfer not installed) still serves the default."""
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
+    _store(db_path, shape, by_fill(DENSE, OTHER))
+    other_shape = dataclasses.replace(shape, batch=3)
+    _store(db_path, other_shape, by_fill({"backend": "flashinfer", **fi.DECODE_DEFAULT}, OTHER))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(shape)
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 256)
+    decode_attention(*args, seq_lens_host=torch.tensor([256, 200, 180, 150], dtype=torch.int32))
+    decode_attention(*args, seq_lens_host=torch.tensor([256, 20, 18, 15], dtype=torch.int32))
+    decode_attention(*args)
+    assert ran == [(b["block_n"], b["num_kv_splits"]) for b in (DENSE, OTHER, OTHER)]
+    small = make_decode_inputs(other_shape)
+    ran.clear()
+    decode_attention(small.q, small.k_cache, small.v_cache, small.page_table, small.cache_seqlens, 256,
+                     seq_lens_host=torch.tensor([256, 1, 1], dtype=torch.int32))  # sparse: served, OTHER would run
+    default = BACKENDS["triton_decode"].op.default(other_shape)
+    assert default != OTHER and ran == [(default["block_n"], default["num_kv_splits"])]
+
+
+def test_inside_graph_capture_a_by_fill_record_runs_the_config_of_the_declared_lengths(db_path, monkeypatch):
+    """A graph captured inside graph_capture(lengths) replays the declared traffic: dense
+    declared lengths (uniform in [L/2, L]) capture the dense config, skewed ones (a few long
+    among many short) and an int declaration (a batch's longest only) the other, whatever
+    the capture call's own lengths; a real capture without a declaration, the other."""
+    import random
+
+    import tuner.ops.decode_attention as da
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    shape = dataclasses.replace(SHAPE, batch=16, kv_len=256)
+    _store(db_path, shape, by_fill(DENSE, OTHER))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(shape)
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 256)
+    rng = random.Random(0)
+    dense = [rng.randint(129, 256) for _ in range(500)]
+    skewed = [rng.randint(1, 20) for _ in range(450)] + [256] * 50  # a batch of 16: mostly one or two long
+    sparse_call = torch.tensor([256] + [1] * 15, dtype=torch.int32)
+    for declared, expected in ((dense, DENSE), (skewed, OTHER), (256, OTHER)):
+        with tuner.graph_capture(declared):
+            decode_attention(*args, seq_lens_host=sparse_call)
+        assert ran.pop() == (expected["block_n"], expected["num_kv_splits"]), declared
+    monkeypatch.setattr(da, "_capturing", lambda: True)
+    decode_attention(*args, seq_lens_host=torch.full((16,), 256, dtype=torch.int32))
     assert ran.pop() == (OTHER["block_n"], OTHER["num_kv_splits"])
 
 
@@ -410,7 +463,7 @@ def test_a_sweeps_batch_runs_a_by_fill_config_by_its_own_lengths(monkeypatch):
     config = by_fill(DENSE, OTHER)
     DECODE_ATTENTION.run(make_decode_inputs(shape), config)  # every sequence at kv_len
     DECODE_ATTENTION.run(make_decode_inputs(shape, seq_lens=[200, 20, 20, 20]), config)
-    assert ran == [(32, 4), (16, 2)]
+    assert ran == [(DENSE["block_n"], DENSE["num_kv_splits"]), (OTHER["block_n"], OTHER["num_kv_splits"])]
 
 
 def test_by_fill_configs_are_checked_part_by_part():

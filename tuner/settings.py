@@ -54,6 +54,9 @@ SECOND_TRIAL_SEED = 1_000_003
 # won dense batches (1.32x, Llama 3.1 8B b3 kv16k) and lost on skewed ones of the same key,
 # where one config per key kept FA3's default (serving_shipped_1d9cd51)
 DENSE_FILL = 0.5
+# inside tuner.graph_capture(lengths), a by_fill config's dense config is captured where at
+# least this share of the declared lengths' batches of the captured size is dense
+DECLARED_DENSE_SHARE = 0.5
 # the sweep's dense pass (tuner.sweep) draws its dense batches with the seed plus this
 DENSE_TRIAL_SEED = 2_000_003
 # nearest-key lookup (tuner.keys.run): octaves of batch + kv, and of query length, a stored

@@ -17,10 +17,13 @@ from typing import Any
 
 import torch
 
+from tuner import settings
 from tuner.keys import host_flags, host_scalar, host_window, static_key_from_tuple
 from tuner.ops.base import Config
-from tuner.ops.decode_attention import OP_NAME, Call, _configs, _default, call_shape, can_run, run_call
+from tuner.ops.decode_attention import (BY_FILL, OP_NAME, Call, _configs, _default, call_shape, can_run, fill_parts,
+                                        run_call)
 from tuner.runtime import autotune
+from tuner.runtime.state import runtime
 
 
 def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
@@ -70,6 +73,19 @@ def _host_lengths(*args: Any, **kwargs: Any) -> Any:
     return lengths
 
 
+def declared_branch(config: Config, batch: int) -> Config:
+    """The config a call runs inside tuner.graph_capture(lengths): a by_fill config's dense
+    one where most batches of `batch` of the declared lengths are dense (their replays will
+    be), its other one where they are not or the declaration gives no per-sequence lengths;
+    any other config, and any config outside graph_capture, as it is."""
+    declared = runtime.declared_lengths
+    if declared is None or config.get("backend") != BY_FILL:
+        return config
+    dense, other = fill_parts(config)
+    share = declared.fill_share(batch, settings.DENSE_FILL)
+    return dense if share is not None and share >= settings.DECLARED_DENSE_SHARE else other
+
+
 @autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts, lengths=_host_lengths,
           configs=lambda *a, **k: _configs(call_shape(_call(*a, **k))),
           default=lambda *a, **k: _default(call_shape(_call(*a, **k))))
@@ -81,6 +97,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     and config the DB holds for this shape. max_kv_len is a host-side upper bound of
     cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
     a CPU tensor or array) lets FlashInfer run where it won; without it, and under CUDA-graph
-    capture, those shapes run the default backend. An empty batch gives an empty output."""
+    capture, those shapes run the default backend. An empty batch gives an empty output.
+    A by_fill config runs its config for the call's fill (run_call), inside
+    tuner.graph_capture(lengths) for the declared lengths' (declared_branch)."""
+    if runtime.declared_lengths is not None:
+        config = declared_branch(config, q.shape[0])
     return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                     sinks, seq_lens_host)

@@ -333,7 +333,10 @@ def call_shape(c: Call) -> DecodeShape:
 def can_run(config: Config, c: Call) -> bool:
     """A stored or borrowed config this call can run: its backend is installed here and the
     config passes that backend's rules for this very call's shape (a q_len-2 FlashInfer
-    winner is a prefill config, which a q_len-1 call cannot run)."""
+    winner is a prefill config, which a q_len-1 call cannot run); a by_fill config: both of
+    its configs."""
+    if config.get("backend") == BY_FILL:
+        return check_config(config, call_shape(c)) is None and all(can_run(p, c) for p in fill_parts(config))
     if config.get("backend") not in {b.name for b in installed()}:
         return False
     return check_config(config, call_shape(c)) is None

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import math
 import operator
+import random
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 from tuner.errors import TunerError
 from tuner.runtime.state import runtime
+
+
+FILL_DRAWS = 64  # the batches DeclaredLengths.fill_share draws
 
 
 class DeclaredLengths:
@@ -33,7 +37,9 @@ class DeclaredLengths:
 
     def __init__(self, lengths: int | Iterable[int] | None) -> None:
         self.known = lengths is not None
+        self.per_sequence = False  # an int declares a batch's longest, not its sequences' lengths
         self._by_batch: dict[int, int] = {}
+        self._fill_shares: dict[tuple[int, float], float] = {}
         if lengths is None:
             self.samples: list[int] = []
             return
@@ -53,6 +59,7 @@ class DeclaredLengths:
                 values = sorted(operator.index(n) for n in items)
             except TypeError:
                 raise refused from None
+            self.per_sequence = True
         if not values or values[0] < 1:
             raise TunerError("graph_capture(lengths): at least one length, each >= 1")
         self.samples = values
@@ -76,6 +83,22 @@ class DeclaredLengths:
                     break
             self._by_batch[batch] = kv
         return kv
+
+    def fill_share(self, batch: int, fill: float) -> float | None:
+        """The share of batches of `batch` draws whose lengths sum to at least fill x batch x
+        their longest (FILL_DRAWS batches, drawn alike each time), or None where the
+        declaration says nothing of each sequence's length (unknown, or an int)."""
+        if not self.per_sequence:
+            return None
+        share = self._fill_shares.get((batch, fill))
+        if share is None:
+            rng, b = random.Random(batch), max(batch, 1)
+            filled = 0
+            for _ in range(FILL_DRAWS):
+                lens = rng.choices(self.samples, k=b)
+                filled += sum(lens) >= fill * b * max(lens)
+            share = self._fill_shares[(batch, fill)] = filled / FILL_DRAWS
+        return share
 
     def __repr__(self) -> str:
         if not self.known:
