@@ -266,6 +266,25 @@ def test_config_for_names_what_a_call_would_run_without_running_it(db_path):
     assert combined.tuner.config_for(x, 16) == {"block": 64}
 
 
+def test_a_declarations_fill_share_weighs_each_batch_by_its_longest():
+    """One long (16k) in eight, the rest short (256-1024): at batch 3 two batches in three
+    hold no long sequence and are dense, but they take little time; weighted by the longest,
+    the dense share is under a half (unweighted it was two thirds, and a dense config was
+    captured for batches that mostly hold a long one). Batch 2 is always dense (the longer
+    is at least half the sum); an int declares no sequence lengths."""
+    import random
+    rng = random.Random(1)
+    few_long = [rng.randint(12288, 16384) for _ in range(512)] + [rng.randint(256, 1024) for _ in range(3584)]
+    with tuner.graph_capture(few_long) as declared:
+        assert declared.fill_share(3, 0.5) < 0.4
+        assert declared.fill_share(2, 0.5) == 1.0
+        assert declared.fill_share(64, 0.5) == 0.0
+    with tuner.graph_capture([1000] * 10) as declared:
+        assert declared.fill_share(256, 0.5) == 1.0
+    with tuner.graph_capture(16384) as declared:
+        assert declared.fill_share(3, 0.5) is None
+
+
 def test_graph_capture_keys_calls_on_the_declared_lengths_not_the_capture_bound(db_path):
     store(db_path, 16, 2048, {"block": 64})
     tuner.configure(db=db_path, mode="lookup")
