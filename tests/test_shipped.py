@@ -13,7 +13,8 @@ from tuner.cli import app
 from tuner.db import Problem, TuningDB, current_fingerprint, export_document, fingerprint_id
 from tuner.keys import AttentionRunKey, AttentionStaticKey, attention_run_key, canonical_json
 from tuner.ops import get_op
-from tuner.ops.decode_attention import BACKENDS
+from tuner.ops.decode_attention import BACKENDS, BY_FILL, fill_parts
+from tuner.ops.triton_decode import OPTIONAL_RULES as TRITON_OPTIONAL_RULES
 from tuner.ops.shapes import shape_from_keys
 
 STATIC = ("float32", 8, 2)
@@ -244,9 +245,15 @@ def test_doctor_lists_the_layer_and_why_it_does_not_apply(tmp_path, monkeypatch)
 
 def _config_keys(op_name: str, config: dict, shape) -> set:
     """The config keys the op's own default has for this shape (decode_attention: the
-    named backend's, plus "backend")."""
+    named backend's, plus "backend" and the optional knobs it holds (Triton's
+    tokens_per_split); a by_fill config: each part's, prefixed by its name)."""
+    if op_name == "decode_attention" and config["backend"] == BY_FILL:
+        return {"backend"} | {f"{name}.{k}" for name, part in zip(("dense", "other"), fill_parts(config))
+                              for k in _config_keys(op_name, part, shape)}
     if op_name == "decode_attention":
-        return {"backend"} | set(BACKENDS[config["backend"]].op.default(shape))
+        backend = config["backend"]
+        optional = set(config) & set(TRITON_OPTIONAL_RULES) if backend == "triton_decode" else set()
+        return {"backend"} | set(BACKENDS[backend].op.default(shape)) | optional
     return set(get_op(op_name).default(shape))
 
 
