@@ -256,3 +256,23 @@ def test_sweep_cost_kv_option_keeps_only_those_kv_buckets_of_the_serving_grid():
     every = sweep_cost.grid_of(spec, False, False, 2**21)
     assert {s.kv_len for s in picked} == {1024, 131072}
     assert picked == [s for s in every if s.kv_len in (1024, 131072)]
+
+
+def test_serving_compare_summarises_each_run_on_the_cases_all_of_them_hold(tmp_path, capsys, monkeypatch):
+    compare = benchmark_module("serving_compare")
+
+    def row(model, distribution, tuned, oracle):
+        return {"model": model, "batch": 8, "cap": 1024, "distribution": distribution,
+                "per_call": {"tuner_speedup": tuned, "oracle_speedup": oracle}}
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"rows": [row("m", "uniform", 1.0, 1.21), row("m", "few_long", 0.9, 1.0),
+                                      row("only in a", "uniform", 2.0, 2.0)]}))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"rows": [row("m", "uniform", 1.21, 1.21), row("m", "few_long", 1.0, 1.0)]}))
+    monkeypatch.setattr(sys, "argv", ["serving_compare.py", f"a={a}", f"b={b}", "--modes", "per_call"])
+    compare.main()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "2 cases in all of a, b"
+    # a: geomean of 1.0 and 0.9 over an oracle of sqrt(1.21) = 1.1; b: the oracle throughout
+    assert "a            all: 0.949x of 1.100x, share -0.553, worst 0.900, 1 slower" in out[1]
+    assert "uniform: 1.210x of 1.210x, share 1.000, worst 1.210, 0 slower" in out[-1]
