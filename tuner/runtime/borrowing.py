@@ -63,7 +63,7 @@ def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
     winners differ or any of those buckets has none, since an unmeasured length may be
     where it loses. How it was found is "exact" when the call's own key has a winner, else
     "default". Measured on the H200: the 128k bucket's winner frozen for all lengths ran at
-    0.46x of FA3's default on short batches (benchmarks/results/h200/issue12/serving_other_2734bd6.json)."""
+    0.46x of FA3's default on short batches (benchmarks/results/h200/issue12/serving_other_2734bd6.json.xz)."""
     found = "exact" if run in table else "default"
     top = run.kv_len_bucket
     bucket = min(settings.FROZEN_FROM_KV, top)
