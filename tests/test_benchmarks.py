@@ -276,3 +276,29 @@ def test_serving_compare_summarises_each_run_on_the_cases_all_of_them_hold(tmp_p
     # a: geomean of 1.0 and 0.9 over an oracle of sqrt(1.21) = 1.1; b: the oracle throughout
     assert "a            all: 0.949x of 1.100x, share -0.553, worst 0.900, 1 slower" in out[1]
     assert "uniform: 1.210x of 1.210x, share 1.000, worst 1.210, 0 slower" in out[-1]
+
+
+def test_declared_choice_names_the_cases_whose_captured_part_this_checkout_changes(tmp_path, capsys, monkeypatch):
+    """A few-long declaration at batch 3 is mostly time in batches holding a long sequence:
+    a run that captured the dense part there is listed as now capturing the other."""
+    choice = benchmark_module("declared_choice")
+    serving = benchmark_module("serving")
+    from tuner.ops.decode_attention import by_fill
+    heads = {"Llama-3.1-8B tp1 (shipped)": serving.MODELS["Llama-3.1-8B tp1 (shipped)"]}
+    cases = serving.cases(False, heads, serving.CAP_SETS["issue"])
+    dense = {"backend": "triton_decode", "block_n": 128, "num_kv_splits": 16, "num_warps": 4, "num_stages": 3}
+    other = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    record = by_fill(dense, other)
+    rows = [dict(c, tuner={"graph_declared": dense}, tuner_record={"graph_declared": record},
+                 graph_declared={"tuner_speedup": 0.9, "oracle_speedup": 1.0})
+            for c in cases if c["batch"] in (2, 3) and c["cap"] == 16384]
+    assert {(r["batch"], r["distribution"]) for r in rows} >= {(3, "few_long"), (3, "uniform")}
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"models": heads, "rows": rows}))
+    monkeypatch.setattr(sys, "argv", ["declared_choice.py", str(run)])
+    choice.main()
+    out = capsys.readouterr().out.splitlines()
+    changed = [json.loads(line) for line in out[:-1]]
+    assert {(c["case"]["batch"], c["case"]["distribution"]) for c in changed} == {(3, "few_long")}
+    assert changed[0]["now"] == "other" and changed[0]["dense_share"] < 0.5
+    assert out[-1].startswith(f"{len(rows)} cases captured a by_fill record; this checkout captures another part in 1")
