@@ -328,6 +328,16 @@ def _triton(block_n: int, splits: int) -> dict:
 DENSE, OTHER = _triton(64, 8), _triton(16, 2)  # neither is the default (32, 4)
 
 
+def _in_capture(monkeypatch):
+    """A CUDA-graph capture on, as the entry point and run_call see one (a counted capture
+    whose stream captures)."""
+    import tuner.integrations.decode_attention as entry
+    import tuner.ops.decode_attention as da
+    monkeypatch.setattr(da, "_capturing", lambda: True)
+    monkeypatch.setattr(entry, "CAPTURES", [1])
+    monkeypatch.setattr(entry, "stream_capturing", lambda: True)
+
+
 def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch):
     """An even-split config won dense batches and lost skewed ones of the same key on the H200
     (serving_shipped_1d9cd51): a by_fill record runs it only where the host lengths sum to
@@ -389,7 +399,6 @@ def test_inside_graph_capture_a_by_fill_record_runs_the_config_of_the_declared_l
     the capture call's own lengths; a real capture without a declaration, the other."""
     import random
 
-    import tuner.ops.decode_attention as da
     from tuner.ops.decode_attention import by_fill
     ran = _recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=16, kv_len=256)
@@ -405,9 +414,71 @@ def test_inside_graph_capture_a_by_fill_record_runs_the_config_of_the_declared_l
         with tuner.graph_capture(declared):
             decode_attention(*args, seq_lens_host=sparse_call)
         assert ran.pop() == (expected["block_n"], expected["num_kv_splits"]), declared
-    monkeypatch.setattr(da, "_capturing", lambda: True)
+    _in_capture(monkeypatch)
     decode_attention(*args, seq_lens_host=torch.full((16,), 256, dtype=torch.int32))
     assert ran.pop() == (OTHER["block_n"], OTHER["num_kv_splits"])
+
+
+def test_a_capture_without_lengths_freezes_the_config_a_by_fill_record_captures(db_path, monkeypatch):
+    """The frozen rule keeps one config only if it won every kv bucket up to the bound; a
+    by_fill(D, W) record at one bucket and W at the other captured the default, though a
+    capture runs W of either (8/1 heads, batch 64, a 2k bound, in the shipped file)."""
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    shape = dataclasses.replace(SHAPE, batch=4, kv_len=2048)
+    _store(db_path, dataclasses.replace(shape, kv_len=1024), by_fill(DENSE, OTHER))
+    _store(db_path, shape, OTHER)
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(dataclasses.replace(shape, kv_len=64))
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 2048)
+    with tuner.graph_capture():  # lengths unknown: the frozen rule
+        decode_attention(*args, seq_lens_host=torch.full((4,), 64, dtype=torch.int32))
+    assert ran == [(OTHER["block_n"], OTHER["num_kv_splits"])]
+
+
+def test_a_by_fill_record_reads_a_numpy_integer_bound_and_leaves_a_tensor_one_unknown(db_path, monkeypatch):
+    """max_kv_len = seq_lens_np.max() is a NumPy integer: the dense config ran nowhere for it."""
+    import numpy as np
+
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
+    inputs = make_decode_inputs(shape)
+    lengths = np.array([256, 200, 180, 150], dtype=np.int32)
+    for bound, expected in ((lengths.max(), DENSE), (np.int64(256), DENSE), (torch.tensor(256), OTHER)):
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, bound,
+                         config=by_fill(DENSE, OTHER), seq_lens_host=lengths)
+        assert ran.pop() == (expected["block_n"], expected["num_kv_splits"]), type(bound)
+
+
+def test_a_by_fill_call_runs_its_other_config_while_torch_compile_traces(monkeypatch):
+    """A traced graph would keep the branch of the call it traced for every later call."""
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, batch=4, kv_len=256))
+    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 256,
+                     config=by_fill(DENSE, OTHER), seq_lens_host=[256] * 4)
+    assert ran == [(OTHER["block_n"], OTHER["num_kv_splits"])]
+
+
+def test_inside_graph_capture_a_dense_config_that_cannot_be_captured_gives_way_to_the_other(
+        db_path, monkeypatch, with_fake_flashinfer):
+    """A FlashInfer dense config under declared dense lengths: run_call found its plan could
+    not be captured and ran the library default, not the record's other config."""
+    import random
+
+    from tuner.ops.decode_attention import by_fill
+    ran = _recording_triton(monkeypatch)
+    shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
+    _store(db_path, shape, by_fill({"backend": "flashinfer", **fi.DECODE_DEFAULT}, OTHER))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(shape)
+    rng = random.Random(0)
+    with tuner.graph_capture([rng.randint(129, 256) for _ in range(500)]):
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 256,
+                         seq_lens_host=torch.full((4,), 256, dtype=torch.int32))
+    assert ran == [(OTHER["block_n"], OTHER["num_kv_splits"])]
 
 
 def test_a_by_fill_call_sums_a_lengths_tensor_again_once_it_changes(monkeypatch):
@@ -442,7 +513,7 @@ def test_a_by_fill_config_under_capture_runs_its_config_for_any_batch(monkeypatc
     would be frozen for skewed batches too."""
     import tuner.ops.decode_attention as da
     ran = _recording_triton(monkeypatch)
-    monkeypatch.setattr(da, "_capturing", lambda: True)
+    _in_capture(monkeypatch)
     inputs = make_decode_inputs(SHAPE)
     decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
                      SHAPE.kv_len, config=da.by_fill(DENSE, OTHER), seq_lens_host=[SHAPE.kv_len] * SHAPE.batch)

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from tuner.bench import ERROR, OK, OOM, WRONG, Outcome, Timing
+from tuner.bench import ERROR, OK, OOM, WRONG, Timing
 from tuner.db import TuningDB, current_fingerprint_id
 from tuner.ops import DecodeShape, Op, get_op
 from tuner.ops.torch_split import split_kv_decode
@@ -602,7 +602,6 @@ def test_decode_attention_builds_ahead_only_what_each_backend_compiles(monkeypat
 def test_a_sweep_moving_between_shapes_collects_no_garbage(db_path, monkeypatch):
     """A collection costs ~0.1 s in a sweeping process (measured on the H200: a fifth of a
     serving grid's sweep, two per shape); a trial's memory is freed by reference counting."""
-    import gc
 
     import tuner.bench.runner as runner
 
@@ -708,4 +707,29 @@ def test_no_dense_pass_where_every_call_is_dense_or_the_op_has_no_by_fill(db_pat
     assert all("dense_pass" not in r.method for r in db.records())
     plain = dataclasses.replace(fill_op(timer), by_fill=None)
     [result] = sweep(plain, [FILLED], db, timer=timer, force=True)
-    assert result.winner == {"name": "default"} and "dense_pass" not in db.records()[0].method
+    [record] = [r for r in db.records() if r.problem.run_key == FILLED.run_key()]
+    assert result.winner == {"name": "default"} and "dense_pass" not in record.method
+
+
+def _swept_without_dense_pass(path, timer):
+    db = TuningDB(path)
+    sweep(fill_op(timer), [FILLED], db, timer=timer, dense_pass=False)
+    return db.records()
+
+
+def test_a_dense_pass_that_keeps_a_winner_measured_elsewhere_does_not_store_it_as_this_ones(db_path):
+    """A stored winner of another environment that applies here (another driver): keeping
+    it wrote a copy under this environment, dated now, with the other machine's timings."""
+    from tuner.db import current_fingerprint
+    from tuner.db.fingerprint import MAY_DIFFER
+
+    timer = FakeTimer()
+    [mine] = [r for r in _swept_without_dense_pass(db_path.with_name("there.db"), timer)]
+    db = TuningDB(db_path)
+    elsewhere = dict(current_fingerprint(), **{sorted(MAY_DIFFER)[0]: "elsewhere"})
+    db.save_record(mine.problem, ("elsewhere00000000", elsewhere), mine.config, median_us=mine.median_us,
+                   spread_us=mine.spread_us, samples=mine.samples, default_config=mine.default_config,
+                   default_median_us=mine.default_median_us, default_spread_us=mine.default_spread_us,
+                   method=dict(mine.method, note="measured elsewhere"))
+    sweep(fill_op(timer, dense_cost=99.5), [FILLED], db, timer=timer)  # the dense pass keeps it
+    assert [(r.fingerprint_id, r.method.get("note")) for r in db.records()] == [("elsewhere00000000", "measured elsewhere")]

@@ -7,7 +7,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile

@@ -55,7 +55,8 @@ SECOND_TRIAL_SEED = 1_000_003
 # where one config per key kept FA3's default (serving_shipped_1d9cd51)
 DENSE_FILL = 0.5
 # inside tuner.graph_capture(lengths), a by_fill config's dense config is captured where at
-# least this share of the declared lengths' batches of the captured size is dense
+# least this share of the time of the declared lengths' batches of the captured size (each
+# weighted by its longest: tuner.runtime.capture.DeclaredLengths.fill_share) is in dense ones
 DECLARED_DENSE_SHARE = 0.5
 # the sweep's dense pass (tuner.sweep) draws its dense batches with the seed plus this
 DENSE_TRIAL_SEED = 2_000_003

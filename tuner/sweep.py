@@ -182,12 +182,13 @@ def sweep(
                     results.append(ShapeResult(shape, MEASURED, config, timing.median_us, default_timing.median_us,
                                                0, 0, 0, note="a dense pass over its stored winner"))
                     continue
-                db.save_record(problem, env, stored_winner.config, median_us=stored_winner.median_us,
-                               spread_us=stored_winner.spread_us, samples=stored_winner.samples,
-                               default_config=stored_winner.default_config,
-                               default_median_us=stored_winner.default_median_us,
-                               default_spread_us=stored_winner.default_spread_us,
-                               method=dict(stored_winner.method, **info))
+                if stored_winner.fingerprint_id == env.id:  # one measured elsewhere is not copied as this one's
+                    db.save_record(problem, env, stored_winner.config, median_us=stored_winner.median_us,
+                                   spread_us=stored_winner.spread_us, samples=stored_winner.samples,
+                                   default_config=stored_winner.default_config,
+                                   default_median_us=stored_winner.default_median_us,
+                                   default_spread_us=stored_winner.default_spread_us,
+                                   method=dict(stored_winner.method, **info), created_at=stored_winner.created_at)
             results.append(ShapeResult(
                 shape, SKIPPED, stored_winner.config, stored_winner.median_us,
                 stored_winner.default_median_us, 0, 0, 0,

@@ -20,10 +20,11 @@ import torch
 from tuner import settings
 from tuner.keys import host_flags, host_scalar, host_window, static_key_from_tuple
 from tuner.ops.base import Config
-from tuner.ops.decode_attention import (BY_FILL, OP_NAME, Call, _configs, _default, call_shape, can_run, fill_parts,
-                                        run_call)
+from tuner.ops.decode_attention import (BACKENDS, BY_FILL, OP_NAME, Call, _configs, _default, call_shape, can_run,
+                                        fill_branch, fill_parts, run_call)
 from tuner.runtime import autotune
-from tuner.runtime.state import runtime
+from tuner.runtime.capture_watch import CAPTURES
+from tuner.runtime.state import runtime, stream_capturing
 
 
 def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
@@ -73,20 +74,47 @@ def _host_lengths(*args: Any, **kwargs: Any) -> Any:
     return lengths
 
 
+def _captured(config: Config) -> Config:
+    """The config a CUDA-graph capture runs of a stored one: a by_fill config's other one,
+    its config for any batch (run_call); for the frozen rule (tuner.runtime.borrowing)."""
+    return fill_parts(config)[1] if config.get("backend") == BY_FILL else config
+
+
 def declared_branch(config: Config, batch: int) -> Config:
     """The config a call runs inside tuner.graph_capture(lengths): a by_fill config's dense
-    one where most batches of `batch` of the declared lengths are dense (their replays will
-    be), its other one where they are not or the declaration gives no per-sequence lengths;
-    any other config, and any config outside graph_capture, as it is."""
+    one where at least settings.DECLARED_DENSE_SHARE of the time of the declared lengths'
+    batches of `batch` is in dense ones (DeclaredLengths.fill_share: their replays will be
+    dense) and its backend can be captured (a FlashInfer plan cannot: the default would
+    run instead), else its other one, also where the declaration gives no per-sequence
+    lengths; any other config, and any config outside graph_capture, as it is."""
     declared = runtime.declared_lengths
     if declared is None or config.get("backend") != BY_FILL:
         return config
     dense, other = fill_parts(config)
     share = declared.fill_share(batch, settings.DENSE_FILL)
-    return dense if share is not None and share >= settings.DECLARED_DENSE_SHARE else other
+    if share is not None and share >= settings.DECLARED_DENSE_SHARE and BACKENDS[dense["backend"]].graph_capturable:
+        return dense
+    return other
 
 
-@autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts, lengths=_host_lengths,
+def _fill_config(config: Config, batch: int, max_kv_len: Any, seq_lens_host: Any) -> Config:
+    """The plain config a by_fill config runs for this call: the declared lengths' inside
+    tuner.graph_capture(lengths); its other one while torch.compile traces (a traced graph
+    would keep its first call's branch) and under a CUDA-graph capture (which replays any
+    lengths; asked only while tuner.runtime.capture_watch counts one); else the one of the
+    call's host lengths (tuner.ops.decode_attention.fill_branch)."""
+    if runtime.declared_lengths is not None:
+        return declared_branch(config, batch)
+    other = fill_parts(config)[1]
+    if torch.compiler.is_compiling():
+        return other
+    chosen = fill_branch(config, seq_lens_host, max_kv_len, batch)
+    if chosen is not other and CAPTURES[0] and stream_capturing():
+        return other
+    return chosen
+
+
+@autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts, lengths=_host_lengths, captured=_captured,
           configs=lambda *a, **k: _configs(call_shape(_call(*a, **k))),
           default=lambda *a, **k: _default(call_shape(_call(*a, **k))))
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
@@ -98,9 +126,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
     a CPU tensor or array) lets FlashInfer run where it won; without it, and under CUDA-graph
     capture, those shapes run the default backend. An empty batch gives an empty output.
-    A by_fill config runs its config for the call's fill (run_call), inside
-    tuner.graph_capture(lengths) for the declared lengths' (declared_branch)."""
-    if runtime.declared_lengths is not None:
-        config = declared_branch(config, q.shape[0])
+    A by_fill record runs its dense config where seq_lens_host shows a dense batch (lengths
+    summing to at least settings.DENSE_FILL of batch x max_kv_len, which must then be a
+    host int and the longest's bound), its other config elsewhere (_fill_config)."""
+    if config["backend"] == BY_FILL:
+        config = _fill_config(config, q.shape[0], max_kv_len, seq_lens_host)
     return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                     sinks, seq_lens_host)

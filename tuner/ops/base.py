@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
 from tuner.bench.check import TOLERANCE
-from tuner.keys import AttentionRunKey, AttentionStaticKey, Config, attention_run_key, attention_static_key
+from tuner.keys import AttentionRunKey, AttentionStaticKey, Config, attention_static_key
 from tuner.ops.reference import paged_decode_reference
 from tuner.ops.shapes import DecodeShape
 

@@ -208,13 +208,16 @@ _last_sum: tuple[Any, int, int] = (None, -1, 0)
 def _lengths_sum(seq_lens_host: Any) -> int | None:
     """The sum of a call's host-side lengths (a CPU tensor, an array or a sequence), or None
     when they are not on the host (a device tensor is never read back). A CPU tensor's sum
-    is kept while it is the same tensor, unmodified (its version counter; an inference
-    tensor has none, so it is summed each call)."""
+    is kept while the same tensor comes again with the same version counter, which torch's
+    in-place ops advance; writes that bypass torch (through a NumPy view of it, or .data)
+    are not seen, so a server that fills one persistent tensor that way should pass a
+    fresh one each step (a slice of its buffer is one) or the NumPy array. An inference
+    tensor has no version counter and is summed each call."""
     global _last_sum
     if seq_lens_host is None:
         return None
     if isinstance(seq_lens_host, torch.Tensor):
-        if seq_lens_host.device.type != "cpu":
+        if not seq_lens_host.is_cpu:
             return None
         if seq_lens_host.is_inference():
             return int(seq_lens_host.sum())
@@ -234,11 +237,13 @@ def _lengths_sum(seq_lens_host: Any) -> int | None:
 def fill_branch(config: Config, seq_lens_host: Any, max_kv_len: Any, batch: int) -> Config:
     """The plain config a call runs: a by_fill config's `dense` one where the host-side
     lengths show a dense batch (their sum against batch x max_kv_len, the host bound of
-    the longest), else its `other` one (lengths unknown, or not plain ints); any other
-    config as it is."""
+    the longest), else its `other` one (lengths unknown, or max_kv_len not a host
+    integer); any other config as it is."""
     if config.get("backend") != BY_FILL:
         return config
     dense, other = fill_parts(config)
+    if type(max_kv_len) is not int:
+        max_kv_len = host_scalar(max_kv_len)  # a NumPy integer as Python's; a tensor: unknown
     if type(max_kv_len) is int and max_kv_len > 0 and batch > 0:
         total = _lengths_sum(seq_lens_host)
         if total is not None and is_dense(total, batch, max_kv_len):
@@ -369,8 +374,13 @@ def _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal
     return config
 
 
+@functools.cache
+def _has_cuda() -> bool:
+    return torch.cuda.is_available()  # ~0.5 us a call: asked once, as no capture can begin without it
+
+
 def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return _has_cuda() and torch.cuda.is_current_stream_capturing()
 
 
 def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

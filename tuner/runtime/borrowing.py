@@ -55,7 +55,8 @@ def choose(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
 
 
 def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
-                  accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
+                  accepts: Callable[[Config], bool] | None = None,
+                  captured: Callable[[Config], Config] | None = None) -> tuple[Config | None, str]:
     """The config for a call frozen into a CUDA graph whose lengths are unknown (captured with
     only a bound: every length up to it will replay): the one config stored as the winner
     for the call's batch and query length at every kv bucket from settings.FROZEN_FROM_KV
@@ -63,7 +64,10 @@ def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
     winners differ or any of those buckets has none, since an unmeasured length may be
     where it loses. How it was found is "exact" when the call's own key has a winner, else
     "default". Measured on the H200: the 128k bucket's winner frozen for all lengths ran at
-    0.46x of FA3's default on short batches (benchmarks/results/h200/issue12/serving_other_2734bd6.json.xz)."""
+    0.46x of FA3's default on short batches (benchmarks/results/h200/issue12/serving_other_2734bd6.json.xz).
+    captured(config): the config a capture runs of a stored one (decode_attention's by_fill
+    records run their config for any batch there); the winners are compared, and the one
+    chosen returned, as captured."""
     found = "exact" if run in table else "default"
     top = run.kv_len_bucket
     bucket = min(settings.FROZEN_FROM_KV, top)
@@ -73,8 +77,8 @@ def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
         winner = table.get(AttentionRunKey(run.batch, run.max_q_len, bucket))
         if winner is None:
             return None, found
-        configs.add(canonical_json(winner.config))
-        chosen = winner.config
+        chosen = winner.config if captured is None else captured(winner.config)
+        configs.add(canonical_json(chosen))
         bucket *= 2
     if len(configs) != 1 or chosen is None or (accepts is not None and not accepts(chosen)):
         return None, found

@@ -18,7 +18,6 @@ at any length up to the bound the call passes, so only speed depends on the choi
 
 from __future__ import annotations
 
-import math
 import operator
 import random
 from contextlib import contextmanager

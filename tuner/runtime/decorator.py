@@ -61,8 +61,10 @@ class AutotunedFunction:
 
     def __init__(self, fn: Callable, name: str, configs: Any, default: Any,
                  tolerance: tuple[float, float] | None, static_json: Callable[[Any], str] | None = None,
-                 accepts: Callable[..., bool] | None = None, lengths: Callable[..., Any] | None = None) -> None:
+                 accepts: Callable[..., bool] | None = None, lengths: Callable[..., Any] | None = None,
+                 captured: Callable[[Config], Config] | None = None) -> None:
         self.fn, self.name = fn, name
+        self._captured = captured
         self.static_json = static_json or _static_json
         self._configs, self._default = configs, default
         self.tolerance = tolerance
@@ -120,7 +122,7 @@ class AutotunedFunction:
         except (ValueError, TypeError):
             return self._memoise(memo_key, default, epoch)
         accepts = None if self._accepts is None else (lambda c: bool(self._accepts(c, *args, **kwargs)))
-        stored, served = runtime.lookup(self.name, static_json, run, accepts, frozen=frozen)
+        stored, served = runtime.lookup(self.name, static_json, run, accepts, frozen=frozen, captured=self._captured)
         config = default if stored is None else stored
         if frozen and not declared:
             # not memoised, so the calls after this capture resolve as before; and no miss:
@@ -145,7 +147,8 @@ class AutotunedFunction:
                                ranks) or config
             self.tuned.add(memo_key)
         if not declared and torch.cuda.is_available():  # (not capturing: that returned above)
-            frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True)
+            frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True,
+                                              captured=self._captured)
             # in tune and force modes the table changes under the memo: a non-default config
             # the rule keeps now may not be kept after another bucket is tuned
             if config != (default if frozen_stored is None else frozen_stored) or (
@@ -217,6 +220,7 @@ def autotune(
     tolerance: tuple[float, float] | None = None,
     accepts: Callable[..., bool] | None = None,
     lengths: Callable[..., Any] | None = None,
+    captured: Callable[[Config], Config] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorate a callable that takes a `config` keyword.
 
@@ -235,7 +239,9 @@ def autotune(
     call can run; one it cannot gives the default. Both run once per new key only.
     lengths(...) gives the call's kv lengths when they are on the host (else None): a miss
     records their statistics, so `tuner sweep --from-misses` measures batches like them;
-    called only when a miss is recorded.
+    called only when a miss is recorded. captured(config) gives the config a CUDA-graph
+    capture runs of a stored one, for an op whose stored configs choose per call (default:
+    the config itself): a capture's rule for unknown lengths compares and freezes those.
     """
     if key is None and (static_key is None or run_key is None):
         raise TunerError("autotune needs static_key= and run_key=, or key=")
@@ -245,7 +251,7 @@ def autotune(
     def wrap(fn: Callable) -> Callable:
         if torch.cuda.is_available():
             watch_captures()  # early, so a capture that begins later is counted from its start
-        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts, lengths)
+        state = AutotunedFunction(fn, name, configs, default, tolerance, static_json, accepts, lengths, captured)
         runtime.functions.add(state)
         keys = {"_key": key} if key is not None else {"_static_key": static_key, "_run_key": run_key}
         state.key_functions = keys

@@ -107,12 +107,13 @@ class Runtime:
             return self._table
 
     def lookup(self, name: str, static_json: str, run: AttentionRunKey,
-               accepts: Callable[[Config], bool] | None = None, frozen: bool = False) -> tuple[Config | None, str]:
+               accepts: Callable[[Config], bool] | None = None, frozen: bool = False,
+               captured: Callable[[Config], Config] | None = None) -> tuple[Config | None, str]:
         """The config for a key and how it was found (tuner.runtime.borrowing.choose; frozen:
-        for a graph replayed over unknown lengths, choose_frozen)."""
+        for a graph replayed over unknown lengths, choose_frozen, with captured)."""
         winners = self.table().get((name, static_json), {})
         if frozen:
-            return choose_frozen(winners, run, accepts=accepts)
+            return choose_frozen(winners, run, accepts=accepts, captured=captured)
         return choose(winners, run, max_distance=self.max_distance, accepts=accepts)
 
     def store(self, key: tuple[str, str], run: AttentionRunKey, config: Config, gain: float) -> None:
