@@ -4,7 +4,8 @@ takes: a FlashInfer winner that falls back to the default backend (no host lengt
 CUDA-graph capture), at one kv length and at lengths growing through their buckets; a
 Triton config with and without seq_lens_host (which only FlashInfer reads); and a by_fill
 config (two Triton configs, chosen per call from the host lengths' sum), on a dense and a
-sparse batch, from a CPU tensor, a NumPy array, and without host lengths.
+sparse batch, from a CPU tensor (also one made under torch.inference_mode, which has no
+version counter to keep its sum by), a NumPy array, a list, and without host lengths.
 
     python benchmarks/decode_attention_dispatch.py [--label NAME] [--out FILE]
 
@@ -38,6 +39,9 @@ def main() -> None:
     host_tensor, host_array = lens.clone(), np.full(batch, 40, dtype=np.int32)
     by_fill = da.by_fill(triton, dict(triton, num_kv_splits=8))
     sparse_tensor = torch.tensor([100, 1, 1, 1], dtype=torch.int32)  # sum 103 < 1/2 x 4 x 100
+    with torch.inference_mode():
+        inference_tensor = lens.clone()
+    host_list = [40] * batch
     step = iter(range(10**9))
     cases = {
         "flashinfer_config_fallback_fixed_kv": lambda: decode_attention(q, k, k, table, lens, 100, config=flashinfer),
@@ -55,6 +59,9 @@ def main() -> None:
             q, k, k, table, lens, 100, config=by_fill, seq_lens_host=sparse_tensor),
         "by_fill_dense_numpy_int32": lambda: decode_attention(
             q, k, k, table, lens, 40, config=by_fill, seq_lens_host=host_array),
+        "by_fill_dense_inference_tensor": lambda: decode_attention(
+            q, k, k, table, lens, 40, config=by_fill, seq_lens_host=inference_tensor),
+        "by_fill_dense_list": lambda: decode_attention(q, k, k, table, lens, 40, config=by_fill, seq_lens_host=host_list),
     }
     results = {}
     for name, fn in cases.items():

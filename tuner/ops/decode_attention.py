@@ -205,6 +205,13 @@ def fill_parts(config: Config) -> tuple[Config, Config]:
 _last_sum: tuple[Any, int, int] = (None, -1, 0)
 
 
+def _tensor_sum(lengths: torch.Tensor) -> int:
+    try:
+        return int(lengths.numpy().sum())  # about half a torch sum's host time
+    except (RuntimeError, TypeError):  # a tensor NumPy cannot view
+        return int(lengths.sum())
+
+
 def _lengths_sum(seq_lens_host: Any) -> int | None:
     """The sum of a call's host-side lengths (a CPU tensor, an array or a sequence), or None
     when they are not on the host (a device tensor is never read back). A CPU tensor's sum
@@ -220,11 +227,11 @@ def _lengths_sum(seq_lens_host: Any) -> int | None:
         if not seq_lens_host.is_cpu:
             return None
         if seq_lens_host.is_inference():
-            return int(seq_lens_host.sum())
+            return _tensor_sum(seq_lens_host)
         last, version = _last_sum, seq_lens_host._version
         if last[0] is seq_lens_host and last[1] == version:
             return last[2]
-        total = int(seq_lens_host.sum())
+        total = _tensor_sum(seq_lens_host)
         _last_sum = (seq_lens_host, version, total)
         return total
     try:
