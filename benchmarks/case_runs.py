@@ -5,6 +5,8 @@ loop over the cases."""
 from __future__ import annotations
 
 import argparse
+import json
+import lzma
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -21,6 +23,18 @@ def add_run_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--part", default="0/1", help="K/N: only every N-th case from the K-th (one run per device "
                                                  "or call; a case keeps its seed)")
     ap.add_argument("--smoke", action="store_true", help="a few tiny cases on the CPU (Triton interpreted)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows --out already holds (those without an error) and run only the cases it "
+                         "lacks: the same command's cases, in the same order, keep their seeds")
+
+
+def done_rows(args: Any) -> list[dict]:
+    """The rows of --out that --resume keeps (none without --resume, or before --out exists)."""
+    if not args.resume or not args.out.exists():
+        return []
+    opener = lzma.open if args.out.suffix == ".xz" else open
+    with opener(args.out, "rt") as f:
+        return [row for row in json.load(f).get("rows", []) if "error" not in row]
 
 
 def cases_of_this_run(ap: argparse.ArgumentParser, args: Any, cases: list[T]) -> list[tuple[int, T]]:
@@ -35,13 +49,23 @@ def cases_of_this_run(ap: argparse.ArgumentParser, args: Any, cases: list[T]) ->
 
 def run_cases(todo: list[tuple[int, T]], seconds: float, device: str, run: Callable[[int, T], dict],
               fields: Callable[[T], dict], describe: Callable[[dict], str],
-              write: Callable[[list[dict]], Any]) -> list[dict]:
+              write: Callable[[list[dict]], Any], done: list[dict] = ()) -> list[dict]:
     """Each case in turn (run(index, case) gives its row) until `seconds` have passed: a case
     that fails becomes a row of its fields and the error, and the run goes on; a line per case
-    (describe(row)), and the rows written after every case, so a run cut short keeps them."""
-    rows: list[dict] = []
+    (describe(row)), and the rows written after every case, so a run cut short keeps them.
+    done: rows of an earlier run (done_rows); a case whose fields one of them holds is kept,
+    not run again."""
+    kept: dict[int, dict] = {}
+    for i, case in todo:
+        want = fields(case)
+        row = next((r for r in done if all(r.get(k) == v for k, v in want.items())), None)
+        if row is not None:
+            kept[i] = row
+    rows = list(kept.values())
     started = time.perf_counter()
     for i, case in todo:
+        if i in kept:
+            continue
         if time.perf_counter() - started > seconds:
             break
         case_started = time.perf_counter()

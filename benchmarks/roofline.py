@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from case_runs import add_run_options, cases_of_this_run, run_cases
+from case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
 from run_info import header
 from serving import MODELS, cases, shipped_heads
 from stats import geomean
@@ -231,7 +231,7 @@ def main() -> None:
                      run=lambda i, c: run_case(*c, device, final, backends, seed=i), fields=lambda c: c[0],
                      describe=lambda row: "".join(f" {n} {row[n]['fraction']:.2f}" for n in names
                                                   if "fraction" in row.get(n, {})),
-                     write=write)
+                     write=write, done=done_rows(args))
     doc = write(rows)
     print(json.dumps(doc["summary"], default=str))
 

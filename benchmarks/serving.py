@@ -1,7 +1,10 @@
 """decode_attention on decode traffic as servers make it: tuner against FA3's default and
 against the oracle, per call and under CUDA graphs.
 
-    python benchmarks/serving.py --out $OUT/serving.json [--seconds 540]
+    python benchmarks/serving.py --out $OUT/serving.json [--seconds 540] [--resume]
+
+(--resume: a run cut off by --seconds is finished by the same command with --resume, on
+the JSON it wrote)
 
 Cases: head configurations (shipped ones and others) x batch sizes from a CUDA-graph capture
 list (tuner.ops.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k (--caps) x length
@@ -44,7 +47,7 @@ from pathlib import Path
 
 import heads as head_configs
 import torch
-from case_runs import add_run_options, cases_of_this_run, run_cases
+from case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
 from run_info import header
 from stats import geomean
 
@@ -311,7 +314,7 @@ def main() -> None:
     rows = run_cases(todo, args.seconds, device,
                      run=lambda i, case: run_case(case, heads[case["model"]], device, final, screen, seed=i),
                      fields=lambda case: case, describe=describe,
-                     write=lambda done: write(args.out, done, len(todo), started, heads))
+                     write=lambda done: write(args.out, done, len(todo), started, heads), done=done_rows(args))
     doc = write(args.out, rows, len(todo), started, heads)
     for m, sm in doc["summary"].items():
         print(m, json.dumps({k: v for k, v in sm.items() if not k.startswith("by_")}, default=str))

@@ -302,3 +302,23 @@ def test_declared_choice_names_the_cases_whose_captured_part_this_checkout_chang
     assert {(c["case"]["batch"], c["case"]["distribution"]) for c in changed} == {(3, "few_long")}
     assert changed[0]["now"] == "other" and changed[0]["dense_share"] < 0.5
     assert out[-1].startswith(f"{len(rows)} cases captured a by_fill record; this checkout captures another part in 1")
+
+
+def test_a_resumed_run_keeps_the_rows_it_has_and_runs_only_the_cases_it_lacks(tmp_path):
+    """serving.py's 420 s cut a run off 8 cases short, and there was no way to finish it."""
+    import argparse
+
+    runs = benchmark_module("case_runs")
+    cases = [dict(model="m", batch=b, cap=1024, distribution="uniform") for b in (1, 3, 8)]
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps({"rows": [dict(cases[1], seconds=1.0, kept=True),
+                                        dict(cases[2], error="RuntimeError: out of memory")]}))
+    args = argparse.Namespace(out=out, resume=True)
+    ran = []
+    rows = runs.run_cases(list(enumerate(cases)), 60.0, "cpu", run=lambda i, c: ran.append(i) or dict(c),
+                          fields=lambda c: c, describe=lambda row: "", write=lambda rows: None,
+                          done=runs.done_rows(args))
+    assert ran == [0, 2]  # the row with an error runs again
+    assert sorted(r["batch"] for r in rows) == [1, 3, 8] and [r for r in rows if r.get("kept")] == [
+        dict(cases[1], seconds=1.0, kept=True)]
+    assert runs.done_rows(argparse.Namespace(out=out, resume=False)) == []
