@@ -322,3 +322,32 @@ def test_a_resumed_run_keeps_the_rows_it_has_and_runs_only_the_cases_it_lacks(tm
     assert sorted(r["batch"] for r in rows) == [1, 3, 8] and [r for r in rows if r.get("kept")] == [
         dict(cases[1], seconds=1.0, kept=True)]
     assert runs.done_rows(argparse.Namespace(out=out, resume=False)) == []
+
+
+def test_record_parts_times_a_by_fill_records_configs_on_each_trial_batch_alone(tmp_path):
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
+    from tuner.ops import DecodeShape
+    from tuner.ops.decode_attention import by_fill
+
+    shape = DecodeShape(batch=3, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=16, dtype="float32")
+    triton = {"backend": "triton_decode", "block_n": 16, "num_kv_splits": 1, "num_warps": 4, "num_stages": 2}
+    db = TuningDB(tmp_path / "t.db")
+    db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
+                   (current_fingerprint_id(), current_fingerprint()), by_fill(dict(triton, num_kv_splits=2), triton),
+                   median_us=1.0, spread_us=0.0, samples=3, default_config=triton, default_median_us=2.0,
+                   default_spread_us=0.0, method={})
+    tunings = tmp_path / "t.tunings.json"
+    tunings.write_text(json.dumps(export_document(db)))
+    out = tmp_path / "parts.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "record_parts.py", "--smoke", "--heads", "4/2", "--batch", "3", "--kv", "64",
+                             "--tunings", str(tunings), "--out", str(out)],
+                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert list(doc["configs"]) == ["default", "dense", "other"]
+    # three batches of the trial, three of the second trial, two of the dense trial, each alone
+    assert [r["batches"] for r in doc["rows"]] == ["trial"] * 3 + ["second trial"] * 3 + ["dense trial"] * 2
+    assert all(r["fill"] >= 0.5 for r in doc["rows"][-2:])
+    assert all(set(r[t]) == {"default", "dense", "other"} and min(r[t].values()) > 0
+               for r in doc["rows"] for t in ("sweep", "serving"))
