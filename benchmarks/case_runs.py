@@ -28,13 +28,18 @@ def add_run_options(ap: argparse.ArgumentParser) -> None:
                          "lacks: the same command's cases, in the same order, keep their seeds")
 
 
+def read_results(path: Path) -> dict:
+    """A benchmark's JSON, plain or compressed with xz (as the committed results are)."""
+    opener = lzma.open if path.suffix == ".xz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
 def done_rows(args: Any) -> list[dict]:
     """The rows of --out that --resume keeps (none without --resume, or before --out exists)."""
     if not args.resume or not args.out.exists():
         return []
-    opener = lzma.open if args.out.suffix == ".xz" else open
-    with opener(args.out, "rt") as f:
-        return [row for row in json.load(f).get("rows", []) if "error" not in row]
+    return [row for row in read_results(args.out).get("rows", []) if "error" not in row]
 
 
 def cases_of_this_run(ap: argparse.ArgumentParser, args: Any, cases: list[T]) -> list[tuple[int, T]]:

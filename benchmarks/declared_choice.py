@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 
 import serving
-from serving_compare import case_key, load
+from case_runs import read_results
+from serving_compare import case_key
 
 from tuner import settings
 from tuner.ops.decode_attention import BY_FILL, fill_parts
@@ -30,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, help="a serving.py JSON (.json or .json.xz)")
     args = ap.parse_args()
-    doc = load(args.run)
+    doc = read_results(args.run)
     rows = {case_key(r): r for r in doc["rows"]}
     heads = doc["models"]  # name -> head configuration, as the run had them
     changed = looked_up = 0

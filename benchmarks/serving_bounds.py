@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import lzma
 import math
 from pathlib import Path
 
-DENSE_FILL = 0.5  # a batch whose mean length is at least this share of its longest is dense
+from case_runs import read_results
+
+from tuner.settings import DENSE_FILL  # a batch whose mean length is at least this share of its longest is dense
 
 GROUPINGS = {
     "per case (the screen's oracle)": lambda r: id(r),
@@ -67,8 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path)
     args = ap.parse_args()
-    raw = lzma.decompress(args.results.read_bytes()) if args.results.suffix == ".xz" else args.results.read_bytes()
-    rows = [r for r in json.loads(raw)["rows"] if "screen_us" in r and "per_call" in r]
+    rows = [r for r in read_results(args.results)["rows"] if "screen_us" in r and "per_call" in r]
     for name, b in bounds(rows).items():
         if b["geomean_over_default"] is None:
             print(f"{name:66} {b['groups']:4} groups  no case with a common config")

@@ -12,20 +12,13 @@ than the default by more than 2%. No GPU: it reads the runs' JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import lzma
 import math
 from pathlib import Path
 
+from case_runs import read_results
 from stats import geomean
 
 SLOWER = 0.98  # a case below this share of the default's speed is "slower by more than 2%"
-
-
-def load(path: Path) -> dict:
-    opener = lzma.open if path.suffix == ".xz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
 
 
 def case_key(row: dict) -> tuple:
@@ -51,7 +44,7 @@ def main() -> None:
         name, sep, path = spec.partition("=")
         if not sep:
             ap.error(f"{spec!r}: give NAME=PATH")
-        runs[name] = {case_key(r): r for r in load(Path(path))["rows"]}
+        runs[name] = {case_key(r): r for r in read_results(Path(path))["rows"]}
     common = set.intersection(*(set(rows) for rows in runs.values()))
     if not common:
         ap.error("the runs share no case")

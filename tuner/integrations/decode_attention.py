@@ -21,7 +21,7 @@ from tuner import settings
 from tuner.keys import host_flags, host_scalar, host_window, static_key_from_tuple
 from tuner.ops.base import Config
 from tuner.ops.decode_attention import (BACKENDS, BY_FILL, OP_NAME, Call, _configs, _default, call_shape, can_run,
-                                        fill_branch, fill_parts, run_call)
+                                        dense_call, fill_parts, run_call)
 from tuner.runtime import autotune
 from tuner.runtime.capture_watch import CAPTURES
 from tuner.runtime.state import runtime, stream_capturing
@@ -76,7 +76,7 @@ def _host_lengths(*args: Any, **kwargs: Any) -> Any:
 
 def _captured(config: Config) -> Config:
     """The config a CUDA-graph capture runs of a stored one: a by_fill config's other one,
-    its config for any batch (run_call); for the frozen rule (tuner.runtime.borrowing)."""
+    its config for any batch (_fill_config); for the frozen rule (tuner.runtime.borrowing)."""
     return fill_parts(config)[1] if config.get("backend") == BY_FILL else config
 
 
@@ -102,16 +102,13 @@ def _fill_config(config: Config, batch: int, max_kv_len: Any, seq_lens_host: Any
     tuner.graph_capture(lengths); its other one while torch.compile traces (a traced graph
     would keep its first call's branch) and under a CUDA-graph capture (which replays any
     lengths; asked only while tuner.runtime.capture_watch counts one); else the one of the
-    call's host lengths (tuner.ops.decode_attention.fill_branch)."""
+    call's host lengths (tuner.ops.decode_attention.dense_call)."""
     if runtime.declared_lengths is not None:
         return declared_branch(config, batch)
-    other = fill_parts(config)[1]
-    if torch.compiler.is_compiling():
+    dense, other = fill_parts(config)
+    if torch.compiler.is_compiling() or not dense_call(seq_lens_host, max_kv_len, batch):
         return other
-    chosen = fill_branch(config, seq_lens_host, max_kv_len, batch)
-    if chosen is not other and CAPTURES[0] and stream_capturing():
-        return other
-    return chosen
+    return other if CAPTURES[0] and stream_capturing() else dense
 
 
 @autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts, lengths=_host_lengths, captured=_captured,

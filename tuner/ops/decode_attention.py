@@ -241,21 +241,25 @@ def _lengths_sum(seq_lens_host: Any) -> int | None:
         return None
 
 
+def dense_call(seq_lens_host: Any, max_kv_len: Any, batch: int) -> bool:
+    """Whether a call's host-side lengths show a dense batch (tuner.ops.traffic.is_dense: their
+    sum against batch x max_kv_len, the host bound of the longest); False where the lengths
+    are unknown or max_kv_len is not a host integer."""
+    if type(max_kv_len) is not int:
+        max_kv_len = host_scalar(max_kv_len)  # a NumPy integer as Python's; a tensor: unknown
+    if type(max_kv_len) is not int or max_kv_len <= 0 or batch <= 0:
+        return False
+    total = _lengths_sum(seq_lens_host)
+    return total is not None and is_dense(total, batch, max_kv_len)
+
+
 def fill_branch(config: Config, seq_lens_host: Any, max_kv_len: Any, batch: int) -> Config:
-    """The plain config a call runs: a by_fill config's `dense` one where the host-side
-    lengths show a dense batch (their sum against batch x max_kv_len, the host bound of
-    the longest), else its `other` one (lengths unknown, or max_kv_len not a host
-    integer); any other config as it is."""
+    """The plain config a call runs: a by_fill config's `dense` one on a dense call
+    (dense_call), else its `other` one; any other config as it is."""
     if config.get("backend") != BY_FILL:
         return config
     dense, other = fill_parts(config)
-    if type(max_kv_len) is not int:
-        max_kv_len = host_scalar(max_kv_len)  # a NumPy integer as Python's; a tensor: unknown
-    if type(max_kv_len) is int and max_kv_len > 0 and batch > 0:
-        total = _lengths_sum(seq_lens_host)
-        if total is not None and is_dense(total, batch, max_kv_len):
-            return dense
-    return other
+    return dense if dense_call(seq_lens_host, max_kv_len, batch) else other
 
 
 def check_config(config: Config, shape: DecodeShape) -> str | None:
@@ -393,17 +397,13 @@ def _capturing() -> bool:
 def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              page_table: torch.Tensor, cache_seqlens: torch.Tensor, max_kv_len: int, causal: Any, window_size: Any,
              softcap: Any, sinks: torch.Tensor | None, seq_lens_host: Any) -> torch.Tensor:
-    """Run a caller's call (Call's fields) with a config on its backend; where that backend
+    """Run a caller's call (Call's fields) with a plain config (the entry point,
+    tuner.integrations.decode_attention, resolves a by_fill one) on its backend; where that backend
     cannot run this call (no host lengths for FlashInfer, or CUDA-graph capture, which would
     freeze its plan and pages), the default backend's config for the call's shape runs
     instead. An empty batch gives an empty output."""
     if q.shape[0] == 0:
         return q.new_empty(*q.shape[:3], v_cache.shape[-1])
-    if config["backend"] == BY_FILL:
-        chosen = fill_branch(config, seq_lens_host, max_kv_len, q.shape[0])
-        # a graph captured now replays other lengths: the config for any batch
-        other = fill_parts(config)[1]
-        config = other if chosen is not other and _capturing() else chosen
     backend = BACKENDS.get(config["backend"])
     if backend is None or not (backend.runs_any_call or backend.runs(
             q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
