@@ -12,12 +12,20 @@ batch, and which timer, tells them apart.
 Configs: the library default, the record's config (a by_fill record: its dense and its
 other config). Per batch: its lengths (sum, longest, fill), and each config's median us
 under both timers.
+
+--draws N: N more batches of each distribution of the record's key (lengths as a sweep
+draws them, with seeds no trial or serving.py case uses), timed alike, and a summary: the
+record as it runs each batch (a by_fill record: the part of the batch's fill) over the
+default, in geomean, worst and best, per distribution, under the sweep's timer. One draw
+judges a record by luck where the default's time varies from batch to batch of the same
+bytes (FA3's default at batch 8 x kv 128k: 365-553 us for 1.5-1.7 GB, ea3ec29).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -33,6 +41,7 @@ from tuner.db.jsonio import load_document
 from tuner.keys import AttentionRunKey, canonical_json, kv_len_bucket
 from tuner.ops import DecodeShape, get_op
 from tuner.ops.decode_attention import BY_FILL, fill_parts
+from tuner.ops.traffic import DISTRIBUTIONS, is_dense
 from tuner.ops.shapes import shape_from_keys
 from tuner.ops.traffic import dense_draws, draw_lengths
 from tuner.ops.traffic import serving_draws as sweep_draws
@@ -73,6 +82,26 @@ def serving_draws(models: str, shape: DecodeShape) -> list[tuple[str, list[int]]
     return out
 
 
+EXTRA_SEED = 10**7  # the --draws batches' seeds: above any trial's (tuner.settings) and serving.py's
+
+
+def runs_part(configs: dict[str, dict], lens: list[int]) -> str:
+    """The name of the config the record runs on these lengths (by_fill: the fill's part)."""
+    if "record" in configs:
+        return "record"
+    return "dense" if is_dense(sum(lens), len(lens), max(lens)) else "other"
+
+
+def draws_summary(rows: list[dict]) -> dict:
+    """Of the --draws rows: default / the record as it runs, per distribution and in all."""
+    def of(group: list[dict]) -> dict:
+        ratios = [r["sweep"]["default"] / r["sweep"][r["runs"]] for r in group]
+        return dict(batches=len(ratios), geomean=math.exp(sum(map(math.log, ratios)) / len(ratios)),
+                    worst=min(ratios), best=max(ratios),
+                    slower_by_2pct=sum(x < 1 / 1.02 for x in ratios)) if ratios else dict(batches=0)
+    return {"all": of(rows), **{d: of([r for r in rows if r["distribution"] == d]) for d in DISTRIBUTIONS}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", required=True, help="Q/KV, e.g. 28/4")
@@ -81,6 +110,7 @@ def main() -> None:
     ap.add_argument("--tunings", type=Path, default=serving.SHIPPED / "h200.tunings.json.gz")
     ap.add_argument("--models", default="(shipped)", help="the serving.py run whose cases to draw (--models there)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--draws", type=int, default=0, help="this many more batches per distribution (see above)")
     ap.add_argument("--smoke", action="store_true", help="on the CPU, the trials' batches only (Triton interpreted)")
     args = ap.parse_args()
     heads = tuple(int(n) for n in args.heads.split("/"))
@@ -103,11 +133,17 @@ def main() -> None:
         batches += [("dense trial", lens) for lens in dense_draws(shape.batch, shape.kv_len, settings.DENSE_TRIAL_SEED)]
     if not args.smoke:
         batches += serving_draws(args.models, shape)
+    for i in range(args.draws):
+        batches += [(f"draw {d}", lens) for d, lens in zip(DISTRIBUTIONS, sweep_draws(shape.batch, shape.kv_len,
+                                                                                     EXTRA_SEED + i))]
     rows = []
     for name, lens in batches:
         trial = build_trial(op, shape, device, draws=[lens])
         calls = list(trial.runs)
-        row = dict(batches=name, sum=sum(lens), longest=max(lens), fill=round(sum(lens) / (len(lens) * max(lens)), 3))
+        row = dict(batches=name, sum=sum(lens), longest=max(lens), fill=round(sum(lens) / (len(lens) * max(lens)), 3),
+                   runs=runs_part(configs, lens))
+        if name.startswith("draw "):
+            row["distribution"] = name.split()[1]
         for timer_name, timer in timers.items():
             rotations = [rotation(calls, c) for c in configs.values()]
             timings = timer.interleaved(rotations) if hasattr(timer, "interleaved") else [timer(r) for r in rotations]
@@ -116,6 +152,9 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         del trial, calls
     doc = dict(header("record_parts", started), record=record, configs=configs, rows=rows)
+    if args.draws:
+        doc["draws"] = draws_summary([r for r in rows if "distribution" in r])
+        print(json.dumps(doc["draws"]))
     args.out.write_text(json.dumps(doc, indent=1, default=str))
 
 

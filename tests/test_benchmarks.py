@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -341,13 +342,22 @@ def test_record_parts_times_a_by_fill_records_configs_on_each_trial_batch_alone(
     out = tmp_path / "parts.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "record_parts.py", "--smoke", "--heads", "4/2", "--batch", "3", "--kv", "64",
-                             "--tunings", str(tunings), "--out", str(out)],
+                             "--tunings", str(tunings), "--out", str(out), "--draws", "1"],
                             cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert list(doc["configs"]) == ["default", "dense", "other"]
     # three batches of the trial, three of the second trial, two of the dense trial, each alone
-    assert [r["batches"] for r in doc["rows"]] == ["trial"] * 3 + ["second trial"] * 3 + ["dense trial"] * 2
+    # and, with --draws 1, one more batch of each distribution
+    assert [r["batches"] for r in doc["rows"]] == ["trial"] * 3 + ["second trial"] * 3 + ["dense trial"] * 2 + [
+        "draw uniform", "draw long_tail", "draw few_long"]
+    # each batch says which part of the record runs it: the dense trial's the dense part
+    assert [r["runs"] for r in doc["rows"][6:8]] == ["dense", "dense"]
+    assert all(r["runs"] == ("dense" if r["fill"] >= 0.5 else "other") for r in doc["rows"])
+    drawn = doc["rows"][-3:]
+    expect = math.exp(sum(math.log(r["sweep"]["default"] / r["sweep"][r["runs"]]) for r in drawn) / 3)
+    assert doc["draws"]["all"]["batches"] == 3 and doc["draws"]["all"]["geomean"] == pytest.approx(expect)
+    assert doc["draws"]["uniform"]["batches"] == 1
     assert all(r["fill"] >= 0.5 for r in doc["rows"][-2:])
     assert all(set(r[t]) == {"default", "dense", "other"} and min(r[t].values()) > 0
                for r in doc["rows"] for t in ("sweep", "serving"))
