@@ -64,7 +64,7 @@ CPU_TOKENS_PER_SPLIT = (32,)
 # CUDA: larger blocks (16 is left out as too small for a GPU's tensor cores); split counts
 # come from _cuda_splits. (block_n, num_warps, num_stages): the eight that won a shape of
 # the H200's shipped and serving sweeps (tuning_cache/h200.tunings.json as of 2734bd6 and
-# benchmarks/results/h200/issue12/serving_sweeps_2734bd6.tunings.json; the other four of
+# benchmarks/results/h200/issue12/serving_sweeps_2734bd6.tunings.json.xz; the other four of
 # the 3 x 2 x 2 never did).
 CUDA_BLOCK_NS = (32, 64, 128)
 CUDA_KERNEL_SHAPES = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3),
