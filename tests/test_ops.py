@@ -312,14 +312,36 @@ def test_serving_shapes_parse_and_say_so_in_their_label():
 def test_serving_draws_put_each_batchs_longest_in_the_kv_bucket():
     from tuner.ops.traffic import serving_draws, serving_grid
 
-    for batch, kv in ((1, 4096), (8, 3000), (64, 131072)):
+    # one batch per distribution, four rounds of them at batch 1 (settings.TRIAL_MIN_SEQUENCES)
+    for batch, kv, rounds in ((1, 4096, 4), (8, 3000, 1), (64, 131072, 1)):
         draws = serving_draws(batch, kv, seed=2)
-        assert len(draws) == 3 and draws == serving_draws(batch, kv, seed=2)
+        assert len(draws) == 3 * rounds and draws == serving_draws(batch, kv, seed=2)
         bucket = 1 << (kv - 1).bit_length()
         assert all(len(d) == batch and bucket // 2 < max(d) <= kv and min(d) >= 16 for d in draws)
     grid = serving_grid()
     assert all(s.lengths == "serving" and s.batch * s.kv_len <= 4 * 2**20 for s in grid)
     assert {s.batch for s in grid} >= {1, 2, 3, 5, 7, 12, 24, 40, 136, 256}
+
+
+def test_a_small_batchs_trial_draws_more_batches_of_each_distribution_each_its_own():
+    """One length per distribution judged a batch-1 record by luck (FA3's default moves by
+    +-5% from one length to the next): a serving trial holds at least
+    settings.TRIAL_MIN_SEQUENCES sequences of each distribution, each batch drawn anew."""
+    from tuner import settings
+    from tuner.ops.traffic import dense_draws, draws_per_distribution, serving_draws
+
+    assert [draws_per_distribution(b) for b in (1, 2, 3, 4, 8, 256)] == [4, 2, 2, 1, 1, 1]
+    draws = serving_draws(1, 65536, seed=0)
+    assert len({d[0] for d in draws}) == 12  # twelve lengths, not three drawn four times
+    # the first round is the one trials drew before (batch 1 x kv 64k, seed 0: the lengths of
+    # benchmarks/results/h200/issue12/parts_b1_ea3ec29.json's trial rows); round j is the
+    # first round of the seed plus j strides
+    assert [d[0] for d in draws[:3]] == [42437, 47949, 49725]
+    for j in (1, 2, 3):
+        assert draws[3 * j:3 * j + 3] == serving_draws(1, 65536, j * settings.TRIAL_DRAW_SEED_STRIDE)[:3]
+    assert len(serving_draws(8, 3000, seed=5)) == 3
+    dense = dense_draws(3, 4096, seed=1)
+    assert len(dense) == 4 and len({tuple(d) for d in dense}) == 4
 
 
 def test_serving_draws_that_reach_the_top_put_the_first_batchs_longest_at_kv_len():

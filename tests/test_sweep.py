@@ -365,7 +365,8 @@ def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
     trial = build_trial(op, shape, "cpu", seed=5)
     draws = serving_draws(3, 64, 5)
-    assert len(trial.runs) == len(draws) and [i for i, _ in trial.checks] == [1, 2]  # one copy each on a CPU
+    # one copy each on a CPU; batch 3: two rounds of the three distributions
+    assert len(trial.runs) == len(draws) == 6 and [i for i, _ in trial.checks] == [1, 2, 3, 4, 5]
     for i, lens in enumerate(draws):
         expected = trial.reference if i == 0 else dict(trial.checks)[i]
         torch.testing.assert_close(trial.runs[i]({"chunk": 0}), expected, atol=1e-5, rtol=1e-5)
@@ -396,7 +397,8 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
     trial = trial_module.build_trial(get_op("torch_split_decode"), shape, "cpu", seed=5)
     draws = serving_draws(3, 64, 5)
-    assert len(trial.runs) == 6 and sorted(i for part in trial.parts for i in part) == list(range(6))
+    assert len(draws) == 6  # batch 3: two rounds of the three distributions
+    assert len(trial.runs) == 12 and sorted(i for part in trial.parts for i in part) == list(range(12))
     for part, lens in zip(trial.parts, draws, strict=True):
         assert [trial.runs[i].args[0].lengths() for i in part] == [lens, lens]
     full = trial_module.build_trial(get_op("torch_split_decode"), dataclasses.replace(shape, lengths="full"), "cpu")
@@ -733,3 +735,31 @@ def test_a_dense_pass_that_keeps_a_winner_measured_elsewhere_does_not_store_it_a
                    method=dict(mine.method, note="measured elsewhere"))
     sweep(fill_op(timer, dense_cost=99.5), [FILLED], db, timer=timer)  # the dense pass keeps it
     assert [(r.fingerprint_id, r.method.get("note")) for r in db.records()] == [("elsewhere00000000", "measured elsewhere")]
+
+
+@pytest.mark.parametrize("stored_method, resumed", [
+    ({"lengths": "serving"}, False),  # a trial of one round, as before: other batches
+    ({"lengths": "serving", "rounds": 4}, True),  # the trial this sweep draws
+])
+def test_a_batch_1_serving_sweep_resumes_only_timings_of_a_trial_of_as_many_rounds(tmp_path, stored_method, resumed):
+    """Trials at batch 1 draw 4 rounds of lengths (settings.TRIAL_MIN_SEQUENCES): a timing
+    stored from a trial of one round is of other batches, and is measured again."""
+    from tuner.bench import WallClockTimer
+    from tuner.db import Problem, current_fingerprint
+
+    op = get_op("torch_split_decode")
+    shape = DecodeShape(batch=1, kv_len=64, lengths="serving", **SMALL)
+    problem = Problem(op.name, shape.static_key().to_json(), shape.run_key())
+    configs = candidate_configs(op, shape)
+    db = TuningDB(tmp_path / "t.db")
+    db.save_measurements(problem, (current_fingerprint_id(), current_fingerprint()), [
+        dict(config=c, kv_len=64, status=OK, method=dict(stored_method, device="cpu"), rung=1, median_us=5.0 + i,
+             spread_us=0.1, samples=2, max_error=0.0, error=None) for i, c in enumerate(configs)])
+    [result] = sweep(op, [shape], db, timer=WallClockTimer(warmup=0, repeats=2, min_repeats=2), halving=False,
+                     strategy="exhaustive")
+    assert result.status == MEASURED
+    if resumed:
+        assert result.resumed == len(configs) and result.measured == 0
+    else:
+        assert result.resumed == 0 and result.measured == len(configs)
+    assert db.records()[0].method["rounds"] == 4

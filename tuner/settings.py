@@ -48,6 +48,15 @@ CONFIRM_TRIES = 3
 # draws of the same bucket (H200, serving_shipped_043d49c: a Triton config 5.6% ahead on its
 # trial ran at 0.89x of the default on serving.py's lengths). Far from serving.py's seeds.
 SECOND_TRIAL_SEED = 1_000_003
+# a serving trial draws enough batches of each length distribution to hold at least this many
+# sequences (batch 1: 4 batches each, 2-3: 2, 4 and up: 1; tuner.ops.traffic.draws_per_distribution),
+# the later ones with the seed plus multiples of the stride: one length per distribution
+# judged a batch-1 record by luck, since FA3's default time moves by +-5% from one length to
+# the next (H200, benchmarks/results/h200/issue12/parts_b1_draws_df9ea65.json: a Triton
+# record 3.6% ahead on its trials ran 1.001x of the default over 24 more lengths, 6 of them
+# slower by more than 2%)
+TRIAL_MIN_SEQUENCES = 4
+TRIAL_DRAW_SEED_STRIDE = 7_919
 # a batch whose kv lengths sum to at least this share of batch x its longest is dense: a
 # decode_attention record may hold a config for dense calls besides the one for the rest
 # (tuner.ops.decode_attention.fill_branch), since on the H200 an even-split Triton config
@@ -129,5 +138,5 @@ DEFAULT_L2_BYTES = 60 * 2**20
 
 # the torch reference attends this many bytes of float32 work at once (keys and values of
 # a batch's sequences, padded to the longest, and their scores): sequences go in chunks,
-# not one by one, since a sweep builds three references per shape (one per serving batch)
+# not one by one, since a sweep builds a reference per serving batch (three or more per shape)
 REFERENCE_CHUNK_BYTES = 1 << 30

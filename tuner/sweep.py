@@ -22,6 +22,7 @@ from tuner.keys import canonical_json
 from tuner.ops import Config, DecodeInputs, DecodeShape, Op
 from tuner.ops.rotation import bytes_read
 from tuner.ops.shapes import shape_from_keys
+from tuner.ops.traffic import draws_per_distribution
 from tuner.ops.trial import build_dense_trial, build_second_trial, build_trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, Step, get_strategy
@@ -33,6 +34,23 @@ MEASURED, SKIPPED, FAILED, DUPLICATE = "measured", "skipped", "failed", "duplica
 # the method's lengths of a dense pass's measurements (each a by_fill config over the shape's
 # winner, timed on the dense batches alone), kept apart from the mix's
 DENSE_LENGTHS = "serving-dense"
+
+
+def _batches_of(shape: DecodeShape, lengths: str) -> dict[str, Any]:
+    """What a measurement's method says of the batches it was timed on: their lengths and,
+    where a trial draws more than one round of them (tuner.ops.traffic.draws_per_distribution),
+    how many; a stored timing resumes only a measurement on the same kind of batches."""
+    if lengths == "full":
+        return {}
+    rounds = draws_per_distribution(shape.batch)
+    return {"lengths": lengths, **({"rounds": rounds} if rounds > 1 else {})}
+
+
+def _timed_on(method: dict[str, Any], shape: DecodeShape, lengths: str) -> bool:
+    """Whether a stored measurement's method names the batches shape's trial of `lengths`
+    holds (timings of one round, stored before trials drew more, are not resumed)."""
+    want = _batches_of(shape, lengths)
+    return method.get("lengths", "full") == lengths and method.get("rounds", 1) == want.get("rounds", 1)
 
 
 @dataclass(frozen=True)
@@ -169,6 +187,8 @@ def sweep(
         stored_winner = None if force else db.record(problem, environment=env.data)  # one that applies here
         if stored_winner is not None:
             if guide is not None:
+                # which configs ran fast there, to shortlist for its neighbours: timings of a
+                # trial of fewer rounds say that too
                 guide.record(shape, [_stored_outcome(m) for m in db.measurements(problem, env.id)
                                      if m.method.get("lengths", "full") == shape.lengths], stored_winner.config)
             advance(len(configs), label)
@@ -195,9 +215,9 @@ def sweep(
             ))
             continue
         # what measured this shape's kind of batch (a "serving" mix is not a full batch)
-        lengths = {} if shape.lengths == "full" else {"lengths": shape.lengths}
+        lengths = _batches_of(shape, shape.lengths)
         stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
-                                   if m.method.get("lengths", "full") == shape.lengths}
+                                   if _timed_on(m.method, shape, shape.lengths)}
         try:
             trial = build_trial(op, shape, device, seed)
         except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed
@@ -238,7 +258,7 @@ def sweep(
             result = measure(
                 trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume,
                 record=record, ranks=ranks,
-                gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape.lengths),
+                gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape),
                 advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
             )
         except BaseException:
@@ -316,7 +336,7 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
     baseline = op.by_fill(winner, winner)
     candidates = [baseline] + [op.by_fill(c, winner) for c in configs if not same_config(c, winner)]
     stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
-                               if m.method.get("lengths") == DENSE_LENGTHS}
+                               if _timed_on(m.method, shape, DENSE_LENGTHS)}
     try:
         trial = build_dense_trial(op, shape, device, seed)
     except (RuntimeError, MemoryError) as e:
@@ -331,7 +351,7 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
         t = outcome.timing
         pending.append(dict(
             config=step.config, kv_len=shape.kv_len, status=outcome.status,
-            method=dict(method, **step.timer.method, lengths=DENSE_LENGTHS,
+            method=dict(method, **step.timer.method, **_batches_of(shape, DENSE_LENGTHS),
                         **({"rung": step.rung} if step.rung != 1 else {})),
             rung=step.rung, median_us=t and t.median_us, spread_us=t and t.spread_us,
             samples=t.samples if t else 0, max_error=outcome.max_error, error=outcome.error,
@@ -382,12 +402,12 @@ def _how(checked: SecondTrial) -> str:
 
 
 def _all_outcomes(db: TuningDB, problem: Problem, fp_id: str, configs: list[Config],
-                  mine: list[Outcome], lengths: str) -> list[Outcome]:
+                  mine: list[Outcome], shape: DecodeShape) -> list[Outcome]:
     """Every config's outcome: this rank's own, the others' as they stored them (on this
     shape's kind of batch)."""
     own = {canonical_json(o.config): o for o in mine}
     rows = {canonical_json(m.config): m for m in db.measurements(problem, fp_id)
-            if m.method.get("lengths", "full") == lengths}
+            if _timed_on(m.method, shape, shape.lengths)}
     out = []
     for config in configs:
         key = canonical_json(config)

@@ -14,7 +14,7 @@ from tuner.keys import (
 
 DTYPES = ("float32", "float16", "bfloat16")
 # what a shape's batch holds: "full", every sequence at kv_len (the grid's uniform batches);
-# "serving", one batch per length distribution of tuner.ops.traffic, each with its longest
+# "serving", batches of each length distribution of tuner.ops.traffic (serving_draws), each with its longest
 # sequence in kv_len's bucket, timed in turn (the mean is the expected time over the mix)
 LENGTHS = ("full", "serving")
 

@@ -77,42 +77,59 @@ def _into_bucket(lens: list[int], kv_len: int, salt: str) -> list[int]:
     return lens
 
 
+def draws_per_distribution(batch: int) -> int:
+    """How many batches of each distribution a serving shape's trial draws: enough to hold
+    settings.TRIAL_MIN_SEQUENCES sequences (see there)."""
+    return max(1, -(-settings.TRIAL_MIN_SEQUENCES // max(batch, 1)))
+
+
+def _draw_seed(seed: int, j: int) -> int:
+    """The seed of a distribution's j-th batch: the first keeps the trial's own seed."""
+    return seed + j * settings.TRIAL_DRAW_SEED_STRIDE
+
+
 def dense_draws(batch: int, kv_len: int, seed: int) -> list[list[int]]:
     """The dense batches (is_dense) of a serving shape's dense pass, their longest in kv_len's
     bucket: one uniform in [kv_len/2, kv_len] (fill about 3/4) and one uniform in
-    [kv_len/8, kv_len] (about 9/16), so both ends of the dense range are measured; a draw
-    that is not dense is drawn again, at most 16 times, then taken from the first kind."""
+    [kv_len/8, kv_len] (about 9/16), so both ends of the dense range are measured, each
+    draws_per_distribution(batch) times; a draw that is not dense is drawn again, at most
+    16 times, then taken from the first kind."""
     draws = []
-    for low_share in (2, 8):
-        rng = random.Random(f"dense/{low_share}/{batch}/{kv_len}/{seed}")
-        for _ in range(16):
-            lens = [rng.randint(_at_least(kv_len // low_share, kv_len), kv_len) for _ in range(batch)]
-            lens = _into_bucket(lens, kv_len, f"dense/{low_share}/{batch}/{kv_len}/{seed}")
-            if is_dense(sum(lens), batch, max(lens)):
-                break
-        else:
-            lens = _into_bucket(_uniform(rng, batch, kv_len), kv_len, f"dense/{batch}/{kv_len}/{seed}")
-        draws.append(lens)
+    for j in range(draws_per_distribution(batch)):
+        at = _draw_seed(seed, j)
+        for low_share in (2, 8):
+            rng = random.Random(f"dense/{low_share}/{batch}/{kv_len}/{at}")
+            for _ in range(16):
+                lens = [rng.randint(_at_least(kv_len // low_share, kv_len), kv_len) for _ in range(batch)]
+                lens = _into_bucket(lens, kv_len, f"dense/{low_share}/{batch}/{kv_len}/{at}")
+                if is_dense(sum(lens), batch, max(lens)):
+                    break
+            else:
+                lens = _into_bucket(_uniform(rng, batch, kv_len), kv_len, f"dense/{batch}/{kv_len}/{at}")
+            draws.append(lens)
     return draws
 
 
 def serving_draws(batch: int, kv_len: int, seed: int, reach_top: bool = False) -> list[list[int]]:
-    """A serving shape's batches (DecodeShape.lengths "serving"): one per distribution, capped
+    """A serving shape's batches (DecodeShape.lengths "serving"): one of each distribution, capped
     at kv_len, each with its longest sequence moved into kv_len's bucket (above half its top)
-    if it fell below, so the call keys where the shape does. reach_top: the first batch's
-    longest at kv_len itself, the bucket's top, which a small batch's draws may all miss
-    (batch 1's three lengths of seeds 0 and 1000003 at kv 64k: 37k-50k of a 33k-64k
-    bucket)."""
+    if it fell below, so the call keys where the shape does; all of that
+    draws_per_distribution(batch) times, the first round with the seed itself. reach_top:
+    the first batch's longest at kv_len itself, the bucket's top, which a small batch's
+    draws may all miss (batch 1's three lengths of seeds 0 and 1000003 at kv 64k: 37k-50k
+    of a 33k-64k bucket)."""
     low = max(1, (1 << max(kv_len - 1, 0).bit_length()) // 2 + 1)  # the bucket's first length
     draws = []
-    for i, name in enumerate(DISTRIBUTIONS):
-        lens = draw_lengths(name, batch, kv_len, seed)
-        longest = max(range(batch), key=lens.__getitem__)
-        if lens[longest] < low:
-            lens[longest] = random.Random(f"longest/{name}/{batch}/{kv_len}/{seed}").randint(min(low, kv_len), kv_len)
-        if reach_top and i == 0:
-            lens[longest] = kv_len
-        draws.append(lens)
+    for j in range(draws_per_distribution(batch)):
+        at = _draw_seed(seed, j)
+        for name in DISTRIBUTIONS:
+            lens = draw_lengths(name, batch, kv_len, at)
+            longest = max(range(batch), key=lens.__getitem__)
+            if lens[longest] < low:
+                lens[longest] = random.Random(f"longest/{name}/{batch}/{kv_len}/{at}").randint(min(low, kv_len), kv_len)
+            if reach_top and not draws:
+                lens[longest] = kv_len
+            draws.append(lens)
     return draws
 
 

@@ -14,14 +14,14 @@ from tuner.bench.trial import Trial, cold_l2_copies
 from tuner.ops.base import Op
 from tuner.ops.rotation import bytes_read, fresh_page_copies
 from tuner.ops.shapes import DecodeShape
-from tuner.ops.traffic import dense_draws, serving_draws
+from tuner.ops.traffic import dense_draws, draws_per_distribution, serving_draws
 
 
 def too_big(shape: DecodeShape, device: str) -> str | None:
     """Why the shape's KV cache (and the reference's copy of it) cannot fit, or None."""
-    # the cache (a serving shape's three batches: each at most that), plus headroom for
-    # outputs and the reference's work
-    need = (3 if shape.lengths == "full" else 5) * shape.kv_bytes()
+    # the cache (a serving shape's batches, three per round of draws: each at most that), plus
+    # headroom for outputs and the reference's work
+    need = (3 if shape.lengths == "full" else 3 * draws_per_distribution(shape.batch) + 2) * shape.kv_bytes()
     if device == "cuda":
         # what PyTorch's cache holds unused is free to this process too
         free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
@@ -74,7 +74,7 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     """The trial of one shape of an op. MemoryError when it cannot fit; a RuntimeError of
     the reference passes through (the caller records the shape as failed).
 
-    A "serving" shape's trial holds one batch per length distribution (serving_draws); its
+    A "serving" shape's trial holds batches of each length distribution (serving_draws); its
     rotation runs them in turn, so a timing is their mean: the expected time over the mix,
     each batch weighted alike. The copies for a cold L2 are of the whole set. reach_top: a
     serving trial's first batch reaches the bucket's top (serving_draws). Each serving batch
