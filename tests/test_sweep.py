@@ -763,3 +763,60 @@ def test_a_batch_1_serving_sweep_resumes_only_timings_of_a_trial_of_as_many_roun
     else:
         assert result.resumed == 0 and result.measured == len(configs)
     assert db.records()[0].method["rounds"] == 4
+
+
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def split_op(timer, calls):
+    """Configs of one kernel with a fixed split count each, and the default: the fastest has
+    batch x splits = 96, as a split count that fills the GPU tracks the batch size."""
+    import math
+
+    def run(inputs, config):
+        batch = inputs.shape.batch
+        calls.append((batch, config.get("num_splits")))
+        timer.last = canonical(config)
+        timer.cost = 100.0 if config["name"] == "default" else 50.0 + 20.0 * abs(
+            math.log2(batch * config["num_splits"] / 96))
+        return split_kv_decode(inputs, 0)
+
+    def canonical(config):
+        return f"{config['name']}/{config.get('num_splits')}"
+
+    configs = [{"name": "default"}] + [{"name": "k", "num_splits": s} for s in SPLITS]
+    return Op(name="fake-splits", description="test op", configs=lambda shape: list(configs),
+              default=lambda shape: {"name": "default"}, run=run, grids={})
+
+
+def test_a_guided_shortlist_holds_the_anchors_leaders_with_their_split_counts_scaled_to_the_batch(db_path, monkeypatch):
+    """batch x splits carries over between batch sizes where the split count does not: batch
+    24 between anchors 16 (6 splits lead) and 32 (3 lead) wins with 4 splits, which neither
+    anchor's leaders hold (H200: FA3 with 6 splits, 1.23x at 70B tp8 b24 x kv 64k, was in no
+    shortlist)."""
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 1)
+    timer, calls = FakeTimer(), []
+    results = sweep(split_op(timer, calls), _batches(16, 32, 24), TuningDB(db_path), timer=timer, strategy="guided")
+    assert [r.winner for r in results] == [{"name": "k", "num_splits": s} for s in (6, 3, 4)]
+    assert {s for b, s in calls if b == 24} == {None, 6, 3, 4}  # the default, the leaders, the scaled one
+
+
+def test_scaled_splits_picks_the_nearest_sibling_in_octaves_or_both_either_side():
+    from tuner.search.guided import scaled_splits
+
+    configs = [{"name": "default"}] + [{"name": "k", "num_splits": s} for s in SPLITS] + [
+        {"name": "other", "num_splits": 5}, {"name": "k", "num_splits": 4, "tokens_per_split": 256}]
+    leader = {"name": "k", "num_splits": 8}
+    assert scaled_splits(leader, 16, 24, configs) == [{"name": "k", "num_splits": 6}]  # 5.33: nearer 6 than 4
+    assert scaled_splits(leader, 16, 16, configs) == [{"name": "k", "num_splits": 8}]
+    assert scaled_splits(leader, 8, 40, configs) == [{"name": "k", "num_splits": 2}]  # 1.6
+    # 3 x 4 / 5 = 2.4: 2 and 3 lie about as far on either side, in octaves (within 0.1)
+    assert scaled_splits({"name": "k", "num_splits": 3}, 4, 5, configs) == [
+        {"name": "k", "num_splits": 2}, {"name": "k", "num_splits": 3}]
+    assert scaled_splits(leader, 1, 256, configs) == [{"name": "k", "num_splits": 1}]  # below every sibling
+    # a count set by the heuristic (0), or by each sequence's length, is not scaled
+    assert scaled_splits({"name": "k", "num_splits": 0}, 16, 24, configs) == []
+    assert scaled_splits({"name": "k", "num_splits": 4, "tokens_per_split": 256}, 16, 24, configs) == []
+    assert scaled_splits({"name": "none", "num_splits": 4}, 16, 24, configs) == []  # no sibling

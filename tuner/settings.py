@@ -92,6 +92,17 @@ HALVING_MAX_KEEP = 6
 # guided search (tuner.search.guided): a shape between two anchors is searched over each
 # anchor's winner and this many of its fastest configs of the quick rung (and the default)
 GUIDED_KEEP = 8
+# ... and, for each anchor's fastest this many, the candidate that differs from it only in its
+# split count, scaled by anchor batch / shape batch (the nearest such candidate, or the two
+# either side): batch x splits, the work items that fill the GPU, carries over where the
+# split count itself does not. Seen on the H200 (serving_shipped_ea3ec29): at Llama 3.1 70B
+# tp8, batch 24 x kv 64k, FA3 with 6 splits ran 1.23x of the default on serving.py's uniform
+# batch, and the dense pass's shortlist there (17 configs, from its anchors at batches 8 and
+# 64: FA3 with 0, 3 and 24-64 splits, Triton) held no FA3 config of 4-16 splits; whether
+# scaling finds it is not yet measured. The knobs that count splits (a config whose splits
+# follow each sequence's length, tokens_per_split > 0, is left as it is)
+GUIDED_SCALED = 3
+SPLIT_KNOBS = ("num_splits", "num_kv_splits")
 # a missed key whose calls' mean kv length was below this share of their longest was called
 # with mixed lengths: `tuner sweep --from-misses` measures it on serving batches
 MISS_MIXED_BELOW = 0.9

@@ -10,6 +10,7 @@ no anchor measured, a shape is searched over every candidate."""
 from __future__ import annotations
 
 import bisect
+import math
 from typing import TYPE_CHECKING, Sequence
 
 from tuner import settings
@@ -31,6 +32,44 @@ def is_anchor(batch: int) -> bool:
 
 def _family(shape: DecodeShape) -> Family:
     return shape.static_key().to_json(), shape.q_len, shape.kv_len, shape.lengths
+
+
+def _split_knob(config: Config) -> str | None:
+    """The knob that counts a config's splits (settings.SPLIT_KNOBS), if it has a fixed count."""
+    if config.get("tokens_per_split"):
+        return None
+    for knob in settings.SPLIT_KNOBS:
+        value = config.get(knob)
+        if type(value) is int and value > 0:
+            return knob
+    return None
+
+
+def _without(config: Config, knob: str) -> str:
+    return canonical_json({k: v for k, v in config.items() if k != knob})
+
+
+def scaled_splits(leader: Config, from_batch: int, to_batch: int, configs: list[Config]) -> list[Config]:
+    """The configs that differ from leader only in its split count, nearest (in octaves) to
+    its count x from_batch / to_batch: one, or the two either side of it where they lie within
+    0.1 octave of equally far; none where
+    leader has no fixed split count or configs hold no such sibling."""
+    knob = _split_knob(leader)
+    if knob is None:
+        return []
+    rest = _without(leader, knob)
+    siblings = sorted(((c[knob], c) for c in configs if _split_knob(c) == knob and _without(c, knob) == rest),
+                      key=lambda pair: pair[0])
+    if not siblings:
+        return []
+    target = math.log2(leader[knob] * from_batch / to_batch)
+    lower = [c for s, c in siblings if math.log2(s) <= target]
+    upper = [c for s, c in siblings if math.log2(s) >= target]
+    if lower and upper and lower[-1] is not upper[0]:
+        a, b = lower[-1], upper[0]
+        gap_a, gap_b = target - math.log2(a[knob]), math.log2(b[knob]) - target
+        return [a, b] if abs(gap_a - gap_b) < 0.1 else [a if gap_a < gap_b else b]
+    return [lower[-1]] if lower else [upper[0]]
 
 
 class Guide:
@@ -60,7 +99,9 @@ class Guide:
     def shortlist(self, shape: DecodeShape, configs: list[Config]) -> list[Config]:
         """The candidates to search for shape (configs: all of them, the default first): all
         for an anchor or a shape whose family has no anchor yet; else the default and the
-        leaders of the nearest anchor on each side that are among configs."""
+        leaders of the nearest anchor on each side that are among configs, and for the first
+        settings.GUIDED_SCALED of each, the config of its split count scaled to the shape's
+        batch (scaled_splits)."""
         anchors = self._leaders.get(_family(shape))
         if is_anchor(shape.batch) or not anchors:
             return configs
@@ -71,7 +112,9 @@ class Guide:
         picked = [allowed[k] for b in near for k in map(canonical_json, anchors[b]) if k in allowed]
         if not picked:  # none of the leaders can run this shape: search it all
             return configs
-        return with_default_first(configs[0], picked)
+        scaled = [c for b in near for leader in anchors[b][:settings.GUIDED_SCALED]
+                  for c in scaled_splits(leader, b, shape.batch, configs)]
+        return with_default_first(configs[0], picked + scaled)
 
 
 class Guided(Halving):
