@@ -133,9 +133,9 @@ def main() -> None:
         batches += [("dense trial", lens) for lens in dense_draws(shape.batch, shape.kv_len, settings.DENSE_TRIAL_SEED)]
     if not args.smoke:
         batches += serving_draws(args.models, shape)
-    for i in range(args.draws):
-        batches += [(f"draw {d}", lens) for d, lens in zip(DISTRIBUTIONS, sweep_draws(shape.batch, shape.kv_len,
-                                                                                     EXTRA_SEED + i))]
+    for i in range(args.draws):  # each the first round of its seed's draws (one per distribution)
+        first_round = sweep_draws(shape.batch, shape.kv_len, EXTRA_SEED + i)[:len(DISTRIBUTIONS)]
+        batches += [(f"draw {d}", lens) for d, lens in zip(DISTRIBUTIONS, first_round, strict=True)]
     rows = []
     for name, lens in batches:
         trial = build_trial(op, shape, device, draws=[lens])

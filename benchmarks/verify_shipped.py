@@ -53,6 +53,7 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.keys import AttentionRunKey, canonical_json
     from tuner.ops import get_op
     from tuner.ops.shapes import shape_from_keys
+    from tuner.ops.traffic import draws_per_distribution
     from tuner.ops.trial import build_second_trial, build_trial
     from tuner.search.pipeline import measure
 
@@ -92,12 +93,15 @@ def worker(args: argparse.Namespace) -> None:
                 "default_matches_sweep": same_config(default, r["default"]["config"]),
                 "outcomes": [{"config": o.config, "status": o.status, "error": o.error} for o in result.outcomes],
             }
+            rounds = draws_per_distribution(shape.batch)
             if winner is not None:
                 db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
                                method=dict(timer.method, device=device, min_gain=settings.MIN_GAIN,
                                            kv_len=shape.kv_len, verified_from=r["method"], seed=args.seed,
                                            second_trial=args.second_trial,
-                                           **({} if lengths == "full" else {"lengths": lengths})))
+                                           **({} if lengths == "full" else {"lengths": lengths}),
+                                           # the trial's rounds of draws, as a sweep's method says them
+                                           **({"rounds": rounds} if lengths != "full" and rounds > 1 else {})))
                 row.update(winner=winner.config, winner_us=winner.timing.median_us,
                            default_us=default_timing and default_timing.median_us,
                            kept_sweep_winner=same_config(winner.config, r["config"]))

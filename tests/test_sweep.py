@@ -820,3 +820,11 @@ def test_scaled_splits_picks_the_nearest_sibling_in_octaves_or_both_either_side(
     assert scaled_splits({"name": "k", "num_splits": 0}, 16, 24, configs) == []
     assert scaled_splits({"name": "k", "num_splits": 4, "tokens_per_split": 256}, 16, 24, configs) == []
     assert scaled_splits({"name": "none", "num_splits": 4}, 16, 24, configs) == []  # no sibling
+
+
+def test_scaled_splits_leaves_a_split_count_beyond_any_rules_range_or_a_bool():
+    from tuner.search.guided import scaled_splits
+
+    configs = [{"name": "k", "num_splits": s} for s in SPLITS]
+    assert scaled_splits({"name": "k", "num_splits": 1 << 40}, 16, 24, configs) == []
+    assert scaled_splits({"name": "k", "num_splits": True}, 16, 24, configs) == []  # a bool is no count

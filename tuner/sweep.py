@@ -371,7 +371,8 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
                              for o in result.first_rung if canonical_json(o.config) in plain])
     found = result.winner
     info: dict[str, Any] = dict(seed=seed + settings.DENSE_TRIAL_SEED, measured=result.measured,
-                                resumed=result.resumed)
+                                resumed=result.resumed,
+                                **{k: v for k, v in _batches_of(shape, DENSE_LENGTHS).items() if k == "rounds"})
     if found is None or same_config(found.config, baseline) or result.default_timing is None:
         return None, {"dense_pass": dict(info, kept=True)}
     info.update(dense_us=round(found.timing.median_us, 3), winner_on_dense_us=round(result.default_timing.median_us, 3))

@@ -40,7 +40,7 @@ def _split_knob(config: Config) -> str | None:
         return None
     for knob in settings.SPLIT_KNOBS:
         value = config.get(knob)
-        if type(value) is int and value > 0:
+        if type(value) is int and 0 < value <= 1 << 20:  # beyond any rule's range: not scaled
             return knob
     return None
 
@@ -70,6 +70,13 @@ def scaled_splits(leader: Config, from_batch: int, to_batch: int, configs: list[
         gap_a, gap_b = target - math.log2(a[knob]), math.log2(b[knob]) - target
         return [a, b] if abs(gap_a - gap_b) < 0.1 else [a if gap_a < gap_b else b]
     return [lower[-1]] if lower else [upper[0]]
+
+
+def _distinct(configs: list[Config]) -> list[Config]:
+    """configs without repeats (a stored anchor's winner leads its list and is often also its
+    fastest timed one)."""
+    seen: set[str] = set()
+    return [c for c in configs if not (canonical_json(c) in seen or seen.add(canonical_json(c)))]
 
 
 class Guide:
@@ -112,7 +119,7 @@ class Guide:
         picked = [allowed[k] for b in near for k in map(canonical_json, anchors[b]) if k in allowed]
         if not picked:  # none of the leaders can run this shape: search it all
             return configs
-        scaled = [c for b in near for leader in anchors[b][:settings.GUIDED_SCALED]
+        scaled = [c for b in near for leader in _distinct(anchors[b])[:settings.GUIDED_SCALED]
                   for c in scaled_splits(leader, b, shape.batch, configs)]
         return with_default_first(configs[0], picked + scaled)
 
