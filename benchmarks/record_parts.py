@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 import serving
 import torch
 from run_info import header
+from stats import geomean
 
 from tuner import settings
 from tuner.bench import CudaGraphTimer, WallClockTimer, timer_for
@@ -41,9 +41,8 @@ from tuner.db.jsonio import load_document
 from tuner.keys import AttentionRunKey, canonical_json, kv_len_bucket
 from tuner.ops import DecodeShape, get_op
 from tuner.ops.decode_attention import BY_FILL, fill_parts
-from tuner.ops.traffic import DISTRIBUTIONS, is_dense
 from tuner.ops.shapes import shape_from_keys
-from tuner.ops.traffic import dense_draws, draw_lengths
+from tuner.ops.traffic import DISTRIBUTIONS, dense_draws, draw_lengths, is_dense
 from tuner.ops.traffic import serving_draws as sweep_draws
 from tuner.ops.trial import build_trial
 
@@ -96,7 +95,7 @@ def draws_summary(rows: list[dict]) -> dict:
     """Of the --draws rows: default / the record as it runs, per distribution and in all."""
     def of(group: list[dict]) -> dict:
         ratios = [r["sweep"]["default"] / r["sweep"][r["runs"]] for r in group]
-        return dict(batches=len(ratios), geomean=math.exp(sum(map(math.log, ratios)) / len(ratios)),
+        return dict(batches=len(ratios), geomean=geomean(ratios),
                     worst=min(ratios), best=max(ratios),
                     slower_by_2pct=sum(x < 1 / 1.02 for x in ratios)) if ratios else dict(batches=0)
     return {"all": of(rows), **{d: of([r for r in rows if r["distribution"] == d]) for d in DISTRIBUTIONS}}

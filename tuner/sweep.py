@@ -36,14 +36,18 @@ MEASURED, SKIPPED, FAILED, DUPLICATE = "measured", "skipped", "failed", "duplica
 DENSE_LENGTHS = "serving-dense"
 
 
-def _batches_of(shape: DecodeShape, lengths: str) -> dict[str, Any]:
-    """What a measurement's method says of the batches it was timed on: their lengths and,
-    where a trial draws more than one round of them (tuner.ops.traffic.draws_per_distribution),
-    how many; a stored timing resumes only a measurement on the same kind of batches."""
-    if lengths == "full":
-        return {}
+def _rounds(shape: DecodeShape) -> dict[str, int]:
+    """A serving trial's rounds of draws (tuner.ops.traffic.draws_per_distribution), as a
+    method says them: only where there is more than one."""
     rounds = draws_per_distribution(shape.batch)
-    return {"lengths": lengths, **({"rounds": rounds} if rounds > 1 else {})}
+    return {"rounds": rounds} if rounds > 1 else {}
+
+
+def _batches_of(shape: DecodeShape, lengths: str) -> dict[str, Any]:
+    """What a measurement's method says of the batches it was timed on: their lengths and
+    their rounds of draws (_rounds); a stored timing resumes only a measurement on the same
+    kind of batches."""
+    return {} if lengths == "full" else {"lengths": lengths, **_rounds(shape)}
 
 
 def _timed_on(method: dict[str, Any], shape: DecodeShape, lengths: str) -> bool:
@@ -371,8 +375,7 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
                              for o in result.first_rung if canonical_json(o.config) in plain])
     found = result.winner
     info: dict[str, Any] = dict(seed=seed + settings.DENSE_TRIAL_SEED, measured=result.measured,
-                                resumed=result.resumed,
-                                **{k: v for k, v in _batches_of(shape, DENSE_LENGTHS).items() if k == "rounds"})
+                                resumed=result.resumed, **_rounds(shape))
     if found is None or same_config(found.config, baseline) or result.default_timing is None:
         return None, {"dense_pass": dict(info, kept=True)}
     info.update(dense_us=round(found.timing.median_us, 3), winner_on_dense_us=round(result.default_timing.median_us, 3))

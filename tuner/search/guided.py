@@ -75,8 +75,10 @@ def scaled_splits(leader: Config, from_batch: int, to_batch: int, configs: list[
 def _distinct(configs: list[Config]) -> list[Config]:
     """configs without repeats (a stored anchor's winner leads its list and is often also its
     fastest timed one)."""
-    seen: set[str] = set()
-    return [c for c in configs if not (canonical_json(c) in seen or seen.add(canonical_json(c)))]
+    unique: dict[str, Config] = {}
+    for config in configs:
+        unique.setdefault(canonical_json(config), config)
+    return list(unique.values())
 
 
 class Guide:
