@@ -1,6 +1,7 @@
 """Re-check every winner of a sweep before it ships: per record, run the default and the
 sweep's winner again (each checked against the torch reference), re-time them side by side
-(the sweep's own winner rule, tuner.bench.decide), and store what that decides, with this
+(the sweep's own winner rule, tuner.bench.decide; a record of a sweep's dense pass by its
+rule, losing nowhere: tuner.sweep._dense_pass), and store what that decides, with this
 machine's fingerprint, in a new DB. The shipped tunings are exported from that DB.
 
     python benchmarks/verify_shipped.py --tunings sweep.tunings.json --db $OUT/verified.db \\
@@ -12,7 +13,8 @@ machine's fingerprint, in a new DB. The shipped tunings are exported from that D
 
 One worker per GPU (CUDA_VISIBLE_DEVICES, else every GPU torch sees), each taking every
 n-th record. Resumable: records already in --db for this environment are not re-timed.
---out gets, per record, the sweep's and the re-timing's default and winner in us.
+--out gets, per record, the sweep's and the re-timing's default and winner in us, and each
+config's time on the re-timing's trial.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.ops.shapes import shape_from_keys
     from tuner.ops.traffic import draws_per_distribution
     from tuner.ops.trial import build_second_trial, build_trial
-    from tuner.search.pipeline import measure
+    from tuner.bench import OK, Outcome
+    from tuner.search.pipeline import confirm_again, measure
 
     deadline = time.monotonic() + args.seconds
     records = _records(args)[args.part::args.parts]
@@ -82,16 +85,29 @@ def worker(args: argparse.Namespace) -> None:
             # the sweep's own trial and pipeline: each checked against the reference, re-timed side by side
             trial = (build_second_trial(op, shape, device, seed=args.seed) if args.second_trial
                      else build_trial(op, shape, device, seed=args.seed))
-            result = measure(trial, configs, default, timer, strategy="exhaustive")
+            dense_record = (r["method"].get("dense_pass") or {}).get("kept") is False and len(configs) == 2
+            by_dense_rule = False
+            if dense_record:
+                # the dense pass's rule (tuner.sweep._dense_pass): its dense part's gain was
+                # established on dense batches, which a mix dilutes; it must lose nowhere
+                checked = confirm_again(trial, r["config"], default, timer, must_gain=False)
+                by_dense_rule = checked.default is not None  # else it failed: the winner rule says how
+            if by_dense_rule:
+                outcomes = [Outcome(default, OK, checked.default), Outcome(r["config"], OK, checked.winner)]
+                winner, default_timing = outcomes[1] if checked.held else outcomes[0], checked.default
+            else:
+                result = measure(trial, configs, default, timer, strategy="exhaustive")
+                outcomes, winner, default_timing = result.outcomes, result.winner, result.default_timing
             del trial
-            winner, default_timing = result.winner, result.default_timing
             boundary_sync()
             row = {
                 "op": r["op"], "shape": shape.label(), "run_key": r["run_key"],
                 "sweep_winner": r["config"], "sweep_us": r["timing"]["median_us"],
                 "sweep_default_us": r["default"]["median_us"],
                 "default_matches_sweep": same_config(default, r["default"]["config"]),
-                "outcomes": [{"config": o.config, "status": o.status, "error": o.error} for o in result.outcomes],
+                "outcomes": [{"config": o.config, "status": o.status, "error": o.error,
+                              "median_us": o.timing and o.timing.median_us} for o in outcomes],
+                **({"rule": "loses nowhere (a dense-pass record)"} if by_dense_rule else {}),
             }
             rounds = draws_per_distribution(shape.batch)
             if winner is not None:
@@ -101,7 +117,11 @@ def worker(args: argparse.Namespace) -> None:
                                            second_trial=args.second_trial,
                                            **({} if lengths == "full" else {"lengths": lengths}),
                                            # the trial's rounds of draws, as a sweep's method says them
-                                           **({"rounds": rounds} if lengths != "full" and rounds > 1 else {})))
+                                           **({"rounds": rounds} if lengths != "full" and rounds > 1 else {}),
+                                           # the dense pass over the winner kept: a sweep does not run it again
+                                           **({"dense_pass": r["method"]["dense_pass"]}
+                                              if "dense_pass" in r["method"] and same_config(winner.config, r["config"])
+                                              else {})))
                 row.update(winner=winner.config, winner_us=winner.timing.median_us,
                            default_us=default_timing and default_timing.median_us,
                            kept_sweep_winner=same_config(winner.config, r["config"]))

@@ -250,6 +250,40 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
     assert record.problem.run_key.batch == 2 and record.config in (default, {"chunk": 16})
 
 
+def test_verify_shipped_judges_a_dense_pass_record_by_its_rule_and_keeps_each_configs_time(tmp_path):
+    """A record the dense pass stored is re-timed by its rule (loses nowhere:
+    tuner.search.pipeline.confirm_again with must_gain=False), not the winner rule whose
+    gain a mix dilutes; every row keeps both configs' times on the trial."""
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
+    from tuner.ops import DecodeShape
+
+    shape = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
+                        dtype="float32", lengths="serving")
+    with TuningDB(tmp_path / "sweep.db") as db:
+        db.save_record(Problem("torch_split_decode", shape.static_key().to_json(), shape.run_key()),
+                       (current_fingerprint_id(), current_fingerprint()), {"chunk": 16}, median_us=1.0,
+                       spread_us=0.1, samples=5, default_config={"chunk": 0}, default_median_us=1.1,
+                       default_spread_us=0.1, method={"lengths": "serving", "dense_pass": {"kept": False}})
+        (tmp_path / "sweep.tunings.json").write_text(json.dumps(export_document(db)))
+    out = tmp_path / "verified.json"
+    args = ["--tunings", str(tmp_path / "sweep.tunings.json"), "--db", str(tmp_path / "verified.db"),
+            "--out", str(out), "--second-trial", "--seconds", "120"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "verify_shipped.py", *args], cwd=ROOT / "benchmarks", env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["rule"].startswith("loses nowhere")
+    assert [o["config"] for o in row["outcomes"]] == [{"chunk": 0}, {"chunk": 16}]
+    assert all(o["status"] == "ok" and o["median_us"] > 0 for o in row["outcomes"])
+    assert row["winner"] in ({"chunk": 0}, {"chunk": 16})
+    assert row["default_us"] == row["outcomes"][0]["median_us"]
+    # a kept winner keeps its dense pass's info, so a sweep does not run one again
+    [record] = TuningDB(tmp_path / "verified.db").records()
+    assert record.config == row["winner"]
+    assert ("dense_pass" in record.method) is (row["winner"] == {"chunk": 16})
+
+
 def test_sweep_cost_kv_option_keeps_only_those_kv_buckets_of_the_serving_grid():
     sweep_cost = benchmark_module("sweep_cost")
     spec = sweep_cost.HEADS["16/8 hd256 softcap50 window4095"]

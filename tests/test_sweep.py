@@ -675,6 +675,53 @@ def test_a_config_that_wins_dense_batches_only_is_stored_for_them_beside_the_win
     assert composite in [r.config for r in rows if r.method["lengths"] == "serving-dense"]
 
 
+def test_a_dense_config_whose_gain_the_mix_dilutes_is_kept_where_it_loses_nowhere(db_path):
+    """The dense part 4% ahead on dense batches; the second trial's mix holds one dense batch
+    in three, so by_fill gains there less than the noise, and the default runs the rest
+    alike: it loses nowhere, and is stored (a second trial that asked for the winner rule's
+    gain refused such a record on the H200, one that ran 1.35x on a dense serving batch)."""
+    from tuner import settings
+    from tuner.bench import beats
+    from tuner.ops.traffic import is_dense, serving_draws
+
+    second = serving_draws(FILLED.batch, FILLED.kv_len, settings.SECOND_TRIAL_SEED, reach_top=True)
+    mix = sum(96.0 if is_dense(sum(d), len(d), max(d)) else 100.0 for d in second) / len(second)
+    # the premise: the winner rule refuses that gain on the mix, as the noise is 2%
+    assert mix < 100.0 and not beats(Timing(mix, 0.02 * mix, 7), Timing(100.0, 2.0, 7))
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    [result] = sweep(fill_op(timer, dense_cost=96.0), [FILLED], db, timer=timer)
+    composite = {"dense.name": "even", "other.name": "default"}
+    assert result.winner == composite
+    [record] = db.records()
+    assert record.config == composite and record.median_us == pytest.approx(mix)
+    assert record.method["dense_pass"]["second_trial"]["held"] is True
+
+
+def test_a_second_trial_asking_no_gain_still_refuses_a_config_the_default_beats():
+    from tuner.bench.trial import Trial
+    from tuner.search.pipeline import confirm_again
+
+    class PairedTimer:
+        method = {"timer": "fixed"}
+
+        def __init__(self, mine, theirs):
+            self.times = mine, theirs
+
+        def paired(self, a, b):
+            a[0](), b[0]()
+            return tuple(Timing(t, 1.0, 7) for t in self.times)
+
+    out = torch.ones(2)
+    trial = Trial(runs=[lambda config: out], reference=out, tolerance=(1e-3, 1e-3), kv_len=64)
+    mine, default = {"name": "dense"}, {"name": "default"}
+    def held(mine_us, must_gain):
+        return confirm_again(trial, mine, default, PairedTimer(mine_us, 100.0), must_gain=must_gain).held
+    assert held(99.5, must_gain=False) and not held(99.5, must_gain=True)  # within the noise
+    assert held(90.0, must_gain=True) and held(90.0, must_gain=False)
+    assert not held(101.5, must_gain=False) and held(100.5, must_gain=False)  # slower beyond the noise / within it
+
+
 def test_a_dense_pass_that_finds_nothing_keeps_the_winner_and_says_so(db_path):
     timer = FakeTimer()
     db = TuningDB(db_path)
@@ -711,6 +758,31 @@ def test_no_dense_pass_where_every_call_is_dense_or_the_op_has_no_by_fill(db_pat
     [result] = sweep(plain, [FILLED], db, timer=timer, force=True)
     [record] = [r for r in db.records() if r.problem.run_key == FILLED.run_key()]
     assert result.winner == {"name": "default"} and "dense_pass" not in record.method
+
+
+def test_a_dense_config_refused_by_a_second_trial_that_asked_for_a_gain_gets_its_pass_again(db_path):
+    """A record whose dense pass found a config that the second trial refused when it still
+    asked for the winner rule's gain (no "rule" in its info) gets another pass; once its info
+    names the rule, a sweep leaves it alone."""
+    from tuner.db import current_environment
+
+    timer = FakeTimer()
+    [record] = _swept_without_dense_pass(db_path, timer)
+    db = TuningDB(db_path)
+    refused = {"kept": True, "dense_us": 96.0, "winner_on_dense_us": 100.0,
+               "second_trial": {"held": False, "error": None, "winner_us": 98.7, "default_us": 100.0}}
+    db.save_record(record.problem, current_environment(), record.config, median_us=record.median_us,
+                   spread_us=record.spread_us, samples=record.samples, default_config=record.default_config,
+                   default_median_us=record.default_median_us, default_spread_us=record.default_spread_us,
+                   method=dict(record.method, dense_pass=refused))
+    [again] = sweep(fill_op(timer, dense_cost=96.0), [FILLED], db, timer=timer)
+    composite = {"dense.name": "even", "other.name": "default"}
+    assert again.status == MEASURED and again.winner == composite
+    [stored] = db.records()
+    assert stored.method["dense_pass"]["rule"] == "loses nowhere" and stored.method["dense_pass"]["kept"] is False
+    runs = []
+    [third] = sweep(fill_op(timer, dense_cost=96.0, runs=runs), [FILLED], db, timer=timer)
+    assert third.status == SKIPPED and runs == []
 
 
 def _swept_without_dense_pass(path, timer):

@@ -142,7 +142,8 @@ def _keep_default(result: Measured, default: Config) -> None:
 class SecondTrial:
     """A winner against the default on a second trial: whether it held (right on every
     batch, lost on none by more than settings.MAX_PART_LOSS, beat the default by the
-    winner rule), the two timings there, and why not where it failed to run."""
+    winner rule, or where no gain is asked was not beaten by it), the two timings there,
+    and why not where it failed to run."""
 
     held: bool
     winner: Timing | None = None
@@ -157,11 +158,14 @@ class SecondTrial:
 
 
 def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *,
-                  min_gain: float = settings.MIN_GAIN) -> SecondTrial:
+                  min_gain: float = settings.MIN_GAIN, must_gain: bool = True) -> SecondTrial:
     """config checked on a second trial (lengths drawn independently of the first's) and
     timed side by side with the default there, as tuner.bench.decide confirms it on the
     first: one draw of lengths per distribution can crown a config that loses on another
-    draw of the same bucket. A call that fails does not hold (the caller keeps the default)."""
+    draw of the same bucket. must_gain=False asks only that it lose nowhere: the default
+    does not beat it on the mix by more than the noise, nor on any batch by more than
+    settings.MAX_PART_LOSS (for a config whose gain another trial established). A call
+    that fails does not hold (the caller keeps the default)."""
     try:
         checked = check_config(rotation(trial.runs, config), config, reference=trial.reference,
                                tolerance=trial.tolerance, checks=trial.checks)
@@ -170,4 +174,5 @@ def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *
         (mine, theirs), holds = side_by_side(trial.runs, trial.parts, config, default, timer)
     except Exception as e:  # out of memory, a capture that failed: unsure, so not held
         return SecondTrial(False, error=one_line(e))
-    return SecondTrial(holds and beats(mine, theirs, min_gain), mine, theirs)
+    kept = beats(mine, theirs, min_gain) if must_gain else not beats(theirs, mine, 0.0)
+    return SecondTrial(holds and kept, mine, theirs)
