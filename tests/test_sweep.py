@@ -5,6 +5,7 @@ import torch
 
 from tuner.bench import ERROR, OK, OOM, WRONG, Timing
 from tuner.db import TuningDB, current_fingerprint_id
+from tuner.keys import canonical_json
 from tuner.ops import DecodeShape, Op, get_op
 from tuner.ops.torch_split import split_kv_decode
 from tuner.sweep import FAILED, SKIPPED, MEASURED, candidate_configs, sweep
@@ -783,6 +784,52 @@ def test_a_dense_config_refused_by_a_second_trial_that_asked_for_a_gain_gets_its
     runs = []
     [third] = sweep(fill_op(timer, dense_cost=96.0, runs=runs), [FILLED], db, timer=timer)
     assert third.status == SKIPPED and runs == []
+
+
+def dense_guided_op(timer):
+    """Configs s1..s8 and the default: on dense batches s_k is fastest at batch k (as
+    guided_op's), on the rest each is slower than the default; and their by_fill configs."""
+    from tuner.ops.traffic import is_dense
+
+    def run(inputs, config):
+        lens = inputs.lengths()
+        dense = is_dense(sum(lens), len(lens), max(lens))
+        if "dense.name" in config:
+            return run(inputs, {"name": config["dense.name" if dense else "other.name"]})
+        name = config["name"]
+        timer.last = name
+        timer.cost = 100.0 if name == "default" else 50.0 + 5.0 * abs(int(name[1:]) - len(lens)) if dense else 400.0
+        return split_kv_decode(inputs, 0)
+
+    return Op(name="fake-dense-guided", description="test op", configs=lambda shape: [{"name": n} for n in GUIDED_NAMES],
+              default=lambda shape: {"name": "default"}, run=run, grids={},
+              by_fill=lambda dense, other: {"dense.name": dense["name"], "other.name": other["name"]})
+
+
+def test_a_resumed_guided_sweep_shortlists_dense_passes_from_the_stored_anchors(db_path, monkeypatch):
+    """The anchors' dense passes stored in one sweep guide the dense passes between them in
+    the next, as in the sweep that ran them: the same shortlist, not every candidate."""
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    served = [dataclasses.replace(FILLED, batch=b) for b in (2, 4, 3)]
+
+    def dense_configs_at_batch_3(db):
+        [record] = [r for r in db.records() if r.problem.run_key.batch == 3]
+        return {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
+                if m.method["lengths"] == "serving-dense"}
+
+    timer = FakeTimer()
+    at_once = TuningDB(db_path.with_name("at_once.db"))
+    sweep(dense_guided_op(timer), served, at_once, timer=timer, strategy="guided")
+    resumed = TuningDB(db_path)
+    sweep(dense_guided_op(timer), served[:2], resumed, timer=timer, strategy="guided")
+    results = sweep(dense_guided_op(timer), served, resumed, timer=timer, strategy="guided")
+    assert [r.status for r in results] == [SKIPPED, SKIPPED, MEASURED]
+    assert results[2].winner == {"dense.name": "s3", "other.name": "default"}
+    searched = dense_configs_at_batch_3(resumed)
+    assert searched == dense_configs_at_batch_3(at_once)
+    assert 1 < len(searched) < len(GUIDED_NAMES)
 
 
 def _swept_without_dense_pass(path, timer):

@@ -194,8 +194,15 @@ def sweep(
             if guide is not None:
                 # which configs ran fast there, to shortlist for its neighbours: timings of a
                 # trial of fewer rounds say that too
-                guide.record(shape, [_stored_outcome(m) for m in db.measurements(problem, env.id)
+                rows = db.measurements(problem, env.id)
+                guide.record(shape, [_stored_outcome(m) for m in rows
                                      if m.method.get("lengths", "full") == shape.lengths], stored_winner.config)
+                if wants_dense(shape):
+                    # and on dense batches, for the dense passes of its neighbours: without it, a
+                    # resumed sweep's dense passes searched every candidate (H200, 32/4: 52 configs
+                    # a key, against 12 in the process that ran the anchors' passes)
+                    dense_guide.record(shape, _stored_dense_outcomes(
+                        op, shape, [m for m in rows if m.method.get("lengths") == DENSE_LENGTHS]))
             advance(len(configs), label)
             if wants_dense(shape) and _dense_pass_due(stored_winner.method) \
                     and op.check(op.by_fill(stored_winner.config, stored_winner.config), shape) is None:
@@ -390,6 +397,19 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
     if not checked.held:
         return None, {"dense_pass": dict(info, kept=True)}
     return (found.config, checked.winner, checked.default), {"dense_pass": dict(info, kept=False)}
+
+
+def _stored_dense_outcomes(op: Op, shape: DecodeShape, rows: list[MeasurementRow]) -> list[Outcome]:
+    """A stored dense pass's outcomes as plain configs, a guide's currency: its measurements
+    are of by_fill(C, W), W the winner it ran beside, the C whose by_fill(C, C) (the pass's
+    baseline) was measured; none where no candidate is that."""
+    measured = {canonical_json(m.config): m for m in rows}
+    configs = candidate_configs(op, shape)
+    beside = next((c for c in configs if canonical_json(op.by_fill(c, c)) in measured), None)
+    if beside is None:
+        return []
+    return [dataclasses.replace(_stored_outcome(m), config=c) for c in configs
+            if (m := measured.get(canonical_json(op.by_fill(c, beside)))) is not None]
 
 
 DENSE_RULE = "loses nowhere"  # what a dense pass's second trial asks (its info says so since it asks no gain)
