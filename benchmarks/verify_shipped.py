@@ -1,7 +1,8 @@
 """Re-check every winner of a sweep before it ships: per record, run the default and the
 sweep's winner again (each checked against the torch reference), re-time them side by side
 (the sweep's own winner rule, tuner.bench.decide; a record of a sweep's dense pass by its
-rule, losing nowhere: tuner.sweep._dense_pass), and store what that decides, with this
+rule, losing nowhere, its config checked and the default as the sweep checked it:
+tuner.sweep._dense_pass), and store what that decides, with this
 machine's fingerprint, in a new DB. The shipped tunings are exported from that DB.
 
     python benchmarks/verify_shipped.py --tunings sweep.tunings.json --db $OUT/verified.db \\
@@ -86,12 +87,13 @@ def worker(args: argparse.Namespace) -> None:
             trial = (build_second_trial(op, shape, device, seed=args.seed) if args.second_trial
                      else build_trial(op, shape, device, seed=args.seed))
             dense_record = (r["method"].get("dense_pass") or {}).get("kept") is False and len(configs) == 2
-            by_dense_rule = False
+            by_dense_rule, dense_rule_error = False, None
             if dense_record:
                 # the dense pass's rule (tuner.sweep._dense_pass): its dense part's gain was
                 # established on dense batches, which a mix dilutes; it must lose nowhere
                 checked = confirm_again(trial, r["config"], default, timer, must_gain=False)
                 by_dense_rule = checked.default is not None  # else it failed: the winner rule says how
+                dense_rule_error = checked.error
             if by_dense_rule:
                 outcomes = [Outcome(default, OK, checked.default), Outcome(r["config"], OK, checked.winner)]
                 winner, default_timing = outcomes[1] if checked.held else outcomes[0], checked.default
@@ -108,6 +110,7 @@ def worker(args: argparse.Namespace) -> None:
                 "outcomes": [{"config": o.config, "status": o.status, "error": o.error,
                               "median_us": o.timing and o.timing.median_us} for o in outcomes],
                 **({"rule": "loses nowhere (a dense-pass record)"} if by_dense_rule else {}),
+                **({"dense_rule_error": dense_rule_error} if dense_rule_error else {}),
             }
             rounds = draws_per_distribution(shape.batch)
             if winner is not None:

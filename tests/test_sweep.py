@@ -722,6 +722,20 @@ def test_a_second_trial_asking_no_gain_still_refuses_a_config_the_default_beats(
     assert held(90.0, must_gain=True) and held(90.0, must_gain=False)
     assert not held(101.5, must_gain=False) and held(100.5, must_gain=False)  # slower beyond the noise / within it
 
+    class PartsTimer(PairedTimer):  # each batch of the mix alone, in turn
+        def __init__(self, pairs):
+            self.times = list(pairs)
+
+        def paired(self, a, b):
+            a[0](), b[0]()
+            return tuple(Timing(t, 1.0, 7) for t in self.times.pop(0))
+
+    mix = Trial(runs=[lambda config: out] * 2, reference=out, tolerance=(1e-3, 1e-3), kv_len=64, parts=[[0], [1]])
+    # ahead on the mix (96.5 against 100), 3% behind on its second batch: it loses there
+    behind = confirm_again(mix, mine, default, PartsTimer([(90.0, 100.0), (103.0, 100.0)]), must_gain=False)
+    assert not behind.held and behind.winner.median_us == pytest.approx(96.5)
+    assert confirm_again(mix, mine, default, PartsTimer([(90.0, 100.0), (101.0, 100.0)]), must_gain=False).held
+
 
 def test_a_dense_pass_that_finds_nothing_keeps_the_winner_and_says_so(db_path):
     timer = FakeTimer()
@@ -786,9 +800,10 @@ def test_a_dense_config_refused_by_a_second_trial_that_asked_for_a_gain_gets_its
     assert third.status == SKIPPED and runs == []
 
 
-def dense_guided_op(timer):
+def dense_guided_op(timer, other_cost=400.0):
     """Configs s1..s8 and the default: on dense batches s_k is fastest at batch k (as
-    guided_op's), on the rest each is slower than the default; and their by_fill configs."""
+    guided_op's), on the rest each costs other_cost (the default 100); and their by_fill
+    configs."""
     from tuner.ops.traffic import is_dense
 
     def run(inputs, config):
@@ -798,7 +813,7 @@ def dense_guided_op(timer):
             return run(inputs, {"name": config["dense.name" if dense else "other.name"]})
         name = config["name"]
         timer.last = name
-        timer.cost = 100.0 if name == "default" else 50.0 + 5.0 * abs(int(name[1:]) - len(lens)) if dense else 400.0
+        timer.cost = 100.0 if name == "default" else 50.0 + 5.0 * abs(int(name[1:]) - len(lens)) if dense else other_cost
         return split_kv_decode(inputs, 0)
 
     return Op(name="fake-dense-guided", description="test op", configs=lambda shape: [{"name": n} for n in GUIDED_NAMES],
@@ -830,6 +845,40 @@ def test_a_resumed_guided_sweep_shortlists_dense_passes_from_the_stored_anchors(
     searched = dense_configs_at_batch_3(resumed)
     assert searched == dense_configs_at_batch_3(at_once)
     assert 1 < len(searched) < len(GUIDED_NAMES)
+
+
+def test_a_resumed_dense_guide_reads_the_pass_beside_the_stored_winner_not_an_older_one(db_path, monkeypatch):
+    """An anchor whose winner W is not the default, and whose DB also holds a dense pass
+    beside the default from an older sweep (rows are kept): the guide reads the pass beside W."""
+    from tuner import settings
+    from tuner.db import current_environment
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    served = [dataclasses.replace(FILLED, batch=b) for b in (2, 4, 3)]
+    timer = FakeTimer()
+    op = dense_guided_op(timer, other_cost=60.0)  # s_k wins batch k's mix too
+
+    def dense_configs_at_batch_3(db):
+        [record] = [r for r in db.records() if r.problem.run_key.batch == 3]
+        return {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
+                if m.method["lengths"] == "serving-dense"}
+
+    at_once = TuningDB(db_path.with_name("at_once.db"))
+    sweep(op, served, at_once, timer=timer, strategy="guided")
+    resumed = TuningDB(db_path)
+    sweep(op, served[:2], resumed, timer=timer, strategy="guided")
+    [anchor] = [r for r in resumed.records() if r.problem.run_key.batch == 2]
+    assert anchor.config == {"name": "s2"}
+    # an older pass beside the default, its baseline measured, s7 and s8 fastest there
+    older = [dict(config={"dense.name": n, "other.name": "default"}, kv_len=FILLED.kv_len, status="ok",
+                  method={"lengths": "serving-dense", "timer": "fake"}, rung=1,
+                  median_us=10.0 if n in ("s7", "s8") else 90.0, spread_us=0.1, samples=7, max_error=0.0, error=None)
+             for n in GUIDED_NAMES]
+    resumed.save_measurements(anchor.problem, current_environment(), older)
+    sweep(op, served, resumed, timer=timer, strategy="guided")
+    searched = dense_configs_at_batch_3(resumed)
+    assert searched == dense_configs_at_batch_3(at_once)
+    assert not any('"dense.name":"s8"' in c for c in searched)
 
 
 def _swept_without_dense_pass(path, timer):

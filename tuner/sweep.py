@@ -198,13 +198,15 @@ def sweep(
                 guide.record(shape, [_stored_outcome(m) for m in rows
                                      if m.method.get("lengths", "full") == shape.lengths], stored_winner.config)
                 if wants_dense(shape):
-                    # and on dense batches, for the dense passes of its neighbours: without it, a
-                    # resumed sweep's dense passes searched every candidate (H200, 32/4: 52 configs
-                    # a key, against 12 in the process that ran the anchors' passes)
+                    # and on dense batches, for the dense passes of its neighbours (timings of
+                    # fewer rounds too, as above): without it, a resumed sweep's dense passes
+                    # searched every candidate (H200, 32/4: 52 configs a key, against 12 in
+                    # the process that ran the anchors' passes)
                     dense_guide.record(shape, _stored_dense_outcomes(
-                        op, shape, [m for m in rows if m.method.get("lengths") == DENSE_LENGTHS]))
+                        op, shape, stored_winner.config,
+                        [m for m in rows if m.method.get("lengths") == DENSE_LENGTHS]))
             advance(len(configs), label)
-            if wants_dense(shape) and _dense_pass_due(stored_winner.method) \
+            if wants_dense(shape) and _dense_pass_due(stored_winner.method, stored_winner.fingerprint_id == env.id) \
                     and op.check(op.by_fill(stored_winner.config, stored_winner.config), shape) is None:
                 found, info = run_dense(shape, problem, stored_winner.config, stored_winner.default_config, label)
                 if found is not None:
@@ -341,8 +343,9 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
     hold against the library default on the shape's second trial (a mix of every
     distribution, freshly drawn), whose timings it is stored with: lose to it nowhere, by
     more than the noise on the mix or settings.MAX_PART_LOSS on a batch. No gain is asked
-    there: D's gain was established on the dense batches, and the mix's other batches run
-    W, so the mix dilutes it (on the H200 a record whose dense part ran 1.35x of FA3's
+    there (so the stored mix timings may show it level with the default, or just behind
+    within the noise): D's gain was established on the dense batches, and the mix's other
+    batches run W, so the mix dilutes it (on the H200 a record whose dense part ran 1.35x of FA3's
     default on serving.py's dense batch gained 1.024x on one round of the mix and did not
     pass the winner rule on two, and gave way to the default). Returns (config, its timing,
     the default's) or None (W stays), and what the record's method says of it.
@@ -394,18 +397,22 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
     info.update(dense_us=round(found.timing.median_us, 3), winner_on_dense_us=round(result.default_timing.median_us, 3))
     checked = _second_trial(op, shape, device, seed, found.config, default, timer, min_gain, must_gain=False)
     info.update(second_trial=checked.as_method(seed + settings.SECOND_TRIAL_SEED), rule=DENSE_RULE)
-    if not checked.held:
+    if not checked.held:  # (kept: the winner W stays alone, no by_fill config)
         return None, {"dense_pass": dict(info, kept=True)}
     return (found.config, checked.winner, checked.default), {"dense_pass": dict(info, kept=False)}
 
 
-def _stored_dense_outcomes(op: Op, shape: DecodeShape, rows: list[MeasurementRow]) -> list[Outcome]:
+def _stored_dense_outcomes(op: Op, shape: DecodeShape, stored: Config, rows: list[MeasurementRow]) -> list[Outcome]:
     """A stored dense pass's outcomes as plain configs, a guide's currency: its measurements
-    are of by_fill(C, W), W the winner it ran beside, the C whose by_fill(C, C) (the pass's
-    baseline) was measured; none where no candidate is that."""
-    measured = {canonical_json(m.config): m for m in rows}
+    are of by_fill(C, W), W the winner it ran beside: the stored config, or the one a stored
+    by_fill(D, W) runs beside D (rows beside another W, of a sweep before, are not its
+    pass's); none where no candidate is W."""
     configs = candidate_configs(op, shape)
-    beside = next((c for c in configs if canonical_json(op.by_fill(c, c)) in measured), None)
+    measured = {canonical_json(m.config): m for m in rows}
+    key = canonical_json(stored)
+    baselines = [w for w in configs if canonical_json(op.by_fill(w, w)) in measured]  # a pass's W each
+    beside = next((w for w in baselines if canonical_json(w) == key
+                   or any(canonical_json(op.by_fill(d, w)) == key for d in configs)), None)
     if beside is None:
         return []
     return [dataclasses.replace(_stored_outcome(m), config=c) for c in configs
@@ -415,16 +422,17 @@ def _stored_dense_outcomes(op: Op, shape: DecodeShape, rows: list[MeasurementRow
 DENSE_RULE = "loses nowhere"  # what a dense pass's second trial asks (its info says so since it asks no gain)
 
 
-def _dense_pass_due(method: dict[str, Any]) -> bool:
-    """Whether a stored winner gets a dense pass: none yet, or one whose config its second
-    trial refused when that still asked for the winner rule's gain (its info names no rule);
-    where its dense trial's measurements are stored they are resumed, and such a pass costs
-    about a second trial."""
+def _dense_pass_due(method: dict[str, Any], local: bool) -> bool:
+    """Whether a stored winner gets a dense pass: none yet, or, for one measured here (local:
+    a pass that refuses again stores its info only there, so another's would run on every
+    sweep), one whose config its second trial refused when that still asked for the winner
+    rule's gain (its info names no rule). Where its dense trial's measurements are stored
+    they are resumed, and such a pass costs about a second trial."""
     info = method.get("dense_pass")
     if info is None:
         return True
     checked = info.get("second_trial") or {}
-    return checked.get("held") is False and not checked.get("error") and info.get("rule") != DENSE_RULE
+    return local and checked.get("held") is False and not checked.get("error") and info.get("rule") != DENSE_RULE
 
 
 def _second_trial(op: Op, shape: DecodeShape, device: str, seed: int, config: Config, default: Config,

@@ -163,9 +163,10 @@ def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *
     timed side by side with the default there, as tuner.bench.decide confirms it on the
     first: one draw of lengths per distribution can crown a config that loses on another
     draw of the same bucket. must_gain=False asks only that it lose nowhere: the default
-    does not beat it on the mix by more than the noise, nor on any batch by more than
-    settings.MAX_PART_LOSS (for a config whose gain another trial established). A call
-    that fails does not hold (the caller keeps the default)."""
+    does not beat it on the mix by more than the noise, nor, where the trial has parts (a
+    mix's batches), on any batch by more than settings.MAX_PART_LOSS (for a config whose
+    gain another trial established). A call that fails does not hold (the caller keeps the
+    default)."""
     try:
         checked = check_config(rotation(trial.runs, config), config, reference=trial.reference,
                                tolerance=trial.tolerance, checks=trial.checks)
