@@ -813,10 +813,12 @@ def dense_guided_op(timer, other_cost=400.0):
             return run(inputs, {"name": config["dense.name" if dense else "other.name"]})
         name = config["name"]
         timer.last = name
-        timer.cost = 100.0 if name == "default" else 50.0 + 5.0 * abs(int(name[1:]) - len(lens)) if dense else other_cost
+        near = 50.0 + 5.0 * abs(int(name[1:]) - len(lens)) if name != "default" else None
+        timer.cost = 100.0 if name == "default" else near if dense else other_cost
         return split_kv_decode(inputs, 0)
 
-    return Op(name="fake-dense-guided", description="test op", configs=lambda shape: [{"name": n} for n in GUIDED_NAMES],
+    return Op(name="fake-dense-guided", description="test op",
+              configs=lambda shape: [{"name": n} for n in GUIDED_NAMES],
               default=lambda shape: {"name": "default"}, run=run, grids={},
               by_fill=lambda dense, other: {"dense.name": dense["name"], "other.name": other["name"]})
 
