@@ -60,6 +60,7 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.ops.trial import build_second_trial, build_trial
     from tuner.bench import OK, Outcome
     from tuner.search.pipeline import confirm_again, measure
+    from tuner.sweep import DENSE_RULE
 
     deadline = time.monotonic() + args.seconds
     records = _records(args)[args.part::args.parts]
@@ -87,13 +88,10 @@ def worker(args: argparse.Namespace) -> None:
             trial = (build_second_trial(op, shape, device, seed=args.seed) if args.second_trial
                      else build_trial(op, shape, device, seed=args.seed))
             dense_record = (r["method"].get("dense_pass") or {}).get("kept") is False and len(configs) == 2
-            by_dense_rule, dense_rule_error = False, None
-            if dense_record:
-                # the dense pass's rule (tuner.sweep._dense_pass): its dense part's gain was
-                # established on dense batches, which a mix dilutes; it must lose nowhere
-                checked = confirm_again(trial, r["config"], default, timer, must_gain=False)
-                by_dense_rule = checked.default is not None  # else it failed: the winner rule says how
-                dense_rule_error = checked.error
+            # the dense pass's rule (tuner.sweep._dense_pass): its dense part's gain was
+            # established on dense batches, which a mix dilutes; it must lose nowhere
+            checked = confirm_again(trial, r["config"], default, timer, must_gain=False) if dense_record else None
+            by_dense_rule = checked is not None and checked.default is not None  # else the winner rule says how it failed
             if by_dense_rule:
                 outcomes = [Outcome(default, OK, checked.default), Outcome(r["config"], OK, checked.winner)]
                 winner, default_timing = outcomes[1] if checked.held else outcomes[0], checked.default
@@ -109,8 +107,8 @@ def worker(args: argparse.Namespace) -> None:
                 "default_matches_sweep": same_config(default, r["default"]["config"]),
                 "outcomes": [{"config": o.config, "status": o.status, "error": o.error,
                               "median_us": o.timing and o.timing.median_us} for o in outcomes],
-                **({"rule": "loses nowhere (a dense-pass record)"} if by_dense_rule else {}),
-                **({"dense_rule_error": dense_rule_error} if dense_rule_error else {}),
+                **({"rule": f"{DENSE_RULE} (a dense-pass record)"} if by_dense_rule else {}),
+                **({"dense_rule_error": checked.error} if checked is not None and checked.error else {}),
             }
             rounds = draws_per_distribution(shape.batch)
             if winner is not None:

@@ -823,6 +823,12 @@ def dense_guided_op(timer, other_cost=400.0):
               by_fill=lambda dense, other: {"dense.name": dense["name"], "other.name": other["name"]})
 
 
+def _dense_configs_at_batch_3(db):
+    [record] = [r for r in db.records() if r.problem.run_key.batch == 3]
+    return {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
+            if m.method["lengths"] == "serving-dense"}
+
+
 def test_a_resumed_guided_sweep_shortlists_dense_passes_from_the_stored_anchors(db_path, monkeypatch):
     """The anchors' dense passes stored in one sweep guide the dense passes between them in
     the next, as in the sweep that ran them: the same shortlist, not every candidate."""
@@ -830,11 +836,6 @@ def test_a_resumed_guided_sweep_shortlists_dense_passes_from_the_stored_anchors(
 
     monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
     served = [dataclasses.replace(FILLED, batch=b) for b in (2, 4, 3)]
-
-    def dense_configs_at_batch_3(db):
-        [record] = [r for r in db.records() if r.problem.run_key.batch == 3]
-        return {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
-                if m.method["lengths"] == "serving-dense"}
 
     timer = FakeTimer()
     at_once = TuningDB(db_path.with_name("at_once.db"))
@@ -844,8 +845,8 @@ def test_a_resumed_guided_sweep_shortlists_dense_passes_from_the_stored_anchors(
     results = sweep(dense_guided_op(timer), served, resumed, timer=timer, strategy="guided")
     assert [r.status for r in results] == [SKIPPED, SKIPPED, MEASURED]
     assert results[2].winner == {"dense.name": "s3", "other.name": "default"}
-    searched = dense_configs_at_batch_3(resumed)
-    assert searched == dense_configs_at_batch_3(at_once)
+    searched = _dense_configs_at_batch_3(resumed)
+    assert searched == _dense_configs_at_batch_3(at_once)
     assert 1 < len(searched) < len(GUIDED_NAMES)
 
 
@@ -860,11 +861,6 @@ def test_a_resumed_dense_guide_reads_the_pass_beside_the_stored_winner_not_an_ol
     timer = FakeTimer()
     op = dense_guided_op(timer, other_cost=60.0)  # s_k wins batch k's mix too
 
-    def dense_configs_at_batch_3(db):
-        [record] = [r for r in db.records() if r.problem.run_key.batch == 3]
-        return {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
-                if m.method["lengths"] == "serving-dense"}
-
     at_once = TuningDB(db_path.with_name("at_once.db"))
     sweep(op, served, at_once, timer=timer, strategy="guided")
     resumed = TuningDB(db_path)
@@ -878,8 +874,8 @@ def test_a_resumed_dense_guide_reads_the_pass_beside_the_stored_winner_not_an_ol
              for n in GUIDED_NAMES]
     resumed.save_measurements(anchor.problem, current_environment(), older)
     sweep(op, served, resumed, timer=timer, strategy="guided")
-    searched = dense_configs_at_batch_3(resumed)
-    assert searched == dense_configs_at_batch_3(at_once)
+    searched = _dense_configs_at_batch_3(resumed)
+    assert searched == _dense_configs_at_batch_3(at_once)
     assert not any('"dense.name":"s8"' in c for c in searched)
 
 
