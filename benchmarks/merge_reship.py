@@ -5,7 +5,11 @@ cannot hold its per-call plan, so nothing timed the re-ship's winners against it
 No GPU: it reads the re-ship's DB.
 
     python benchmarks/merge_reship.py --shipped tuning_cache/h200.tunings.json.gz --reship serving.db \\
-        --out /tmp/merged.tunings.json.gz
+        --out /tmp/merged.tunings.json.gz [--heads 16/4,16/2]
+
+--heads takes only those head configurations' records from the re-ship (a re-ship DB seeded
+with an older shipped file holds that file's other records too, which must not replace what
+the shipped file has learnt since).
 
 Prints what it did as one JSON line (records shipped, swept, replaced, kept, written).
 """
@@ -32,11 +36,29 @@ def record_key(r: dict) -> tuple:
     return r["op"], canonical_json(r["static_key"]), canonical_json(r["run_key"])
 
 
-def merge(shipped: dict, reship: dict, scratch: Path) -> tuple[dict, dict]:
-    """The merged document, and counts of what went into it."""
+def of_heads(record: dict, heads: set[tuple[int, int]] | None) -> bool:
+    """Whether record's static key has one of heads' (query heads, kv heads); None: any."""
+    key = record["static_key"]
+    return heads is None or (key.get("num_q_heads"), key.get("num_kv_heads")) in heads
+
+
+def parse_heads(text: str | None) -> set[tuple[int, int]] | None:
+    """"16/4,16/2" as {(16, 4), (16, 2)}; None or "" as None (every head configuration)."""
+    if not text:
+        return None
+    try:
+        return {(int(q), int(kv)) for q, kv in (h.split("/") for h in text.split(","))}
+    except ValueError:
+        raise SystemExit(f"--heads: Q/KV pairs, comma-separated (e.g. 16/4,16/2), not {text!r}") from None
+
+
+def merge(shipped: dict, reship: dict, scratch: Path, heads: set[tuple[int, int]] | None = None
+          ) -> tuple[dict, dict]:
+    """The merged document, and counts of what went into it: the re-ship's records of heads
+    (None: all) at their keys."""
     kept = {record_key(r) for r in shipped["records"]
             if r["op"] == OP and r["config"].get("backend") in KEPT_BACKENDS}
-    swept = [r for r in reship["records"] if r["op"] == OP]
+    swept = [r for r in reship["records"] if r["op"] == OP and of_heads(r, heads)]
     taken = [r for r in swept if record_key(r) not in kept]
     taken_keys = {record_key(r) for r in taken}
     staying = [r for r in shipped["records"] if record_key(r) not in taken_keys]
@@ -56,11 +78,13 @@ def main() -> None:
     ap.add_argument("--shipped", required=True, type=Path, help="the shipped *.tunings.json[.gz]")
     ap.add_argument("--reship", required=True, help="the re-ship's DB (SQLAlchemy URL or SQLite path)")
     ap.add_argument("--out", required=True, type=Path, help="the merged file (gzip-compressed for a .gz name)")
+    ap.add_argument("--heads", help="only the re-ship's records of these head configurations, Q/KV comma-separated")
     args = ap.parse_args()
+    heads = parse_heads(args.heads)
     with TuningDB(args.reship, create=False) as db:
         reship = export_document(db, op=OP)
     with tempfile.TemporaryDirectory() as scratch:
-        merged, counts = merge(load_document(args.shipped), reship, Path(scratch))
+        merged, counts = merge(load_document(args.shipped), reship, Path(scratch), heads)
     args.out.write_bytes(file_bytes(args.out, json.dumps(merged, indent=1, sort_keys=True) + "\n"))
     print(json.dumps(counts))
 

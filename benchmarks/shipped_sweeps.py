@@ -2,14 +2,16 @@
 per GPU, each GPU taking every n-th head configuration, all writing one DB.
 
     python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540 [--set serving]
-        [--search guided] [--ops decode_attention] [--heads 32/8,8/1] [--batches 3,8,24]
+        [--search guided] [--ops decode_attention] [--heads 32/8,8/1] [--batches 3,8,24] [--profile]
 
 GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's
 (`python -m tuner sweep OP --shapes ... --halving`), run in the order of SWEEPS in
 models.py; they resume, so a run cut off by --seconds is finished by running it again.
 Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code, and the winners
 the whole DB held before and after it: on one GPU, how far a run cut off got; on several,
-all parts write the one DB at once) to LOGS/sweeps.jsonl.
+all parts write the one DB at once) to LOGS/sweeps.jsonl. --profile runs each sweep under
+cProfile (LOGS/part<N>.<op>.prof; a sweep stopped at the deadline gets SIGINT first, so the
+profile of what it did is written).
 --set serving sweeps issue 12's serving grid: give it a DB of its own, since its keys are
 the grid's and a DB holding the grid's winners keeps them (the sweeps run without --force,
 so that they resume); its decode_attention sweeps leave FlashInfer out (--backends), as a
@@ -65,9 +67,9 @@ def split(shapes: list[dict], parts: int) -> list[list[dict]]:
     return [[s for s in shapes if order.index(head_config(s)) % parts == i] for i in range(parts)]
 
 
-def sweep_command(op: str, path: Path, args: argparse.Namespace) -> list[str]:
-    cmd = [sys.executable, "-m", "tuner", "sweep", op, "--shapes", str(path), "--search", args.search,
-           "--db", args.db]
+def sweep_command(op: str, path: Path, args: argparse.Namespace, profile: Path | None = None) -> list[str]:
+    python = [sys.executable] + (["-m", "cProfile", "-o", str(profile)] if profile else [])
+    cmd = python + ["-m", "tuner", "sweep", op, "--shapes", str(path), "--search", args.search, "--db", args.db]
     if op == "decode_attention" and args.set == "serving":  # graphs cannot hold FlashInfer's plan
         cmd += ["--backends", "fa3,triton_decode"]
     return cmd
@@ -92,6 +94,17 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def stop(proc: subprocess.Popen, signals: list[int], grace: float = 20.0) -> None:
+    """Each signal in turn to proc's process group, until it ends (the last: waited for)."""
+    for sig in signals:
+        _signal(proc, sig)
+        try:
+            proc.wait(timeout=grace if sig != signals[-1] else None)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
@@ -105,6 +118,7 @@ def main() -> None:
                     "serving.py's shipped ones first; a later run without --heads resumes the rest)")
     ap.add_argument("--batches", help="only these batch sizes, comma-separated (e.g. serving.py's 3,8,24,64,136,256)")
     ap.add_argument("--dry-run", action="store_true", help="print each GPU's sweep commands, run nothing")
+    ap.add_argument("--profile", action="store_true", help="each sweep under cProfile, into LOGS/part<N>.<op>.prof")
     args = ap.parse_args()
     sweeps = models.SWEEPS if args.set == "grid" else models.SERVING_SWEEPS
     devices = gpus()
@@ -146,19 +160,15 @@ def main() -> None:
                 left = deadline - time.monotonic()
                 if left <= 1:
                     break
-                cmd = sweep_command(op, path, args)
+                profile = args.logs / f"part{part}.{op}.prof" if args.profile else None
+                cmd = sweep_command(op, path, args, profile)
                 before = stored_winners(args.db)
                 t0 = time.monotonic()
                 proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 try:
                     rc = proc.wait(timeout=left)
                 except subprocess.TimeoutExpired:
-                    _signal(proc, signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        _signal(proc, signal.SIGKILL)
-                        proc.wait()
+                    stop(proc, [signal.SIGINT] * bool(profile) + [signal.SIGTERM, signal.SIGKILL])
                     rc = "stopped"
                 results.append({"op": op, "shapes_file": name, "part": part, "gpu": gpu, "shapes": len(json.loads(path.read_text())),
                                 "seconds": round(time.monotonic() - t0, 1), "rc": rc,

@@ -145,6 +145,29 @@ def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_pat
     assert shipped_sweeps.stored_winners(str(db)) == 2
 
 
+def test_shipped_sweeps_stops_a_profiled_sweep_with_sigint_first(tmp_path):
+    """A profiled sweep stopped at the deadline gets SIGINT, so cProfile writes what it did
+    (a KeyboardInterrupt); one that ignores it still ends, by the next signal."""
+    import signal
+
+    shipped_sweeps = benchmark_module("shipped_sweeps")
+    waits = ("import signal, sys, time\n"
+             "if sys.argv[1] == 'ignore': signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+             "print('up', flush=True)\n"
+             "try:\n    time.sleep(60)\n"
+             "except KeyboardInterrupt:\n    open(sys.argv[2], 'w').write('x')\n")
+    for how in ("interrupt", "ignore"):
+        done = tmp_path / f"{how}.interrupted"
+        proc = subprocess.Popen([sys.executable, "-c", waits, how, str(done)], stdout=subprocess.PIPE,
+                                start_new_session=True)
+        assert proc.stdout.readline() == b"up\n"
+        shipped_sweeps.stop(proc, [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], grace=2.0)
+        assert proc.returncode is not None and done.exists() == (how == "interrupt")
+    args = shipped_sweeps.argparse.Namespace(search="guided", db="x.db", set="serving")
+    cmd = shipped_sweeps.sweep_command("decode_attention", Path("s.json"), args, tmp_path / "p.prof")
+    assert cmd[1:6] == ["-m", "cProfile", "-o", str(tmp_path / "p.prof"), "-m"] and cmd[6:8] == ["tuner", "sweep"]
+
+
 def test_shipped_sweeps_heads_keeps_only_the_named_head_configurations():
     """--heads 32/8,8/1 sweeps those head configurations' shapes of the serving grid and no
     other, every one of theirs (so a later run without --heads resumes the rest)."""
@@ -211,6 +234,40 @@ def test_merge_reship_replaces_a_shipped_winner_measured_on_another_host_of_the_
     merged, counts = merge_reship.merge(shipped, reship, tmp_path)
     assert [r["config"] for r in merged["records"]] == [default]
     assert counts["replaced"] == 1 and counts["written"] == 1
+
+
+def test_merge_reship_takes_only_the_named_heads_records(tmp_path):
+    """With heads, a re-ship DB seeded from an older shipped file replaces nothing of the
+    other head configurations (their records there predate what the shipped file learnt
+    since); without, it replaces every key it holds. A bad --heads stops it with one line."""
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
+    from tuner.keys import attention_run_key
+
+    merge_reship = benchmark_module("merge_reship")
+    fp = (current_fingerprint_id(), current_fingerprint())
+    default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_stages": 2, "num_warps": 4}
+
+    def document(path: Path, records: dict) -> dict:
+        with TuningDB(path) as db:
+            for (q, kv), config in records.items():
+                static = json.dumps({"num_kv_heads": kv, "num_q_heads": q}, sort_keys=True)
+                db.save_record(Problem("decode_attention", static, attention_run_key(1, 1, 1024)), fp, config,
+                               median_us=1.0, spread_us=0.1, samples=5, default_config=default,
+                               default_median_us=1.1, default_spread_us=0.1, method={})
+            return export_document(db)
+
+    shipped = document(tmp_path / "shipped.db", {(32, 8): triton, (16, 4): default})
+    reship = document(tmp_path / "reship.db", {(32, 8): default, (16, 4): triton})
+    heads = lambda doc: {(r["static_key"]["num_q_heads"], r["static_key"]["num_kv_heads"]): r["config"]
+                         for r in doc["records"]}
+    (tmp_path / "one").mkdir(), (tmp_path / "all").mkdir()
+    merged, counts = merge_reship.merge(shipped, reship, tmp_path / "one", merge_reship.parse_heads("16/4"))
+    assert heads(merged) == {(32, 8): triton, (16, 4): triton} and counts["swept"] == 1
+    merged, counts = merge_reship.merge(shipped, reship, tmp_path / "all")
+    assert heads(merged) == {(32, 8): default, (16, 4): triton} and counts["swept"] == 2
+    with pytest.raises(SystemExit, match="Q/KV pairs"):
+        merge_reship.parse_heads("16-4")
 
 
 @pytest.mark.parametrize("trial, seed, second", [(("--seed", "7"), 7, False), (("--second-trial",), 0, True)])
