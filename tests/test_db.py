@@ -506,6 +506,30 @@ def test_doctor_and_prune_find_malformed_rows(tmp_path):
     assert db.integrity() == [] and [r.config for r in db.records()] == [{"c": 1}]
 
 
+def test_rows_of_one_config_text_read_as_their_own_dicts_and_a_bad_text_is_still_found(tmp_path):
+    """Config texts are checked once per text (a sweep read the same few dozen thousands of
+    times): each row still gets a dict of its own, and a text breaking the rules is named
+    in every row that holds it."""
+    path = tmp_path / "m.db"
+    db = TuningDB(path)
+    p, q = problem(batch=4), problem(batch=5)
+    for key in (p, q, p):
+        db.save_measurement(key, FP, {"c": 1} if key is q else {"c": len(key.static_key)}, kv_len=1000,
+                            status="ok", method={}, median_us=5.0, spread_us=1.0, samples=3)
+    db.save_measurement(p, FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=5.0, spread_us=1.0,
+                        samples=3)
+    (first,), (second,) = ([m for m in db.measurements(k, FP[0]) if m.config == {"c": 1}] for k in (p, q))
+    assert first.config is not second.config
+    first.config["c"] = 99  # a caller's own
+    assert [m.config for m in db.measurements(p, FP[0])] == [{"c": 7}, {"c": 1}]
+    with sqlite3.connect(path) as conn:  # a value no config may hold, in two rows of one text
+        conn.execute("""UPDATE measurements SET config = '{"c":[1]}' WHERE config = '{"c":1}'""")
+    problems = db.integrity()
+    assert len(problems) == 1 and problems[0].startswith("2 malformed rows (measurements id 2.config.c:"), problems
+    with pytest.raises(DBError, match="malformed measurements .*config.c"):
+        db.measurements(q, FP[0])
+
+
 def test_versions_come_from_the_modules_version_file_without_package_metadata(tmp_path, monkeypatch):
     """Staged installs (unpacked, no dist-info) left sgl_kernel=None in every sweep DB."""
     from tuner.db.fingerprint import library_version
@@ -596,6 +620,38 @@ def test_a_db_from_before_the_rung_column_reads_and_gains_it_when_written(db_pat
     writer.save_measurement(p, FP, {"c": 2}, kv_len=1000, status="ok", method={}, median_us=4.0, spread_us=1.0,
                             samples=3, rung=1)
     assert [(m.config, m.rung) for m in writer.measurements(p, FP[0])] == [({"c": 1}, 0), ({"c": 2}, 1)]
+
+
+def test_a_db_from_before_the_problem_index_gains_it_when_written_and_its_reads_use_it(db_path):
+    """A sweep reads a stored shape's measurements on every shape it passes; without an index
+    on the problem's columns SQLite scanned all of an environment's rows each time (H200
+    re-ship DB: 12 ms a read). A DB made before the index reads without it, gains it when
+    opened to write, and a problem's read then searches that index."""
+    import sqlite3
+
+    TuningDB(db_path).save_measurement(problem(), FP, {"c": 1}, kv_len=1000, status="ok", method={},
+                                       median_us=5.0, spread_us=1.0, samples=3)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("DROP INDEX ix_measurements_problem")
+
+    def indexes():
+        with sqlite3.connect(db_path) as conn:
+            return {r[1] for r in conn.execute("PRAGMA index_list(measurements)")}
+    reader = TuningDB(db_path, create=False)
+    assert [m.config for m in reader.measurements(problem(), FP[0])] == [{"c": 1}] and reader.integrity() == []
+    assert "ix_measurements_problem" not in indexes()  # reading wrote nothing
+    writer = TuningDB(db_path)
+    assert "ix_measurements_problem" in indexes()
+    from sqlalchemy import event
+
+    sent = []
+    event.listen(writer.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, params, *_: sent.append((statement, params)))
+    assert len(writer.measurements(problem(), FP[0])) == 1
+    [(statement, params)] = [(q, p) for q, p in sent if "FROM measurements" in q]
+    with sqlite3.connect(db_path) as conn:  # the read as SQLAlchemy sent it
+        plan = conn.execute("EXPLAIN QUERY PLAN " + statement, params).fetchall()
+    assert "USING INDEX ix_measurements_problem" in plan[0][-1], plan
 
 
 def test_a_writer_that_may_not_alter_the_tables_still_writes_without_the_new_columns(make_db):

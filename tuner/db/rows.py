@@ -4,6 +4,7 @@ refused by import, listed by doctor, removed by prune), never a crash further do
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from datetime import datetime, timedelta, timezone
@@ -78,6 +79,25 @@ def canonical(value: Any, where: str, max_chars: int = MAX_KEY_CHARS) -> str:
     if len(out) > max_chars:
         raise RowError(f"{where}: longer than {max_chars} characters")
     return out
+
+
+def config_text(raw: Any, where: str) -> dict[str, Any]:
+    """A stored config's JSON text, parsed and checked as config(). Configs repeat across a
+    DB's rows (a few dozen candidates over thousands of measurements), and the check's
+    canonical JSON was most of the time a sweep spent reading them back: a text that passed
+    once is only parsed (a fresh dict each time, for the caller to own)."""
+    if isinstance(raw, str) and _config_text_passes(raw):
+        return json.loads(raw)
+    return config(json_value(raw, where), where)
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_text_passes(raw: str) -> bool:
+    try:
+        config(json_value(raw, ""), "")
+    except RowError:
+        return False
+    return True
 
 
 def json_value(raw: Any, where: str) -> Any:

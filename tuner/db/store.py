@@ -31,7 +31,7 @@ from tuner.db import rows as check
 from tuner.db.fingerprint import applies
 from tuner.db.location import DamagedDBError, DBError, MissingDBError, resolve_db_url
 from tuner.db.schema import (
-    MISS_LENGTH_COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
+    MISS_LENGTH_COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_INDEXES, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
     ReplacedRecord, TuningRecord, utcnow,
 )
 from tuner.keys import AttentionRunKey, canonical_json
@@ -197,12 +197,11 @@ def _record(row: Any, fingerprint_ids: set[str] | dict[str, Any]) -> Record:
     return Record(
         problem=_problem(row, where),
         fingerprint_id=row.fingerprint_id,
-        config=check.config(check.json_value(row.config, f"{where}.config"), f"{where}.config"),
+        config=check.config_text(row.config, f"{where}.config"),
         median_us=check.number(row.median_us, f"{where}.median_us", positive=True),
         spread_us=check.number(row.spread_us, f"{where}.spread_us"),
         samples=check.integer(row.samples, f"{where}.samples", 0, 2**31 - 1),
-        default_config=check.config(check.json_value(row.default_config, f"{where}.default_config"),
-                                    f"{where}.default_config"),
+        default_config=check.config_text(row.default_config, f"{where}.default_config"),
         default_median_us=check.number(row.default_median_us, f"{where}.default_median_us", positive=True,
                                        nullable=True),
         default_spread_us=check.number(row.default_spread_us, f"{where}.default_spread_us", nullable=True),
@@ -237,7 +236,7 @@ def _measurement(row: Any) -> MeasurementRow:
     if status not in STATUSES:
         raise check.RowError(f"{where}.status: expected one of {', '.join(STATUSES)}, got {status!r:.40}")
     return MeasurementRow(
-        config=check.config(check.json_value(row.config, f"{where}.config"), f"{where}.config"),
+        config=check.config_text(row.config, f"{where}.config"),
         status=status,
         median_us=check.number(row.median_us, f"{where}.median_us", nullable=True),
         spread_us=check.number(row.spread_us, f"{where}.spread_us", nullable=True),
@@ -351,7 +350,7 @@ class TuningDB:
             raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no schema "
                                  "version (sweep --force renames it aside and starts a new DB)")
         if state == "ready":
-            if create and (self._missing_optional_tables or self._missing_columns):
+            if create and (self._missing_optional_tables or self._missing_columns or self._missing_indexes):
                 try:
                     self._upgrade()
                 except DBError as e:
@@ -383,10 +382,10 @@ class TuningDB:
                 Base.metadata.create_all(session.connection())
                 if session.get(Meta, "schema_version") is None:
                     session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            self._missing_optional_tables, self._missing_columns = set(), set()
+            self._missing_optional_tables, self._missing_columns, self._missing_indexes = set(), set(), set()
 
     def _upgrade(self) -> None:
-        """Add the tables and columns added since schema version 1 (one upgrader at a time)."""
+        """Add the tables, columns and indexes added since schema version 1 (one upgrader at a time)."""
         with self._write(action="upgrade") as session:
             if self.url.get_backend_name() == "postgresql":  # as creation: one upgrader at a time
                 session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
@@ -397,7 +396,10 @@ class TuningDB:
                 if column in present:
                     continue
                 session.execute(text(_ADD_COLUMN[(table, column)]))
-        self._missing_optional_tables, self._missing_columns = set(), set()
+            for table, name in sorted(self._missing_indexes):
+                index = next(i for i in Base.metadata.tables[table].indexes if i.name == name)
+                index.create(session.connection(), checkfirst=True)
+        self._missing_optional_tables, self._missing_columns, self._missing_indexes = set(), set(), set()
 
     def _settled_schema_state(self) -> str:
         """_schema_state, looked at again after any creator in flight has finished: "partial"
@@ -432,6 +434,9 @@ class TuningDB:
             columns = {t: {c["name"] for c in inspector.get_columns(t)} for t in tables}
             self._missing_columns = {(t, c) for t, optional in OPTIONAL_COLUMNS.items() if t in columns
                                      for c in optional if c not in columns[t]}
+            indexes = {t: {i["name"] for i in inspector.get_indexes(t)} for t in OPTIONAL_INDEXES if t in tables}
+            self._missing_indexes = {(t, i) for t, names in OPTIONAL_INDEXES.items() if t in indexes
+                                     for i in names if i not in indexes[t]}
             foreign = any(t not in Base.metadata.tables or columns[t] != set(Base.metadata.tables[t].columns.keys())
                           - {c for table, c in self._missing_columns if table == t} for t in tables)
         if version is not None:
@@ -841,7 +846,7 @@ class TuningDB:
                 where = f"records id {row.id}"
                 try:
                     problem = _problem(row, where)
-                    config = check.config(check.json_value(row.config, f"{where}.config"), f"{where}.config")
+                    config = check.config_text(row.config, f"{where}.config")
                     median = check.number(row.median_us, f"{where}.median_us", positive=True)
                     default = check.number(row.default_median_us, f"{where}.default_median_us", positive=True,
                                            nullable=True)
