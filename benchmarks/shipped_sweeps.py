@@ -9,9 +9,9 @@ GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are 
 models.py; they resume, so a run cut off by --seconds is finished by running it again.
 Writes a JSON line per finished sweep (op, part, GPU, seconds, exit code, and the winners
 the whole DB held before and after it: on one GPU, how far a run cut off got; on several,
-all parts write the one DB at once) to LOGS/sweeps.jsonl. --profile runs each sweep under
-cProfile (LOGS/part<N>.<op>.prof; a sweep stopped at the deadline gets SIGINT first, so the
-profile of what it did is written).
+all parts write the one DB at once) to LOGS/sweeps.jsonl. A sweep stopped at the deadline
+gets SIGINT first, so it prints the shapes it finished into its log (and, under --profile,
+which runs each sweep under cProfile into LOGS/part<N>.<op>.prof, writes the profile).
 --set serving sweeps issue 12's serving grid: give it a DB of its own, since its keys are
 the grid's and a DB holding the grid's winners keeps them (the sweeps run without --force,
 so that they resume); its decode_attention sweeps leave FlashInfer out (--backends), as a
@@ -85,6 +85,11 @@ def stored_winners(db: str) -> int | None:
             return sum(c["records"] for c in database.counts().values())
     except TunerError:
         return None
+
+
+# a sweep stopped at the deadline: SIGINT first, so it prints what it finished (and a
+# profile is written), then harder
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL]
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:
@@ -168,7 +173,7 @@ def main() -> None:
                 try:
                     rc = proc.wait(timeout=left)
                 except subprocess.TimeoutExpired:
-                    stop(proc, [signal.SIGINT] * bool(profile) + [signal.SIGTERM, signal.SIGKILL])
+                    stop(proc, STOP_SIGNALS)
                     rc = "stopped"
                 results.append({"op": op, "shapes_file": name, "part": part, "gpu": gpu, "shapes": len(json.loads(path.read_text())),
                                 "seconds": round(time.monotonic() - t0, 1), "rc": rc,

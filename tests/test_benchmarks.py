@@ -145,12 +145,15 @@ def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_pat
     assert shipped_sweeps.stored_winners(str(db)) == 2
 
 
-def test_shipped_sweeps_stops_a_profiled_sweep_with_sigint_first(tmp_path):
-    """A profiled sweep stopped at the deadline gets SIGINT, so cProfile writes what it did
-    (a KeyboardInterrupt); one that ignores it still ends, by the next signal."""
+def test_shipped_sweeps_stops_a_sweep_with_sigint_first(tmp_path):
+    """A sweep stopped at the deadline gets SIGINT, so it prints the shapes it finished and
+    cProfile writes what it did (a KeyboardInterrupt; before, an unprofiled sweep got
+    SIGTERM and its log held only its header); one that ignores it still ends, by the next
+    signal."""
     import signal
 
     shipped_sweeps = benchmark_module("shipped_sweeps")
+    assert shipped_sweeps.STOP_SIGNALS[0] == signal.SIGINT
     waits = ("import signal, sys, time\n"
              "if sys.argv[1] == 'ignore': signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
              "print('up', flush=True)\n"
@@ -161,7 +164,7 @@ def test_shipped_sweeps_stops_a_profiled_sweep_with_sigint_first(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", waits, how, str(done)], stdout=subprocess.PIPE,
                                 start_new_session=True)
         assert proc.stdout.readline() == b"up\n"
-        shipped_sweeps.stop(proc, [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], grace=2.0)
+        shipped_sweeps.stop(proc, shipped_sweeps.STOP_SIGNALS, grace=2.0)
         assert proc.returncode is not None and done.exists() == (how == "interrupt")
     args = shipped_sweeps.argparse.Namespace(search="guided", db="x.db", set="serving")
     cmd = shipped_sweeps.sweep_command("decode_attention", Path("s.json"), args, tmp_path / "p.prof")

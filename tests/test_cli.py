@@ -39,6 +39,33 @@ def sweep(db_path, shapes, *extra):
                "--repeats", 3, "--warmup", 1, *extra)
 
 
+def test_an_interrupted_sweep_shows_the_shapes_it_finished_and_the_same_command_resumes(db_path, tiny_shapes,
+                                                                                        monkeypatch):
+    """A sweep stopped by Ctrl-C (or a deadline's SIGINT) printed nothing of what it had
+    finished: its table came at the end (a re-ship sweep's log on the H200 held only its
+    header). Now it shows the finished shapes, says how to go on, and exits 130."""
+    import tuner.sweep
+
+    real, built = tuner.sweep.build_trial, []
+
+    def interrupt_the_second(*args, **kwargs):
+        built.append(args)
+        if len(built) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner.sweep, "build_trial", interrupt_the_second)
+    result = sweep(db_path, tiny_shapes)
+    assert result.exit_code == 130, result.output
+    assert "winners" in result.stdout and "200" in result.stdout and "130" not in result.stdout.split("winners")[1]
+    assert "interrupted after 1 of 2 shapes" in result.stderr and "the same command resumes" in result.stderr
+    assert "Traceback" not in result.output
+    assert [r.problem.run_key.batch for r in TuningDB(db_path).records()] == [1]
+    monkeypatch.undo()
+    again = sweep(db_path, tiny_shapes)
+    assert again.exit_code == 0 and again.output.count("already in DB") == 1 and len(TuningDB(db_path).records()) == 2
+
+
 def test_ops_lists_the_ops():
     result = cli("ops")
     assert result.exit_code == 0

@@ -151,9 +151,12 @@ def test_interrupted_sweep_resumes_measuring_only_what_is_missing(db_path):
     # 11 calls finish shape 1 (check + time per config, one call per failure, 2 to confirm);
     # shape 2 then gets its default and "fast" measured before the 16th call dies
     op = fake_op(timer, COSTS, calls=calls, interrupt_after=15)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stopped:
         sweep(op, op.grids["g"], db, timer=timer, strategy="exhaustive")
     assert len(db.records()) == 1  # the first shape finished and was stored
+    # and the interrupt says which, for the CLI to show
+    assert [(r.shape, r.status, r.winner) for r in stopped.value.done] == [(op.grids["g"][0], MEASURED, {"name": "fast"})]
+    assert stopped.value.total == 2
     calls2 = []
     op2 = fake_op(timer, COSTS, calls=calls2)
     results = sweep(op2, op2.grids["g"], db, timer=timer, strategy="exhaustive")

@@ -261,15 +261,28 @@ def sweep_command(
             shared = f" over {ranks.world} ranks" if ranks else ""
             console.print(f"sweeping [bold]{op.name}[/] on {device}{shared}: {len(shapes)} shapes, {total} "
                           f"measurements -> {escape(database.display_url)}")
+        from tuner.sweep import SweepInterrupted
+
+        interrupted = None
         with Progress(
             TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, disable=not leader,
         ) as progress:
             task = progress.add_task(op.name, total=total)
-            results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain, strategy=strategy,
-                            on_advance=lambda n, label: progress.update(task, advance=n, description=label),
-                            ranks=ranks, second_trial=second_trial, dense_pass=dense_pass)
+            try:
+                results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain,
+                                strategy=strategy,
+                                on_advance=lambda n, label: progress.update(task, advance=n, description=label),
+                                ranks=ranks, second_trial=second_trial, dense_pass=dense_pass)
+            except SweepInterrupted as e:  # Ctrl-C, or a deadline's SIGINT: show what is done
+                interrupted, results = e, e.done
             progress.update(task, description=op.name)
+        if interrupted is not None:
+            if leader and results:
+                console.print(_sweep_table(op.name, results))
+            err.print(f"[yellow]interrupted[/] after {len(results)} of {interrupted.total} shapes; what was "
+                      "measured is stored, and the same command resumes the rest", highlight=False, soft_wrap=True)
+            raise typer.Exit(130)
         if leader:
             console.print(_sweep_table(op.name, results))
             if any(r.status == "skipped" for r in results):

@@ -102,6 +102,21 @@ def _stored_outcome(row: MeasurementRow) -> Outcome:
     return Outcome(row.config, row.status, timing, row.max_error, row.error)
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep interrupted (Ctrl-C, or SIGINT at a deadline): the shapes it finished, in
+    the order given, and how many it was given."""
+
+    def __init__(self, done: list[ShapeResult], total: int) -> None:
+        super().__init__(f"interrupted after {len(done)} of {total} shapes")
+        self.done, self.total = done, total
+
+
+def _in_shape_order(order: list[int], results: list[ShapeResult]) -> list[ShapeResult]:
+    """results (one per shape, in the order swept) in the shapes' order; the unswept left out."""
+    by_index = dict(zip(order, results))
+    return [by_index[i] for i in sorted(by_index)]
+
+
 def sweep(
     op: Op,
     shapes: list[DecodeShape],
@@ -176,159 +191,165 @@ def sweep(
                            # the bar counts the mixes' measurements: a dense pass only names itself
                            lambda n: advance(0, f"{label} (dense pass)"))
 
-    for shape, problem in ((shapes[i], problems[i]) for i in order):
-        configs = candidate_configs(op, shape)
-        if guide is not None:
-            shortlist = guide.shortlist(shape, configs)
-            advance(len(configs) - len(shortlist), shape.label())  # left out: decided, for the progress bar
-            configs = shortlist
-        label = shape.label()
-        if problem in swept or shape != chosen[problem]:
-            advance(len(configs), label)
-            results.append(ShapeResult(shape, DUPLICATE, None, None, None, 0, 0, 0,
-                                       note=f"same key as {chosen[problem].label()}"))
-            continue
-        swept.add(problem)
-        stored_winner = None if force else db.record(problem, environment=env.data)  # one that applies here
-        if stored_winner is not None:
+    try:
+        for shape, problem in ((shapes[i], problems[i]) for i in order):
+            configs = candidate_configs(op, shape)
             if guide is not None:
-                # which configs ran fast there, to shortlist for its neighbours: timings of a
-                # trial of fewer rounds say that too
-                rows = db.measurements(problem, env.id)
-                guide.record(shape, [_stored_outcome(m) for m in rows
-                                     if m.method.get("lengths", "full") == shape.lengths], stored_winner.config)
-                if wants_dense(shape):
-                    # and on dense batches, for the dense passes of its neighbours (timings of
-                    # fewer rounds too, as above): without it, a resumed sweep's dense passes
-                    # searched every candidate (H200, 32/4: 52 configs a key, against 12 in
-                    # the process that ran the anchors' passes)
-                    dense_guide.record(shape, _stored_dense_outcomes(
-                        op, shape, stored_winner.config,
-                        [m for m in rows if m.method.get("lengths") == DENSE_LENGTHS]))
-            advance(len(configs), label)
-            if wants_dense(shape) and _dense_pass_due(stored_winner.method, stored_winner.fingerprint_id == env.id) \
-                    and op.check(op.by_fill(stored_winner.config, stored_winner.config), shape) is None:
-                found, info = run_dense(shape, problem, stored_winner.config, stored_winner.default_config, label)
+                shortlist = guide.shortlist(shape, configs)
+                advance(len(configs) - len(shortlist), shape.label())  # left out: decided, for the progress bar
+                configs = shortlist
+            label = shape.label()
+            if problem in swept or shape != chosen[problem]:
+                advance(len(configs), label)
+                results.append(ShapeResult(shape, DUPLICATE, None, None, None, 0, 0, 0,
+                                           note=f"same key as {chosen[problem].label()}"))
+                continue
+            swept.add(problem)
+            stored_winner = None if force else db.record(problem, environment=env.data)  # one that applies here
+            if stored_winner is not None:
+                if guide is not None:
+                    # which configs ran fast there, to shortlist for its neighbours: timings of a
+                    # trial of fewer rounds say that too
+                    rows = db.measurements(problem, env.id)
+                    guide.record(shape, [_stored_outcome(m) for m in rows
+                                         if m.method.get("lengths", "full") == shape.lengths], stored_winner.config)
+                    if wants_dense(shape):
+                        # and on dense batches, for the dense passes of its neighbours (timings of
+                        # fewer rounds too, as above): without it, a resumed sweep's dense passes
+                        # searched every candidate (H200, 32/4: 52 configs a key, against 12 in
+                        # the process that ran the anchors' passes)
+                        dense_guide.record(shape, _stored_dense_outcomes(
+                            op, shape, stored_winner.config,
+                            [m for m in rows if m.method.get("lengths") == DENSE_LENGTHS]))
+                advance(len(configs), label)
+                local = stored_winner.fingerprint_id == env.id
+                if wants_dense(shape) and _dense_pass_due(stored_winner.method, local) \
+                        and op.check(op.by_fill(stored_winner.config, stored_winner.config), shape) is None:
+                    found, info = run_dense(shape, problem, stored_winner.config, stored_winner.default_config, label)
+                    if found is not None:
+                        config, timing, default_timing = found
+                        db.save_winner(problem, env, config, timing, stored_winner.default_config, default_timing,
+                                       method=dict(stored_winner.method, **info))
+                        results.append(ShapeResult(shape, MEASURED, config, timing.median_us, default_timing.median_us,
+                                                   0, 0, 0, note="a dense pass over its stored winner"))
+                        continue
+                    if local:  # one measured elsewhere is not copied as this one's
+                        db.save_record(problem, env, stored_winner.config, median_us=stored_winner.median_us,
+                                       spread_us=stored_winner.spread_us, samples=stored_winner.samples,
+                                       default_config=stored_winner.default_config,
+                                       default_median_us=stored_winner.default_median_us,
+                                       default_spread_us=stored_winner.default_spread_us,
+                                       method=dict(stored_winner.method, **info), created_at=stored_winner.created_at)
+                results.append(ShapeResult(
+                    shape, SKIPPED, stored_winner.config, stored_winner.median_us,
+                    stored_winner.default_median_us, 0, 0, 0,
+                ))
+                continue
+            # what measured this shape's kind of batch (a "serving" mix is not a full batch)
+            lengths = _batches_of(shape, shape.lengths)
+            stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
+                                       if _timed_on(m.method, shape, shape.lengths)}
+            try:
+                trial = build_trial(op, shape, device, seed)
+            except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed
+                boundary_sync()
+                advance(len(configs), label)
+                results.append(ShapeResult(shape, FAILED, None, None, None, 0, 0, 0, note=one_line(e)))
+                continue
+
+            def resume(config: Config) -> tuple[Outcome, int] | None:
+                row = stored.get(canonical_json(config))
+                return (_stored_outcome(row), row.rung) if row is not None else None
+
+            # a shape's measurements are stored together once it is measured (one transaction,
+            # not one each); a distributed sweep's as they come, since the other ranks read them
+            pending: list[dict[str, Any]] = []
+
+            def record(step: Step, outcome: Outcome) -> None:
+                t = outcome.timing
+                pending.append(dict(
+                    config=step.config, kv_len=shape.kv_len, status=outcome.status,
+                    # the timer's method as of this measurement (a failed capture says so); a
+                    # quick rung's also in method, where a tuner before the rung column reads it
+                    method=dict(method, **step.timer.method, **lengths,
+                                **({"rung": step.rung} if step.rung != 1 else {})),
+                    rung=step.rung,
+                    median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
+                    max_error=outcome.max_error, error=outcome.error,
+                ))
+                if ranks is not None:
+                    store_pending()
+
+            def store_pending() -> None:
+                measurements = pending[:]
+                pending.clear()  # tried once: a write that fails is not tried again
+                db.save_measurements(problem, env, measurements)
+
+            boundary_sync(release=False)
+            try:
+                result = measure(
+                    trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume,
+                    record=record, ranks=ranks,
+                    gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape),
+                    advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
+                )
+            except BaseException:
+                # what was measured stays stored when a later step fails or is interrupted; the
+                # first error is the one raised (a DB that cannot take the write says so too)
+                try:
+                    store_pending()
+                except TunerError as e:
+                    warnings.warn(f"tuner: the measurements of {label} were not stored: {e}", stacklevel=2)
+                raise
+            store_pending()
+            del trial  # free the device before the next shape's inputs
+            boundary_sync(release=False)
+            default = configs[0]
+            winner, default_timing = result.winner, result.default_timing
+            if guide is not None:  # from what every rank holds alike: the ranks' shortlists agree
+                guide.record(shape, result.first_rung)
+            again: dict[str, Any] = {}
+            note = ""
+            leader = ranks is None or ranks.rank == 0
+            if (leader and second_trial and shape.lengths != "full" and winner is not None
+                    and default_timing is not None and not same_config(winner.config, default)):
+                checked = _second_trial(op, shape, device, seed, winner.config, default, timer, min_gain)
+                again = {"second_trial": checked.as_method(seed + settings.SECOND_TRIAL_SEED)}
+                if not checked.held:
+                    note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"
+                    winner = Outcome(default, OK, default_timing)
+            dense: dict[str, Any] = {}
+            if leader and winner is not None and default_timing is not None and wants_dense(shape):
+                found, dense = run_dense(shape, problem, winner.config, default, label)
                 if found is not None:
                     config, timing, default_timing = found
-                    db.save_winner(problem, env, config, timing, stored_winner.default_config, default_timing,
-                                   method=dict(stored_winner.method, **info))
-                    results.append(ShapeResult(shape, MEASURED, config, timing.median_us, default_timing.median_us,
-                                               0, 0, 0, note="a dense pass over its stored winner"))
-                    continue
-                if stored_winner.fingerprint_id == env.id:  # one measured elsewhere is not copied as this one's
-                    db.save_record(problem, env, stored_winner.config, median_us=stored_winner.median_us,
-                                   spread_us=stored_winner.spread_us, samples=stored_winner.samples,
-                                   default_config=stored_winner.default_config,
-                                   default_median_us=stored_winner.default_median_us,
-                                   default_spread_us=stored_winner.default_spread_us,
-                                   method=dict(stored_winner.method, **info), created_at=stored_winner.created_at)
+                    winner = Outcome(config, OK, timing)
+                    note = "a dense pass: timed on its second trial"
+            if leader and winner is not None:
+                db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
+                               method=dict(method, **lengths, min_gain=min_gain, ranks=ranks.world if ranks else 1,
+                                           **again, **dense))
+            if ranks is not None:  # every rank takes the one winner rank 0 stored
+                ranks.barrier()
+                record_ = db.record(problem, env.id)
+                winner = Outcome(record_.config, OK, Timing(record_.median_us, record_.spread_us, record_.samples)) \
+                    if record_ else None
+                default_timing = Timing(record_.default_median_us, 0.0, 0) \
+                    if record_ and record_.default_median_us is not None else None
+            if winner is None:
+                results.append(ShapeResult(shape, FAILED, None, None, None, result.measured, result.resumed,
+                                           result.failures, note="no config ran right"))
+                continue
             results.append(ShapeResult(
-                shape, SKIPPED, stored_winner.config, stored_winner.median_us,
-                stored_winner.default_median_us, 0, 0, 0,
+                shape, MEASURED, winner.config, winner.timing.median_us,
+                default_timing and default_timing.median_us, result.measured, result.resumed, result.failures,
+                note=note,
             ))
-            continue
-        # what measured this shape's kind of batch (a "serving" mix is not a full batch)
-        lengths = _batches_of(shape, shape.lengths)
-        stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
-                                   if _timed_on(m.method, shape, shape.lengths)}
-        try:
-            trial = build_trial(op, shape, device, seed)
-        except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed
-            boundary_sync()
-            advance(len(configs), label)
-            results.append(ShapeResult(shape, FAILED, None, None, None, 0, 0, 0, note=one_line(e)))
-            continue
-
-        def resume(config: Config) -> tuple[Outcome, int] | None:
-            row = stored.get(canonical_json(config))
-            return (_stored_outcome(row), row.rung) if row is not None else None
-
-        # a shape's measurements are stored together once it is measured (one transaction,
-        # not one each); a distributed sweep's as they come, since the other ranks read them
-        pending: list[dict[str, Any]] = []
-
-        def record(step: Step, outcome: Outcome) -> None:
-            t = outcome.timing
-            pending.append(dict(
-                config=step.config, kv_len=shape.kv_len, status=outcome.status,
-                # the timer's method as of this measurement (a failed capture says so); a
-                # quick rung's also in method, where a tuner before the rung column reads it
-                method=dict(method, **step.timer.method, **lengths, **({"rung": step.rung} if step.rung != 1 else {})),
-                rung=step.rung,
-                median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
-                max_error=outcome.max_error, error=outcome.error,
-            ))
-            if ranks is not None:
-                store_pending()
-
-        def store_pending() -> None:
-            measurements = pending[:]
-            pending.clear()  # tried once: a write that fails is not tried again
-            db.save_measurements(problem, env, measurements)
-
-        boundary_sync(release=False)
-        try:
-            result = measure(
-                trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume,
-                record=record, ranks=ranks,
-                gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape),
-                advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
-            )
-        except BaseException:
-            # what was measured stays stored when a later step fails or is interrupted; the
-            # first error is the one raised (a DB that cannot take the write says so too)
-            try:
-                store_pending()
-            except TunerError as e:
-                warnings.warn(f"tuner: the measurements of {label} were not stored: {e}", stacklevel=2)
-            raise
-        store_pending()
-        del trial  # free the device before the next shape's inputs
-        boundary_sync(release=False)
-        default = configs[0]
-        winner, default_timing = result.winner, result.default_timing
-        if guide is not None:  # from what every rank holds alike: the ranks' shortlists agree
-            guide.record(shape, result.first_rung)
-        again: dict[str, Any] = {}
-        note = ""
-        leader = ranks is None or ranks.rank == 0
-        if (leader and second_trial and shape.lengths != "full" and winner is not None
-                and default_timing is not None and not same_config(winner.config, default)):
-            checked = _second_trial(op, shape, device, seed, winner.config, default, timer, min_gain)
-            again = {"second_trial": checked.as_method(seed + settings.SECOND_TRIAL_SEED)}
-            if not checked.held:
-                note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"
-                winner = Outcome(default, OK, default_timing)
-        dense: dict[str, Any] = {}
-        if leader and winner is not None and default_timing is not None and wants_dense(shape):
-            found, dense = run_dense(shape, problem, winner.config, default, label)
-            if found is not None:
-                config, timing, default_timing = found
-                winner = Outcome(config, OK, timing)
-                note = "a dense pass: timed on its second trial"
-        if leader and winner is not None:
-            db.save_winner(problem, env, winner.config, winner.timing, default, default_timing,
-                           method=dict(method, **lengths, min_gain=min_gain, ranks=ranks.world if ranks else 1,
-                                       **again, **dense))
-        if ranks is not None:  # every rank takes the one winner rank 0 stored
-            ranks.barrier()
-            record_ = db.record(problem, env.id)
-            winner = Outcome(record_.config, OK, Timing(record_.median_us, record_.spread_us, record_.samples)) \
-                if record_ else None
-            default_timing = Timing(record_.default_median_us, 0.0, 0) \
-                if record_ and record_.default_median_us is not None else None
-        if winner is None:
-            results.append(ShapeResult(shape, FAILED, None, None, None, result.measured, result.resumed,
-                                       result.failures, note="no config ran right"))
-            continue
-        results.append(ShapeResult(
-            shape, MEASURED, winner.config, winner.timing.median_us,
-            default_timing and default_timing.median_us, result.measured, result.resumed, result.failures,
-            note=note,
-        ))
-    by_index = dict(zip(order, results))
-    return [by_index[i] for i in range(len(shapes))]
+    except KeyboardInterrupt:
+        # each finished shape's winner is stored, and the measurements of the one in flight:
+        # say which shapes are done, for the caller to show (the same sweep resumes the rest)
+        raise SweepInterrupted(_in_shape_order(order, results), len(shapes)) from None
+    return _in_shape_order(order, results)
 
 
 def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env: Any, device: str, seed: int,
