@@ -144,7 +144,8 @@ def test_mixed_length_inputs_in_a_wide_table_hold_only_their_own_pages():
         make_decode_inputs(s, table_width=8)
 
 
-@pytest.mark.parametrize("extra, lens", [({}, None), ({}, [9, 2, 6]), ({"window": (3, 0), "q_len": 2}, [40, 7, 30]),
+@pytest.mark.parametrize("extra, lens", [({}, None), ({}, [9, 2, 6]), ({}, [5, 0, 3]),
+                                         ({"window": (3, 0), "q_len": 2}, [40, 7, 30]),
                                          ({"window": (100, 0), "q_len": 2}, [1000, 50, 701])])
 def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(extra, lens):
     from tuner.ops.rotation import WINDOW_MARGIN, bytes_read, fresh_page_copies, read_spans
