@@ -156,8 +156,7 @@ def test_shipped_sweeps_stops_a_sweep_with_sigint_first(tmp_path):
     assert shipped_sweeps.STOP_SIGNALS[0] == signal.SIGINT
     waits = ("import signal, sys, time\n"
              "if sys.argv[1] == 'ignore': signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-             "print('up', flush=True)\n"
-             "try:\n    time.sleep(60)\n"
+             "try:\n    print('up', flush=True)\n    time.sleep(60)\n"  # up inside it: no window
              "except KeyboardInterrupt:\n    open(sys.argv[2], 'w').write('x')\n")
     for how in ("interrupt", "ignore"):
         done = tmp_path / f"{how}.interrupted"
@@ -165,6 +164,7 @@ def test_shipped_sweeps_stops_a_sweep_with_sigint_first(tmp_path):
                                 start_new_session=True)
         assert proc.stdout.readline() == b"up\n"
         shipped_sweeps.stop(proc, shipped_sweeps.STOP_SIGNALS, grace=2.0)
+        proc.stdout.close()
         assert proc.returncode is not None and done.exists() == (how == "interrupt")
     args = shipped_sweeps.argparse.Namespace(search="guided", db="x.db", set="serving")
     cmd = shipped_sweeps.sweep_command("decode_attention", Path("s.json"), args, tmp_path / "p.prof")
