@@ -693,6 +693,55 @@ def test_a_writer_that_may_not_alter_the_tables_still_writes_without_the_new_col
         owner.dispose()
 
 
+def test_a_writer_that_may_not_build_the_problem_index_writes_and_keeps_the_other_upgrades(make_db):
+    """Review of 8310f79: the index was built in the upgrade's one transaction, so a role
+    that may create tables but not index one it does not own lost the misses table too,
+    and a row-only role warned on every open that it wrote "without the newer tables and
+    columns" when none were missing. The index is its own step, with its own warning."""
+    if make_db.backend != "postgresql":
+        pytest.skip("roles and table ownership are PostgreSQL's")
+    import uuid
+
+    from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy.engine import make_url
+
+    url = make_db()
+    TuningDB(url).close()
+    role = f"tuner_rows_{uuid.uuid4().hex[:8]}"
+    owner = create_engine(url, isolation_level="AUTOCOMMIT")
+    with owner.connect() as conn:
+        conn.execute(text("DROP INDEX ix_measurements_problem"))
+        conn.execute(text("DROP TABLE misses"))
+        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'rows'"))
+        conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"))
+        conn.execute(text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+        conn.execute(text(f"GRANT CREATE ON SCHEMA public TO {role}"))
+        conn.execute(text(f"GRANT REFERENCES ON ALL TABLES IN SCHEMA public TO {role}"))
+    try:
+        rows_only = make_url(url).set(username=role, password="rows").render_as_string(hide_password=False)
+        with pytest.warns(UserWarning) as warned:
+            db = TuningDB(rows_only)
+        assert [str(w.message) for w in warned if "ix_measurements_problem" in str(w.message)], \
+            [str(w.message) for w in warned]
+        assert not [w for w in warned if "newer tables and columns" in str(w.message)]
+        with owner.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+            indexes = {i["name"] for i in inspect(conn).get_indexes("measurements")}
+        assert "misses" in tables and "ix_measurements_problem" not in indexes
+        db.save_measurement(problem(), FP, {"c": 1}, kv_len=1000, status="ok", method={}, median_us=5.0,
+                            spread_us=1.0, samples=3)
+        assert [m.config for m in db.measurements(problem(), FP[0])] == [{"c": 1}]
+        db.close()
+        TuningDB(url).close()  # the owner builds it
+        with owner.connect() as conn:
+            assert "ix_measurements_problem" in {i["name"] for i in inspect(conn).get_indexes("measurements")}
+    finally:
+        with owner.connect() as conn:
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+        owner.dispose()
+
+
 def test_an_opener_whose_look_straddles_a_creators_commit_waits_and_opens(make_db):
     """Found by the eight-process sweep test (1 run in 7 on PostgreSQL): an opener read "no
     tuner_meta table" just before another process's creation committed, then listed every

@@ -350,7 +350,7 @@ class TuningDB:
             raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no schema "
                                  "version (sweep --force renames it aside and starts a new DB)")
         if state == "ready":
-            if create and (self._missing_optional_tables or self._missing_columns or self._missing_indexes):
+            if create and (self._missing_optional_tables or self._missing_columns):
                 try:
                     self._upgrade()
                 except DBError as e:
@@ -358,6 +358,12 @@ class TuningDB:
                     # writes, without what the DB lacks: misses' lengths, a measurement's rung
                     # column (it is in method too), the replaced-records history
                     warnings.warn(f"tuner: {e}; writing without the newer tables and columns", stacklevel=4)
+            if create and self._missing_indexes:
+                try:  # on its own: one it may not build must not undo the tables and columns
+                    self._add_indexes()
+                except DBError as e:
+                    warnings.warn(f"tuner: {e}; without index {', '.join(n for _, n in sorted(self._missing_indexes))} "
+                                  "a problem's measurements are read by a scan", stacklevel=4)
             return
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
@@ -385,7 +391,7 @@ class TuningDB:
             self._missing_optional_tables, self._missing_columns, self._missing_indexes = set(), set(), set()
 
     def _upgrade(self) -> None:
-        """Add the tables, columns and indexes added since schema version 1 (one upgrader at a time)."""
+        """Add the tables and columns added since schema version 1 (one upgrader at a time)."""
         with self._write(action="upgrade") as session:
             if self.url.get_backend_name() == "postgresql":  # as creation: one upgrader at a time
                 session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
@@ -396,10 +402,17 @@ class TuningDB:
                 if column in present:
                     continue
                 session.execute(text(_ADD_COLUMN[(table, column)]))
+        self._missing_optional_tables, self._missing_columns = set(), set()
+
+    def _add_indexes(self) -> None:
+        """Build the indexes added since schema version 1 (one builder at a time)."""
+        with self._write(action="add an index to") as session:
+            if self.url.get_backend_name() == "postgresql":
+                session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
             for table, name in sorted(self._missing_indexes):
                 index = next(i for i in Base.metadata.tables[table].indexes if i.name == name)
                 index.create(session.connection(), checkfirst=True)
-        self._missing_optional_tables, self._missing_columns, self._missing_indexes = set(), set(), set()
+        self._missing_indexes = set()
 
     def _settled_schema_state(self) -> str:
         """_schema_state, looked at again after any creator in flight has finished: "partial"
