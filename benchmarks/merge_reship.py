@@ -49,7 +49,7 @@ def parse_heads(text: str | None) -> set[tuple[int, int]] | None:
     try:
         return {(int(q), int(kv)) for q, kv in (h.split("/") for h in text.split(","))}
     except ValueError:
-        raise SystemExit(f"--heads: Q/KV pairs, comma-separated (e.g. 16/4,16/2), not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"Q/KV pairs, comma-separated (e.g. 16/4,16/2), not {text!r}") from None
 
 
 def merge(shipped: dict, reship: dict, scratch: Path, heads: set[tuple[int, int]] | None = None
@@ -78,9 +78,10 @@ def main() -> None:
     ap.add_argument("--shipped", required=True, type=Path, help="the shipped *.tunings.json[.gz]")
     ap.add_argument("--reship", required=True, help="the re-ship's DB (SQLAlchemy URL or SQLite path)")
     ap.add_argument("--out", required=True, type=Path, help="the merged file (gzip-compressed for a .gz name)")
-    ap.add_argument("--heads", help="only the re-ship's records of these head configurations, Q/KV comma-separated")
+    ap.add_argument("--heads", type=parse_heads,
+                    help="only the re-ship's records of these head configurations, Q/KV comma-separated")
     args = ap.parse_args()
-    heads = parse_heads(args.heads)
+    heads = args.heads
     with TuningDB(args.reship, create=False) as db:
         reship = export_document(db, op=OP)
     with tempfile.TemporaryDirectory() as scratch:

@@ -67,9 +67,21 @@ def split(shapes: list[dict], parts: int) -> list[list[dict]]:
     return [[s for s in shapes if order.index(head_config(s)) % parts == i] for i in range(parts)]
 
 
+# `python -m cProfile` exits 0 whatever its program's exit code: run the module under a
+# profiler here, written however it ends, its SystemExit passed on (argv: profile, module, args)
+PROFILED = ("import cProfile, runpy, sys\n"
+            "out, module = sys.argv[1:3]\n"
+            "sys.argv = [module] + sys.argv[3:]\n"
+            "profile = cProfile.Profile()\n"
+            "try:\n"
+            "    profile.runcall(runpy.run_module, module, run_name='__main__', alter_sys=True)\n"
+            "finally:\n"
+            "    profile.dump_stats(out)\n")
+
+
 def sweep_command(op: str, path: Path, args: argparse.Namespace, profile: Path | None = None) -> list[str]:
-    python = [sys.executable] + (["-m", "cProfile", "-o", str(profile)] if profile else [])
-    cmd = python + ["-m", "tuner", "sweep", op, "--shapes", str(path), "--search", args.search, "--db", args.db]
+    python = [sys.executable] + (["-c", PROFILED, str(profile)] if profile else ["-m"])
+    cmd = python + ["tuner", "sweep", op, "--shapes", str(path), "--search", args.search, "--db", args.db]
     if op == "decode_attention" and args.set == "serving":  # graphs cannot hold FlashInfer's plan
         cmd += ["--backends", "fa3,triton_decode"]
     return cmd

@@ -167,8 +167,25 @@ def test_shipped_sweeps_stops_a_sweep_with_sigint_first(tmp_path):
         proc.stdout.close()
         assert proc.returncode is not None and done.exists() == (how == "interrupt")
     args = shipped_sweeps.argparse.Namespace(search="guided", db="x.db", set="serving")
+    plain = shipped_sweeps.sweep_command("decode_attention", Path("s.json"), args)
+    assert plain[1:4] == ["-m", "tuner", "sweep"]
     cmd = shipped_sweeps.sweep_command("decode_attention", Path("s.json"), args, tmp_path / "p.prof")
-    assert cmd[1:6] == ["-m", "cProfile", "-o", str(tmp_path / "p.prof"), "-m"] and cmd[6:8] == ["tuner", "sweep"]
+    assert cmd[3:6] == [str(tmp_path / "p.prof"), "tuner", "sweep"] and cmd[6:] == plain[4:]
+
+
+def test_a_profiled_sweep_keeps_its_exit_code_and_writes_its_profile(tmp_path):
+    """Review: `python -m cProfile` exits 0 whatever its program does, so a profiled sweep
+    that failed (or was interrupted, 130) was logged as rc 0."""
+    import pstats
+
+    shipped_sweeps = benchmark_module("shipped_sweeps")
+    (tmp_path / "ends_with.py").write_text("import sys\nsum(range(1000))\nsys.exit(int(sys.argv[1]))\n")
+    for code in (0, 3, 130):
+        out = tmp_path / f"{code}.prof"
+        done = subprocess.run([sys.executable, "-c", shipped_sweeps.PROFILED, str(out), "ends_with", str(code)],
+                              cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+        assert done.returncode == code
+        assert pstats.Stats(str(out)).total_calls > 0
 
 
 def test_shipped_sweeps_heads_keeps_only_the_named_head_configurations():
@@ -269,8 +286,9 @@ def test_merge_reship_takes_only_the_named_heads_records(tmp_path):
     assert heads(merged) == {(32, 8): triton, (16, 4): triton} and counts["swept"] == 1
     merged, counts = merge_reship.merge(shipped, reship, tmp_path / "all")
     assert heads(merged) == {(32, 8): default, (16, 4): triton} and counts["swept"] == 2
-    with pytest.raises(SystemExit, match="Q/KV pairs"):
-        merge_reship.parse_heads("16-4")
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "merge_reship.py"), "--shipped", "s.json",
+                          "--reship", "r.db", "--out", "o.json", "--heads", "16-4"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Q/KV pairs" in bad.stderr  # bad input: exit 2, as argparse's own
 
 
 @pytest.mark.parametrize("trial, seed, second", [(("--seed", "7"), 7, False), (("--second-trial",), 0, True)])

@@ -64,6 +64,10 @@ def test_an_interrupted_sweep_shows_the_shapes_it_finished_and_the_same_command_
     monkeypatch.undo()
     again = sweep(db_path, tiny_shapes)
     assert again.exit_code == 0 and again.output.count("already in DB") == 1 and len(TuningDB(db_path).records()) == 2
+    built.clear()  # --force measures everything again: running it again starts over, and says so
+    monkeypatch.setattr(tuner.sweep, "build_trial", interrupt_the_second)
+    forced = sweep(db_path, tiny_shapes, "--force")
+    assert forced.exit_code == 130 and "without --force resumes the rest (with it, it starts over)" in forced.stderr
 
 
 def test_ops_lists_the_ops():

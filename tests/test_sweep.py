@@ -8,7 +8,7 @@ from tuner.db import TuningDB, current_fingerprint_id
 from tuner.keys import canonical_json
 from tuner.ops import DecodeShape, Op, get_op
 from tuner.ops.torch_split import split_kv_decode
-from tuner.sweep import FAILED, SKIPPED, MEASURED, candidate_configs, sweep
+from tuner.sweep import DUPLICATE, FAILED, MEASURED, SKIPPED, candidate_configs, sweep
 
 SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
 
@@ -168,6 +168,22 @@ def test_interrupted_sweep_resumes_measuring_only_what_is_missing(db_path):
     calls3 = []
     results = sweep(fake_op(timer, COSTS, calls=calls3), op.grids["g"], db, timer=timer, strategy="exhaustive")
     assert [r.status for r in results] == [SKIPPED, SKIPPED] and calls3 == []
+
+
+def test_an_interrupted_sweep_does_not_count_a_duplicate_of_the_key_in_flight_as_done(db_path):
+    """Review: a shape of the same key as a later one is answered "duplicate" at once; when
+    the interrupt came during that later one, the duplicate was reported done."""
+    timer = FakeTimer()
+    op = fake_op(timer, COSTS, calls=[], interrupt_after=3)  # inside the first key measured
+    first, second = op.grids["g"]
+    same_key = DecodeShape(batch=first.batch, kv_len=first.kv_len - 8, **SMALL)  # its kv bucket, shorter
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        sweep(op, [same_key, first, second], TuningDB(db_path), timer=timer, strategy="exhaustive")
+    assert stopped.value.done == [] and stopped.value.total == 3
+    op = fake_op(timer, COSTS, calls=[], interrupt_after=14)  # the first key done, the second in flight
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        sweep(op, [same_key, first, second], TuningDB(db_path), timer=timer, strategy="exhaustive", force=True)
+    assert [(r.shape, r.status) for r in stopped.value.done] == [(same_key, DUPLICATE), (first, MEASURED)]
 
 
 def test_an_interrupted_sweep_whose_db_refuses_the_write_still_raises_the_interrupt(db_path, monkeypatch):

@@ -280,8 +280,10 @@ def sweep_command(
         if interrupted is not None:
             if leader and results:
                 console.print(_sweep_table(op.name, results))
+            resume = ("the same command without --force resumes the rest (with it, it starts over)" if force
+                      else "the same command resumes the rest")
             err.print(f"[yellow]interrupted[/] after {len(results)} of {interrupted.total} shapes; what was "
-                      "measured is stored, and the same command resumes the rest", highlight=False, soft_wrap=True)
+                      f"measured is stored, and {resume}", highlight=False, soft_wrap=True)
             raise typer.Exit(130)
         if leader:
             console.print(_sweep_table(op.name, results))

@@ -348,7 +348,11 @@ def sweep(
     except KeyboardInterrupt:
         # each finished shape's winner is stored, and the measurements of the one in flight:
         # say which shapes are done, for the caller to show (the same sweep resumes the rest)
-        raise SweepInterrupted(_in_shape_order(order, results), len(shapes)) from None
+        swept_so_far = dict(zip(order, results))
+        finished = {problems[i] for i, r in swept_so_far.items() if r.status != DUPLICATE}
+        # a duplicate of a key still in flight is not done
+        done = [r for i, r in sorted(swept_so_far.items()) if r.status != DUPLICATE or problems[i] in finished]
+        raise SweepInterrupted(done, len(shapes)) from None
     return _in_shape_order(order, results)
 
 
