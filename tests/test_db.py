@@ -1,3 +1,4 @@
+import contextlib
 import json
 import sqlite3
 
@@ -654,29 +655,46 @@ def test_a_db_from_before_the_problem_index_gains_it_when_written_and_its_reads_
     assert "USING INDEX ix_measurements_problem" in plan[0][-1], plan
 
 
+@contextlib.contextmanager
+def _row_role(url: str, changes: tuple[str, ...] = (), grants: tuple[str, ...] = ()):
+    """A PostgreSQL login role with row rights on url's tables (and grants, "{role}" in
+    them named), after the owner made changes; yields its URL and the owner's engine, and
+    drops the role after."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    role = f"tuner_rows_{uuid.uuid4().hex[:8]}"
+    owner = create_engine(url, isolation_level="AUTOCOMMIT")
+    with owner.connect() as conn:
+        for statement in changes:
+            conn.execute(text(statement))
+        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'rows'"))
+        conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"))
+        conn.execute(text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+        for grant in grants:
+            conn.execute(text(grant.format(role=role)))
+    try:
+        yield make_url(url).set(username=role, password="rows").render_as_string(hide_password=False), owner
+    finally:
+        with owner.connect() as conn:
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+        owner.dispose()
+
+
 def test_a_writer_that_may_not_alter_the_tables_still_writes_without_the_new_columns(make_db):
     """A fleet DB's writers may hold row rights only. Opening to write upgraded the misses
     table (ALTER TABLE), and a role that does not own it lost every write (review of issue
     12): the upgrade is now best effort, and writes leave out what the DB lacks."""
     if make_db.backend != "postgresql":
         pytest.skip("roles and table ownership are PostgreSQL's")
-    import uuid
-
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
     url = make_db()
     TuningDB(url).close()
-    role = f"tuner_rows_{uuid.uuid4().hex[:8]}"
-    owner = create_engine(url, isolation_level="AUTOCOMMIT")
-    with owner.connect() as conn:
-        for column in ("length_calls", "length_mean_sum", "length_max_sum", "length_spread_sum"):
-            conn.execute(text(f"ALTER TABLE misses DROP COLUMN {column}"))
-        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'rows'"))
-        conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"))
-        conn.execute(text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"))
-    try:
-        rows_only = make_url(url).set(username=role, password="rows").render_as_string(hide_password=False)
+    dropped = tuple(f"ALTER TABLE misses DROP COLUMN {c}"
+                    for c in ("length_calls", "length_mean_sum", "length_max_sum", "length_spread_sum"))
+    with _row_role(url, dropped) as (rows_only, _):
         with pytest.warns(UserWarning, match="writing without the newer tables and columns"):
             db = TuningDB(rows_only)
         db.save_misses(FP, [MissRow(problem(), "default", 2, MissLengths(1, 10.0, 20.0, 5.0))])
@@ -686,11 +704,6 @@ def test_a_writer_that_may_not_alter_the_tables_still_writes_without_the_new_col
         save(db, problem(), {"c": 2})  # replaces (the history table is there: kept)
         assert db.record(problem(), FP[0]).config == {"c": 2}
         db.close()
-    finally:
-        with owner.connect() as conn:
-            conn.execute(text(f"DROP OWNED BY {role}"))
-            conn.execute(text(f"DROP ROLE {role}"))
-        owner.dispose()
 
 
 def test_a_writer_that_may_not_build_the_problem_index_writes_and_keeps_the_other_upgrades(make_db):
@@ -700,25 +713,13 @@ def test_a_writer_that_may_not_build_the_problem_index_writes_and_keeps_the_othe
     columns" when none were missing. The index is its own step, with its own warning."""
     if make_db.backend != "postgresql":
         pytest.skip("roles and table ownership are PostgreSQL's")
-    import uuid
-
-    from sqlalchemy import create_engine, inspect, text
-    from sqlalchemy.engine import make_url
+    from sqlalchemy import inspect
 
     url = make_db()
     TuningDB(url).close()
-    role = f"tuner_rows_{uuid.uuid4().hex[:8]}"
-    owner = create_engine(url, isolation_level="AUTOCOMMIT")
-    with owner.connect() as conn:
-        conn.execute(text("DROP INDEX ix_measurements_problem"))
-        conn.execute(text("DROP TABLE misses"))
-        conn.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD 'rows'"))
-        conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"))
-        conn.execute(text(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"))
-        conn.execute(text(f"GRANT CREATE ON SCHEMA public TO {role}"))
-        conn.execute(text(f"GRANT REFERENCES ON ALL TABLES IN SCHEMA public TO {role}"))
-    try:
-        rows_only = make_url(url).set(username=role, password="rows").render_as_string(hide_password=False)
+    with _row_role(url, ("DROP INDEX ix_measurements_problem", "DROP TABLE misses"),
+                   ("GRANT CREATE ON SCHEMA public TO {role}",
+                    "GRANT REFERENCES ON ALL TABLES IN SCHEMA public TO {role}")) as (rows_only, owner):
         with pytest.warns(UserWarning) as warned:
             db = TuningDB(rows_only)
         assert [str(w.message) for w in warned if "ix_measurements_problem" in str(w.message)], \
@@ -735,11 +736,6 @@ def test_a_writer_that_may_not_build_the_problem_index_writes_and_keeps_the_othe
         TuningDB(url).close()  # the owner builds it
         with owner.connect() as conn:
             assert "ix_measurements_problem" in {i["name"] for i in inspect(conn).get_indexes("measurements")}
-    finally:
-        with owner.connect() as conn:
-            conn.execute(text(f"DROP OWNED BY {role}"))
-            conn.execute(text(f"DROP ROLE {role}"))
-        owner.dispose()
 
 
 def test_an_opener_whose_look_straddles_a_creators_commit_waits_and_opens(make_db):
