@@ -111,12 +111,6 @@ class SweepInterrupted(KeyboardInterrupt):
         self.done, self.total = done, total
 
 
-def _in_shape_order(order: list[int], results: list[ShapeResult]) -> list[ShapeResult]:
-    """results (one per shape, in the order swept) in the shapes' order; the unswept left out."""
-    by_index = dict(zip(order, results))
-    return [by_index[i] for i in sorted(by_index)]
-
-
 def sweep(
     op: Op,
     shapes: list[DecodeShape],
@@ -348,12 +342,13 @@ def sweep(
     except KeyboardInterrupt:
         # each finished shape's winner is stored, and the measurements of the one in flight:
         # say which shapes are done, for the caller to show (the same sweep resumes the rest)
-        swept_so_far = dict(zip(order, results))
-        finished = {problems[i] for i, r in swept_so_far.items() if r.status != DUPLICATE}
+        by_index = dict(zip(order, results))
+        finished = {problems[i] for i, r in by_index.items() if r.status != DUPLICATE}
         # a duplicate of a key still in flight is not done
-        done = [r for i, r in sorted(swept_so_far.items()) if r.status != DUPLICATE or problems[i] in finished]
+        done = [r for i, r in sorted(by_index.items()) if r.status != DUPLICATE or problems[i] in finished]
         raise SweepInterrupted(done, len(shapes)) from None
-    return _in_shape_order(order, results)
+    by_index = dict(zip(order, results))
+    return [by_index[i] for i in range(len(shapes))]
 
 
 def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env: Any, device: str, seed: int,
