@@ -1013,3 +1013,105 @@ def test_scaled_splits_leaves_a_split_count_beyond_any_rules_range_or_a_bool():
     configs = [{"name": "k", "num_splits": s} for s in SPLITS]
     assert scaled_splits({"name": "k", "num_splits": 1 << 40}, 16, 24, configs) == []
     assert scaled_splits({"name": "k", "num_splits": True}, 16, 24, configs) == []  # a bool is no count
+
+
+def _dense_configs(db, kv_len):
+    [record] = [r for r in db.records() if r.problem.run_key.kv_len_bucket == kv_len]
+    return {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
+            if m.method["lengths"] == "serving-dense"}, record
+
+
+def test_an_anchors_dense_pass_is_shortlisted_from_the_anchor_of_its_batch_at_another_kv_length(
+        db_path, monkeypatch):
+    """The dense passes' guide (settings.GUIDED_ACROSS_KV): batch 4 at kv 256 searches its
+    winner, the default and kv 128's leaders on dense batches, not every candidate (replayed
+    over the H200's anchors, 87% fewer configs); its mix is still searched over them all."""
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    served = [dataclasses.replace(FILLED, kv_len=kv) for kv in (128, 256)]
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    results = sweep(dense_guided_op(timer), served, db, timer=timer, strategy="guided")
+    assert [r.winner for r in results] == [{"dense.name": "s4", "other.name": "default"}] * 2
+    first, _ = _dense_configs(db, 128)
+    second, record = _dense_configs(db, 256)
+    assert len(first) == len(GUIDED_NAMES)  # no other anchor of batch 4 was recorded yet
+    # the default's by_fill (the pass's baseline: the winner is the default) and kv 128's two
+    # leaders: s4, and s3 before s5 (as fast; the first of the candidates)
+    assert second == {canonical_json({"dense.name": n, "other.name": "default"}) for n in ("default", "s3", "s4")}
+    assert record.method["dense_pass"]["measured"] < len(GUIDED_NAMES)
+    mix = {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
+           if m.method["lengths"] == "serving"}
+    assert len(mix) == len(GUIDED_NAMES)
+
+
+def test_with_across_kv_off_an_anchors_dense_pass_searches_every_candidate(db_path, monkeypatch):
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    monkeypatch.setattr(settings, "GUIDED_ACROSS_KV", False)
+    served = [dataclasses.replace(FILLED, kv_len=kv) for kv in (128, 256)]
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    sweep(dense_guided_op(timer), served, db, timer=timer, strategy="guided")
+    assert len(_dense_configs(db, 256)[0]) == len(GUIDED_NAMES)
+
+
+def test_an_across_kv_guide_shortlists_an_anchor_only_over_its_batchs_other_kv_anchors():
+    """An anchor: the leaders of its batch's nearest anchors at another kv length (either
+    side), with its family's nearest batches' and the default; every config where no
+    anchor of its batch at another kv length is recorded, or without across_kv."""
+    from tuner.bench import Outcome
+    from tuner.search.guided import Guide
+
+    configs = [{"name": n} for n in GUIDED_NAMES]
+
+    def ran(*names):
+        return [Outcome({"name": n}, OK, Timing(10.0 + i, 0.1, 5)) for i, n in enumerate(names)]
+
+    def at(batch, kv):
+        return dataclasses.replace(FILLED, batch=batch, kv_len=kv)
+
+    guide, plain = Guide(keep=2, across_kv=True), Guide(keep=2)
+    for g in (guide, plain):
+        g.record(at(2, 128), ran("s1", "s2", "s3"))
+        g.record(at(4, 512), ran("s5", "s6"))
+        g.record(at(8, 1024), ran("s7", "s8"))
+    names = lambda cs: [c["name"] for c in cs]  # noqa: E731
+    assert names(guide.shortlist(at(2, 256), configs)) == ["default", "s1", "s2"]
+    guide.record(at(4, 256), ran("s3", "s4"))
+    # batch 4's anchor at kv 256 (not its own record at 512)
+    assert names(guide.shortlist(at(4, 512), configs)) == ["default", "s3", "s4"]
+    # the nearest of batch 4's kv lengths (512, not 256), and batch 8 of its own family
+    assert names(guide.shortlist(at(4, 1024), configs)) == ["default", "s5", "s6", "s7", "s8"]
+    assert guide.shortlist(at(16, 256), configs) == configs  # nothing of batch 16 at another kv
+    assert plain.shortlist(at(2, 256), configs) == configs  # without across_kv: every candidate
+
+
+def test_the_dense_guide_replay_shortlists_what_a_sweep_searched_in_full(db_path, monkeypatch, tmp_path):
+    """benchmarks/dense_guide_replay.py over a DB whose anchors' dense passes searched every
+    candidate: with across_kv the second anchor is replayed over kv 128's leaders, and finds
+    its best (s4) there."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_ACROSS_KV", False)
+    timer = FakeTimer()
+    served = [dataclasses.replace(FILLED, kv_len=kv) for kv in (128, 256)]
+    sweep(dense_guided_op(timer), served, TuningDB(db_path), timer=timer, strategy="guided")
+    out = tmp_path / "replay.json"
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "benchmarks" / "dense_guide_replay.py"), str(db_path),
+                             "--min-configs", "5", "--keep", "2", "--out", str(out)],
+                            capture_output=True, text=True, cwd=root)
+    assert result.returncode == 0, result.stderr
+    off, on = json.loads(out.read_text())["rows"]
+    assert off["across_kv"] is False and off["anchors"] == 2 and off["shortlisted"] == 0
+    assert on["anchors"] == 2 and on["shortlisted"] == 1
+    assert on["configs_of_the_shortlisted"] == len(GUIDED_NAMES) and on["configs_searched_there"] == 3
+    assert on["best_found_over_best_geomean"] == 1.0 and on["over_2pct"] == 0

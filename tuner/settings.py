@@ -102,6 +102,18 @@ GUIDED_KEEP = 8
 # scaling finds it is not yet measured. The knobs that count splits (a config whose splits
 # follow each sequence's length, tokens_per_split > 0, is left as it is)
 GUIDED_SCALED = 3
+# the dense passes' guide shortlists an anchor too where an anchor of its batch at another kv
+# length is recorded (tuner.search.guided.Guide, across_kv): over that one's leaders and its
+# family's nearest anchors', and the winner (every dense pass searches it). Replayed offline
+# over the H200's stored dense passes (benchmarks/dense_guide_replay.py, six head
+# configurations' re-ship DBs, 720 anchors whose passes had searched every candidate; in
+# sweep order, each shortlist from what its neighbours' own shortlists found;
+# benchmarks/results/h200/issue12/dense_guide_replay_dense.json): 636 shortlisted, 50,228
+# configs to measure -> 6,543; the best found 0.26% slower than the best of all in geomean on
+# the dense batches (28 over 2%, worst 8.9%), 0.91 of the gain over the winner where there
+# was more than 1% to find. The mix's anchors stay exhaustive: replayed alike, the best found
+# there ran 1.34x slower than the best in geomean (dense_guide_replay_mix.json)
+GUIDED_ACROSS_KV = True
 SPLIT_KNOBS = ("num_splits", "num_kv_splits")
 # a missed key whose calls' mean kv length was below this share of their longest was called
 # with mixed lengths: `tuner sweep --from-misses` measures it on serving batches

@@ -173,7 +173,8 @@ def sweep(
         if problem not in chosen or preference(shape) > preference(chosen[problem]):
             chosen[problem] = shape
     swept: set[Problem] = set()
-    dense_guide = strategy.guide() if guide is not None else None  # the dense passes' own anchors
+    # the dense passes' own anchors
+    dense_guide = strategy.guide(across_kv=settings.GUIDED_ACROSS_KV) if guide is not None else None
 
     def wants_dense(shape: DecodeShape) -> bool:
         return dense_pass and ranks is None and op.by_fill is not None and shape.lengths == "serving" \

@@ -82,11 +82,18 @@ def _distinct(configs: list[Config]) -> list[Config]:
 
 
 class Guide:
-    """What one sweep's anchors taught it: per family, per anchor batch, its leading configs."""
+    """What one sweep's anchors taught it: per family, per anchor batch, its leading configs.
 
-    def __init__(self, keep: int | None = None) -> None:
+    across_kv (the dense passes' guide): an anchor too is searched over a shortlist, where an
+    anchor of its batch at another kv length is recorded: that one's leaders and those of the
+    nearest anchors of its own family (settings.GUIDED_ACROSS_KV says what it cost and saved)."""
+
+    def __init__(self, keep: int | None = None, *, across_kv: bool = False) -> None:
         self.keep = settings.GUIDED_KEEP if keep is None else keep
+        self.across_kv = across_kv
         self._leaders: dict[Family, dict[int, list[Config]]] = {}
+        # (static key, query length, kind of batch, batch) -> kv length -> leaders
+        self._by_kv: dict[tuple[str, int, str, int], dict[int, list[Config]]] = {}
 
     @staticmethod
     def order(shapes: Sequence[DecodeShape]) -> list[int]:
@@ -103,22 +110,50 @@ class Guide:
         ok = sorted((o for o in outcomes if o.status == OK and o.timing is not None), key=lambda o: o.timing.median_us)
         leaders = ([winner] if winner is not None else []) + [o.config for o in ok[:self.keep]]
         if leaders:
-            self._leaders.setdefault(_family(shape), {})[shape.batch] = leaders
+            family = key, q_len, kv_len, lengths = _family(shape)
+            self._leaders.setdefault(family, {})[shape.batch] = leaders
+            self._by_kv.setdefault((key, q_len, lengths, shape.batch), {})[kv_len] = leaders
 
     def shortlist(self, shape: DecodeShape, configs: list[Config]) -> list[Config]:
-        """The candidates to search for shape (configs: all of them, the default first): all
-        for an anchor or a shape whose family has no anchor yet; else the default and the
-        leaders of the nearest anchor on each side that are among configs, and for the first
-        settings.GUIDED_SCALED of each, the config of its split count scaled to the shape's
-        batch (scaled_splits)."""
-        anchors = self._leaders.get(_family(shape))
-        if is_anchor(shape.batch) or not anchors:
+        """The candidates to search for shape (configs: all of them, the default first): for
+        an anchor all (with across_kv: _anchor_shortlist), and for a shape whose family has
+        no anchor yet; else the default and the leaders of the nearest anchor on each side
+        that are among configs, and for the first settings.GUIDED_SCALED of each, the config
+        of its split count scaled to the shape's batch (scaled_splits)."""
+        anchors = self._leaders.get(_family(shape), {})
+        if is_anchor(shape.batch):
+            return self._anchor_shortlist(shape, configs, anchors) if self.across_kv else configs
+        if not anchors:
             return configs
+        return self._over(shape, configs, [], anchors)
+
+    def _anchor_shortlist(self, shape: DecodeShape, configs: list[Config],
+                          anchors: dict[int, list[Config]]) -> list[Config]:
+        """An anchor's shortlist: the leaders of the nearest anchor of its batch at another kv
+        length on each side, and the nearest anchors of its family; all configs where no
+        anchor of its batch at another kv length is recorded."""
+        key, q_len, kv_len, lengths = _family(shape)
+        by_kv = self._by_kv.get((key, q_len, lengths, shape.batch), {})
+        kvs = sorted(k for k in by_kv if k != kv_len)
+        at = bisect.bisect_left(kvs, kv_len)
+        across = [by_kv[k] for k in kvs[max(0, at - 1):at + 1]]
+        if not across:
+            return configs
+        return self._over(shape, configs, across, {b: c for b, c in anchors.items() if b != shape.batch})
+
+    @staticmethod
+    def _over(shape: DecodeShape, configs: list[Config], across: list[list[Config]],
+              anchors: dict[int, list[Config]]) -> list[Config]:
+        """The default, the leaders in across and those of the anchors nearest shape's batch
+        on each side, and for the first settings.GUIDED_SCALED of the latter, the config of its
+        split count scaled to the shape's batch (scaled_splits); all configs where none of
+        them can run the shape."""
         batches = sorted(anchors)
         at = bisect.bisect_left(batches, shape.batch)
         near = batches[max(0, at - 1):at + 1]
         allowed = {canonical_json(c): c for c in configs}
-        picked = [allowed[k] for b in near for k in map(canonical_json, anchors[b]) if k in allowed]
+        picked = [allowed[k] for leaders in across + [anchors[b] for b in near]
+                  for k in map(canonical_json, leaders) if k in allowed]
         if not picked:  # none of the leaders can run this shape: search it all
             return configs
         scaled = [c for b in near for leader in _distinct(anchors[b])[:settings.GUIDED_SCALED]
@@ -130,8 +165,8 @@ class Guided(Halving):
     name = "guided"
     description = "halving on power-of-two batches; other batches over their neighbours' leaders"
 
-    def guide(self) -> Guide:
-        return Guide()
+    def guide(self, *, across_kv: bool = False) -> Guide:
+        return Guide(across_kv=across_kv)
 
 
 STRATEGY = Guided()

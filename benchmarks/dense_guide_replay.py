@@ -1,0 +1,155 @@
+"""Replays a guided sweep's anchor searches offline over the measurements a DB stored: which
+configs tuner.search.guided.Guide would have searched at each power-of-two anchor, and how
+far the best of those is from the best of every config the DB holds for it. No GPU: the
+times are the DB's (a re-ship DB's anchors searched every candidate, on the mix and, for
+batch > 1, in a dense pass on dense batches alone).
+
+    python benchmarks/dense_guide_replay.py --out replay.json reship_h4_1.db[.xz] ... [--lengths serving]
+
+The anchors are replayed in a sweep's order (per static key and query length, batch then kv
+length ascending). Each anchor's search is the Guide's shortlist of the configs the DB holds
+for it (all of them, the library default first), with its winner (a dense pass's baseline,
+searched by every pass); its fastest configs among those searched are recorded for the next,
+as a sweep records its first rung. `--lengths serving` replays the mix's searches instead
+(no winner forced). Prints one JSON line per variant (across_kv on and off); for dense
+passes also the share of the gain over the winner that the shortlisted searches found, over
+the anchors where the best config ran more than 1% ahead of the winner on dense batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import math
+import shutil
+import sqlite3
+import sys
+import tempfile
+from pathlib import Path
+
+from tuner.bench import OK, Outcome
+from tuner.bench.timer import Timing
+from tuner.keys import canonical_json
+from tuner.ops.shapes import DecodeShape
+from tuner.search.guided import Guide, is_anchor
+
+DENSE, MIX = "serving-dense", "serving"
+
+
+def _parts(config: dict) -> tuple[dict, dict | None]:
+    """A by_fill config's (dense part, other part); a plain one's (itself, None)."""
+    if not any(k.startswith("dense.") for k in config):
+        return config, None
+    return ({k[6:]: v for k, v in config.items() if k.startswith("dense.")},
+            {k[6:]: v for k, v in config.items() if k.startswith("other.")})
+
+
+def _shape(static_key: dict, batch: int, q_len: int, kv_len: int) -> DecodeShape:
+    shape = DecodeShape(batch=batch, kv_len=kv_len, q_len=q_len, num_q_heads=static_key["num_q_heads"],
+                        num_kv_heads=static_key["num_kv_heads"], head_dim=static_key["head_dim_qk"],
+                        page_size=static_key["page_size"], dtype=static_key["q_dtype"], lengths="serving")
+    if canonical_json(json.loads(shape.static_key().to_json())) != canonical_json(static_key):
+        raise SystemExit(f"a static key this replay cannot rebuild: {canonical_json(static_key)}")
+    return shape
+
+
+def anchors(db: Path, lengths: str, min_configs: int = 20) -> list[tuple[DecodeShape, dict, str, dict[str, float]]]:
+    """The DB's anchors searched over at least min_configs configs (every candidate), each
+    (shape, library default, winner, {config: stored time}): a dense pass's times are of
+    by_fill(config, winner), keyed by the config."""
+    out = []
+    with sqlite3.connect(db) as c:
+        records = c.execute("select static_key, batch, max_q_len, kv_len_bucket, config, default_config, method "
+                            "from records").fetchall()
+        for static_key, batch, q_len, kv, config, default, method in records:
+            info = json.loads(method).get("dense_pass") or {}
+            if not is_anchor(batch) or (lengths == DENSE and (batch < 2 or "measured" not in info)):
+                continue
+            dense_part, other = _parts(json.loads(config))
+            winner = canonical_json(other if other is not None else dense_part)
+            times: dict[str, float] = {}
+            for m_config, us, m_method in c.execute(
+                    "select config, median_us, method from measurements where static_key=? and batch=? and "
+                    "max_q_len=? and kv_len_bucket=? and status='ok'", (static_key, batch, q_len, kv)):
+                m_method = json.loads(m_method)
+                if m_method.get("lengths") != lengths:
+                    continue  # the other kind of batch
+                part, m_other = _parts(json.loads(m_config))
+                if lengths == DENSE and (m_other is None or canonical_json(m_other) != winner):
+                    continue  # a pass beside another winner
+                times[canonical_json(part if lengths == DENSE else json.loads(m_config))] = us
+            if len(times) >= min_configs:
+                out.append((_shape(json.loads(static_key), batch, q_len, kv), json.loads(default), winner, times))
+    return out
+
+
+def replay(found: list, across_kv: bool, lengths: str, keep: int | None = None) -> dict:
+    guide = Guide(keep, across_kv=across_kv)
+    losses, searched, every, shortlisted = [], 0, 0, 0
+    gain_all = gain_found = 0.0  # ln(winner's time / best time) where a dense pass has >1% to find
+    to_find = 0
+    for shape, default, winner, times in found:
+        configs = [default] + [json.loads(k) for k in times if k != canonical_json(default)]
+        picked = {canonical_json(c) for c in guide.shortlist(shape, configs)}
+        if lengths == DENSE:
+            picked.add(winner)
+        picked = sorted(picked & set(times))  # (a set's order would break ties between runs)
+        if len(picked) < len(times):
+            shortlisted += 1
+            searched += len(picked)
+            every += len(times)
+            losses.append(min(times[k] for k in picked) / min(times.values()))
+            if lengths == DENSE and times[winner] > 1.01 * min(times.values()):
+                to_find += 1
+                gain_all += math.log(times[winner] / min(times.values()))
+                gain_found += math.log(times[winner] / min(times[k] for k in picked))
+        guide.record(shape, [Outcome(json.loads(k), OK, Timing(times[k], 0.0, 1)) for k in picked])
+    losses.sort()
+    return dict(across_kv=across_kv, lengths=lengths, keep=guide.keep, anchors=len(found), shortlisted=shortlisted,
+                configs_of_the_shortlisted=every, configs_searched_there=searched,
+                best_found_over_best_geomean=math.exp(sum(map(math.log, losses)) / len(losses)) if losses else None,
+                worst=losses[-1] if losses else None, over_1pct=sum(x > 1.01 for x in losses),
+                over_2pct=sum(x > 1.02 for x in losses),
+                **(dict(shortlisted_with_over_1pct_to_find=to_find,
+                        share_of_the_gain_over_the_winner_found=gain_found / gain_all if gain_all else None)
+                   if lengths == DENSE else {}))
+
+
+def _sqlite(path: Path, scratch: Path) -> Path:
+    if path.suffix != ".xz":
+        return path
+    plain = scratch / path.stem
+    with lzma.open(path) as src, plain.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return plain
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dbs", nargs="+", type=Path, help="re-ship DBs (SQLite files, or .xz of them)")
+    ap.add_argument("--lengths", choices=(DENSE, MIX), default=DENSE, help="the dense passes' searches, or the mix's")
+    ap.add_argument("--min-configs", type=int, default=20,
+                    help="an anchor is replayed where the DB holds at least this many configs' times (default 20)")
+    ap.add_argument("--keep", type=int, help="leaders an anchor hands on (default: settings.GUIDED_KEEP)")
+    ap.add_argument("--out", type=Path, help="the JSON written (default: printed only)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        found, seen = [], set()
+        for db in args.dbs:  # an anchor two DBs hold: the first one's
+            for a in anchors(_sqlite(db, Path(scratch)), args.lengths, args.min_configs):
+                key = (a[0].static_key().to_json(), a[0].q_len, a[0].batch, a[0].kv_len)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(a)
+    found.sort(key=lambda a: (a[0].static_key().to_json(), a[0].q_len, a[0].batch, a[0].kv_len))
+    rows = [replay(found, across, args.lengths, args.keep) for across in (False, True)]
+    for row in rows:
+        print(json.dumps(row))
+    if args.out:
+        args.out.write_text(json.dumps(dict(benchmark="dense_guide_replay", command=" ".join(["python", *sys.argv]),
+                                            dbs=[p.name for p in args.dbs], rows=rows), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
