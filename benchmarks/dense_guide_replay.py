@@ -10,8 +10,10 @@ The anchors are replayed in a sweep's order (per static key and query length, ba
 length ascending). Each anchor's search is the Guide's shortlist of the configs the DB holds
 for it (all of them, the library default first), with its winner (a dense pass's baseline,
 searched by every pass); its fastest configs among those searched are recorded for the next,
-as a sweep records its first rung. `--lengths serving` replays the mix's searches instead
-(no winner forced). Prints one JSON line per variant (across_kv on and off); for dense
+as a sweep records its first rung (here each config's stored time: its full rung's where it
+reached one). Only anchors whose pass searched every candidate are replayed (a pass the
+guide shortlisted says so in its method). `--lengths serving` replays the mix's searches
+instead (no winner forced). Prints one JSON line per variant (across_kv on and off); for dense
 passes also the share of the gain over the winner that the shortlisted searches found, over
 the anchors where the best config ran more than 1% ahead of the winner on dense batches.
 """
@@ -27,6 +29,7 @@ import sqlite3
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from tuner.bench import OK, Outcome
 from tuner.bench.timer import Timing
@@ -54,17 +57,24 @@ def _shape(static_key: dict, batch: int, q_len: int, kv_len: int) -> DecodeShape
     return shape
 
 
-def anchors(db: Path, lengths: str, min_configs: int = 20) -> list[tuple[DecodeShape, dict, str, dict[str, float]]]:
-    """The DB's anchors searched over at least min_configs configs (every candidate), each
-    (shape, library default, winner, {config: stored time}): a dense pass's times are of
-    by_fill(config, winner), keyed by the config."""
+class Anchor(NamedTuple):
+    shape: DecodeShape
+    default: dict
+    winner: str  # canonical JSON, as the keys of times
+    times: dict[str, float]  # config -> stored time (a dense pass's: of by_fill(config, winner))
+
+
+def anchors(db: Path, lengths: str, min_configs: int = 20) -> list[Anchor]:
+    """The DB's anchors whose search covered every candidate: at least min_configs configs'
+    times, and for a dense pass one the guide did not shortlist."""
     out = []
     with sqlite3.connect(db) as c:
         records = c.execute("select static_key, batch, max_q_len, kv_len_bucket, config, default_config, method "
                             "from records").fetchall()
         for static_key, batch, q_len, kv, config, default, method in records:
             info = json.loads(method).get("dense_pass") or {}
-            if not is_anchor(batch) or (lengths == DENSE and (batch < 2 or "measured" not in info)):
+            if not is_anchor(batch) or (lengths == DENSE and (batch < 2 or "measured" not in info
+                                                                 or "shortlisted" in info)):
                 continue
             dense_part, other = _parts(json.loads(config))
             winner = canonical_json(other if other is not None else dense_part)
@@ -79,12 +89,19 @@ def anchors(db: Path, lengths: str, min_configs: int = 20) -> list[tuple[DecodeS
                 if lengths == DENSE and (m_other is None or canonical_json(m_other) != winner):
                     continue  # a pass beside another winner
                 times[canonical_json(part if lengths == DENSE else json.loads(m_config))] = us
-            if len(times) >= min_configs:
-                out.append((_shape(json.loads(static_key), batch, q_len, kv), json.loads(default), winner, times))
+            if len(times) >= min_configs and (lengths != DENSE or winner in times):
+                out.append(Anchor(_shape(json.loads(static_key), batch, q_len, kv), json.loads(default), winner, times))
     return out
 
 
-def replay(found: list, across_kv: bool, lengths: str, keep: int | None = None) -> dict:
+def _order(anchor: Anchor) -> tuple:
+    shape = anchor.shape
+    return shape.static_key().to_json(), shape.q_len, shape.batch, shape.kv_len
+
+
+def replay(found: list[Anchor], across_kv: bool, lengths: str, keep: int | None = None) -> dict:
+    """found's searches as a Guide (across_kv, keep leaders) would have shortlisted them, in
+    that order: how many configs they search, and the best found against the best of all."""
     guide = Guide(keep, across_kv=across_kv)
     losses, searched, every, shortlisted = [], 0, 0, 0
     gain_all = gain_found = 0.0  # ln(winner's time / best time) where a dense pass has >1% to find
@@ -135,15 +152,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="the JSON written (default: printed only)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        found, seen = [], set()
+        found: dict[tuple, Anchor] = {}
         for db in args.dbs:  # an anchor two DBs hold: the first one's
-            for a in anchors(_sqlite(db, Path(scratch)), args.lengths, args.min_configs):
-                key = (a[0].static_key().to_json(), a[0].q_len, a[0].batch, a[0].kv_len)
-                if key not in seen:
-                    seen.add(key)
-                    found.append(a)
-    found.sort(key=lambda a: (a[0].static_key().to_json(), a[0].q_len, a[0].batch, a[0].kv_len))
-    rows = [replay(found, across, args.lengths, args.keep) for across in (False, True)]
+            for anchor in anchors(_sqlite(db, Path(scratch)), args.lengths, args.min_configs):
+                found.setdefault(_order(anchor), anchor)
+    ordered = [found[k] for k in sorted(found)]
+    rows = [replay(ordered, across, args.lengths, args.keep) for across in (False, True)]
     for row in rows:
         print(json.dumps(row))
     if args.out:

@@ -1041,6 +1041,12 @@ def test_an_anchors_dense_pass_is_shortlisted_from_the_anchor_of_its_batch_at_an
     # leaders: s4, and s3 before s5 (as fast; the first of the candidates)
     assert second == {canonical_json({"dense.name": n, "other.name": "default"}) for n in ("default", "s3", "s4")}
     assert record.method["dense_pass"]["measured"] < len(GUIDED_NAMES)
+    assert record.method["dense_pass"]["shortlisted"] == 3 and record.method["dense_pass"]["candidates"] == 9
+    # resumed from a DB holding kv 128's anchor, the same shortlist
+    resumed = TuningDB(db_path.with_name("resumed.db"))
+    sweep(dense_guided_op(timer), served[:1], resumed, timer=timer, strategy="guided")
+    sweep(dense_guided_op(timer), served, resumed, timer=timer, strategy="guided")
+    assert _dense_configs(resumed, 256)[0] == second
     mix = {canonical_json(m.config) for m in db.measurements(record.problem, record.fingerprint_id)
            if m.method["lengths"] == "serving"}
     assert len(mix) == len(GUIDED_NAMES)
@@ -1087,31 +1093,82 @@ def test_an_across_kv_guide_shortlists_an_anchor_only_over_its_batchs_other_kv_a
     assert names(guide.shortlist(at(4, 1024), configs)) == ["default", "s5", "s6", "s7", "s8"]
     assert guide.shortlist(at(16, 256), configs) == configs  # nothing of batch 16 at another kv
     assert plain.shortlist(at(2, 256), configs) == configs  # without across_kv: every candidate
+    # the nearest on each side: batch 8 at kv 256 between its anchors at 128 and 512
+    guide.record(at(8, 128), ran("s1", "s2"))
+    guide.record(at(8, 512), ran("s3", "s4"))
+    assert names(guide.shortlist(at(8, 256), configs)) == ["default", "s1", "s2", "s3", "s4"]
+    # at most settings.GUIDED_ACROSS_KV_OCTAVES away: kv 128 is 3 octaves from batch 2's 1024
+    assert guide.shortlist(at(2, 1024), configs) == configs
 
 
-def test_the_dense_guide_replay_shortlists_what_a_sweep_searched_in_full(db_path, monkeypatch, tmp_path):
+def handed_on_op(timer):
+    """On dense batches (and the mix) of batch 4: a, b, c lead the dense batches at every kv
+    (60, 65, 70 us; 400 on the others); m is slow at kv 128, wins the mix at kv 256 (40 dense,
+    50 elsewhere) and is fastest on dense batches again at kv 512, where the default (100)
+    wins the mix. kv 256's dense pass searches m as its baseline, not from its shortlist."""
+    from tuner.ops.traffic import is_dense
+
+    dense_cost = {"a": 60.0, "b": 65.0, "c": 70.0}
+
+    def run(inputs, config):
+        lens = inputs.lengths()
+        dense = is_dense(sum(lens), len(lens), max(lens))
+        if "dense.name" in config:
+            return run(inputs, {"name": config["dense.name" if dense else "other.name"]})
+        name, kv = config["name"], inputs.shape.kv_len
+        timer.last = name
+        if name == "default":
+            timer.cost = 100.0
+        elif name == "m":
+            timer.cost = 200.0 if kv <= 128 else 40.0 if dense else 50.0 if kv <= 256 else 400.0
+        else:
+            timer.cost = dense_cost[name] if dense else 400.0
+        return split_kv_decode(inputs, 0)
+
+    return Op(name="fake-handed-on", description="test op",
+              configs=lambda shape: [{"name": n} for n in ("default", "a", "b", "c", "m")],
+              default=lambda shape: {"name": "default"}, run=run, grids={},
+              by_fill=lambda dense, other: {"dense.name": dense["name"], "other.name": other["name"]})
+
+
+HANDED_ON = [dataclasses.replace(FILLED, kv_len=kv) for kv in (128, 256, 512)]
+
+
+def test_an_anchors_winner_off_its_dense_shortlist_is_handed_on_to_the_next_kv_length(db_path, monkeypatch):
+    """kv 256's winner m, searched as its dense pass's baseline though its shortlist (kv 128's
+    leaders a, b) did not hold it, was fastest there: kv 512's shortlist holds it, and its
+    dense pass finds it (without: a, 1.5x slower on dense batches)."""
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "GUIDED_KEEP", 2)
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    results = sweep(handed_on_op(timer), HANDED_ON, db, timer=timer, strategy="guided")
+    assert [r.winner for r in results] == [{"dense.name": "a", "other.name": "default"}, {"name": "m"},
+                                           {"dense.name": "m", "other.name": "default"}]
+    searched, _ = _dense_configs(db, 256)
+    assert searched == {canonical_json({"dense.name": n, "other.name": "m"}) for n in ("m", "default", "a", "b")}
+
+
+def test_the_dense_guide_replay_searches_the_winner_and_hands_it_on_as_a_sweep_does(db_path, monkeypatch):
     """benchmarks/dense_guide_replay.py over a DB whose anchors' dense passes searched every
-    candidate: with across_kv the second anchor is replayed over kv 128's leaders, and finds
-    its best (s4) there."""
-    import json
-    import subprocess
+    candidate: replayed with across_kv, kv 256 searches its winner m beside kv 128's
+    leaders, and kv 512 finds m from kv 256's: the best of all at both."""
     import sys
     from pathlib import Path
 
     from tuner import settings
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import dense_guide_replay as replay
+
     monkeypatch.setattr(settings, "GUIDED_ACROSS_KV", False)
     timer = FakeTimer()
-    served = [dataclasses.replace(FILLED, kv_len=kv) for kv in (128, 256)]
-    sweep(dense_guided_op(timer), served, TuningDB(db_path), timer=timer, strategy="guided")
-    out = tmp_path / "replay.json"
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, str(root / "benchmarks" / "dense_guide_replay.py"), str(db_path),
-                             "--min-configs", "5", "--keep", "2", "--out", str(out)],
-                            capture_output=True, text=True, cwd=root)
-    assert result.returncode == 0, result.stderr
-    off, on = json.loads(out.read_text())["rows"]
-    assert off["across_kv"] is False and off["anchors"] == 2 and off["shortlisted"] == 0
-    assert on["anchors"] == 2 and on["shortlisted"] == 1
-    assert on["configs_of_the_shortlisted"] == len(GUIDED_NAMES) and on["configs_searched_there"] == 3
+    sweep(handed_on_op(timer), HANDED_ON, TuningDB(db_path), timer=timer, strategy="guided")
+    found = sorted(replay.anchors(db_path, replay.DENSE, min_configs=5), key=replay._order)
+    assert [a.shape.kv_len for a in found] == [128, 256, 512]
+    off, on = (replay.replay(found, across, replay.DENSE, keep=2) for across in (False, True))
+    assert off["shortlisted"] == 0 and off["anchors"] == 3
+    assert on["shortlisted"] == 2 and on["configs_of_the_shortlisted"] == 10
+    assert on["configs_searched_there"] == 4 + 3  # m, default, a, b; then default, m, a
     assert on["best_found_over_best_geomean"] == 1.0 and on["over_2pct"] == 0

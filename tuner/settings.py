@@ -103,8 +103,9 @@ GUIDED_KEEP = 8
 # follow each sequence's length, tokens_per_split > 0, is left as it is)
 GUIDED_SCALED = 3
 # the dense passes' guide shortlists an anchor too where an anchor of its batch at another kv
-# length is recorded (tuner.search.guided.Guide, across_kv): over that one's leaders and its
-# family's nearest anchors', and the winner (every dense pass searches it). Replayed offline
+# length is recorded (tuner.search.guided.Guide, across_kv): over that one's leaders, its
+# family's nearest anchors' (their split counts scaled to its batch, as between anchors) and
+# the winner (every dense pass searches it, and hands it on). Replayed offline
 # over the H200's stored dense passes (benchmarks/dense_guide_replay.py, six head
 # configurations' re-ship DBs, 720 anchors whose passes had searched every candidate; in
 # sweep order, each shortlist from what its neighbours' own shortlists found;
@@ -114,6 +115,9 @@ GUIDED_SCALED = 3
 # was more than 1% to find. The mix's anchors stay exhaustive: replayed alike, the best found
 # there ran 1.34x slower than the best in geomean (dense_guide_replay_mix.json)
 GUIDED_ACROSS_KV = True
+# ... from an anchor at most this many octaves of kv length away (a serving grid's next
+# bucket is one): split counts follow the length, and scaled_splits scales them by batch only
+GUIDED_ACROSS_KV_OCTAVES = 2
 SPLIT_KNOBS = ("num_splits", "num_kv_splits")
 # a missed key whose calls' mean kv length was below this share of their longest was called
 # with mixed lengths: `tuner sweep --from-misses` measures it on serving batches

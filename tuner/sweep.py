@@ -371,9 +371,8 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
     pass the winner rule on two, and gave way to the default). Returns (config, its timing,
     the default's) or None (W stays), and what the record's method says of it.
     Measurements are stored (lengths DENSE_LENGTHS) and resumed like a mix's."""
-    configs = candidate_configs(op, shape)
-    if guide is not None:
-        configs = guide.shortlist(shape, configs)
+    every = candidate_configs(op, shape)
+    configs = guide.shortlist(shape, every) if guide is not None else every
     baseline = op.by_fill(winner, winner)
     candidates = [baseline] + [op.by_fill(c, winner) for c in configs if not same_config(c, winner)]
     stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
@@ -408,11 +407,16 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
     boundary_sync(release=False)
     if guide is not None:  # its anchors' leaders, as plain configs (a shortlist's currency)
         plain = {canonical_json(op.by_fill(c, winner)): c for c in configs}
+        # the winner too, always searched (the baseline), where the shortlist did not hold it:
+        # an anchor's shortlist hands it on to the next kv length's
+        plain.setdefault(canonical_json(baseline), winner)
         guide.record(shape, [dataclasses.replace(o, config=plain[canonical_json(o.config)])
                              for o in result.first_rung if canonical_json(o.config) in plain])
     found = result.winner
     info: dict[str, Any] = dict(seed=seed + settings.DENSE_TRIAL_SEED, measured=result.measured,
                                 resumed=result.resumed, **_rounds(shape))
+    if len(configs) < len(every):  # what a replay (benchmarks/dense_guide_replay.py) leaves out
+        info.update(shortlisted=len(configs), candidates=len(every))
     if found is None or same_config(found.config, baseline) or result.default_timing is None:
         return None, {"dense_pass": dict(info, kept=True)}
     info.update(dense_us=round(found.timing.median_us, 3), winner_on_dense_us=round(result.default_timing.median_us, 3))

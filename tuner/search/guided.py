@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # search composes ops, never imports them to run
 
 # (static key, query length, kv length, kind of batch): the shapes a guide compares
 Family = tuple[str, int, int, str]
+# (static key, query length, kind of batch, batch): one batch size's anchors at every kv length
+BatchRow = tuple[str, int, str, int]
 
 
 def is_anchor(batch: int) -> bool:
@@ -32,6 +34,10 @@ def is_anchor(batch: int) -> bool:
 
 def _family(shape: DecodeShape) -> Family:
     return shape.static_key().to_json(), shape.q_len, shape.kv_len, shape.lengths
+
+
+def _batch_row(shape: DecodeShape) -> BatchRow:
+    return shape.static_key().to_json(), shape.q_len, shape.lengths, shape.batch
 
 
 def _split_knob(config: Config) -> str | None:
@@ -92,8 +98,7 @@ class Guide:
         self.keep = settings.GUIDED_KEEP if keep is None else keep
         self.across_kv = across_kv
         self._leaders: dict[Family, dict[int, list[Config]]] = {}
-        # (static key, query length, kind of batch, batch) -> kv length -> leaders
-        self._by_kv: dict[tuple[str, int, str, int], dict[int, list[Config]]] = {}
+        self._by_kv: dict[BatchRow, dict[int, list[Config]]] = {}  # -> kv length -> leaders
 
     @staticmethod
     def order(shapes: Sequence[DecodeShape]) -> list[int]:
@@ -110,9 +115,10 @@ class Guide:
         ok = sorted((o for o in outcomes if o.status == OK and o.timing is not None), key=lambda o: o.timing.median_us)
         leaders = ([winner] if winner is not None else []) + [o.config for o in ok[:self.keep]]
         if leaders:
-            family = key, q_len, kv_len, lengths = _family(shape)
+            family = _family(shape)
             self._leaders.setdefault(family, {})[shape.batch] = leaders
-            self._by_kv.setdefault((key, q_len, lengths, shape.batch), {})[kv_len] = leaders
+            if self.across_kv:
+                self._by_kv.setdefault(_batch_row(shape), {})[shape.kv_len] = leaders
 
     def shortlist(self, shape: DecodeShape, configs: list[Config]) -> list[Config]:
         """The candidates to search for shape (configs: all of them, the default first): for
@@ -125,25 +131,25 @@ class Guide:
             return self._anchor_shortlist(shape, configs, anchors) if self.across_kv else configs
         if not anchors:
             return configs
-        return self._over(shape, configs, [], anchors)
+        return self._from_leaders(shape, configs, [], anchors)
 
     def _anchor_shortlist(self, shape: DecodeShape, configs: list[Config],
                           anchors: dict[int, list[Config]]) -> list[Config]:
         """An anchor's shortlist: the leaders of the nearest anchor of its batch at another kv
-        length on each side, and the nearest anchors of its family; all configs where no
-        anchor of its batch at another kv length is recorded."""
-        key, q_len, kv_len, lengths = _family(shape)
-        by_kv = self._by_kv.get((key, q_len, lengths, shape.batch), {})
-        kvs = sorted(k for k in by_kv if k != kv_len)
-        at = bisect.bisect_left(kvs, kv_len)
-        across = [by_kv[k] for k in kvs[max(0, at - 1):at + 1]]
+        length on each side, within settings.GUIDED_ACROSS_KV_OCTAVES of its own, and the
+        nearest anchors of its family; all configs where no such anchor is recorded."""
+        by_kv = self._by_kv.get(_batch_row(shape), {})
+        kvs = sorted(k for k in by_kv if k != shape.kv_len)
+        at = bisect.bisect_left(kvs, shape.kv_len)
+        across = [by_kv[k] for k in kvs[max(0, at - 1):at + 1]
+                  if abs(math.log2(k / shape.kv_len)) <= settings.GUIDED_ACROSS_KV_OCTAVES]
         if not across:
             return configs
-        return self._over(shape, configs, across, {b: c for b, c in anchors.items() if b != shape.batch})
+        return self._from_leaders(shape, configs, across, {b: c for b, c in anchors.items() if b != shape.batch})
 
     @staticmethod
-    def _over(shape: DecodeShape, configs: list[Config], across: list[list[Config]],
-              anchors: dict[int, list[Config]]) -> list[Config]:
+    def _from_leaders(shape: DecodeShape, configs: list[Config], across: list[list[Config]],
+                      anchors: dict[int, list[Config]]) -> list[Config]:
         """The default, the leaders in across and those of the anchors nearest shape's batch
         on each side, and for the first settings.GUIDED_SCALED of the latter, the config of its
         split count scaled to the shape's batch (scaled_splits); all configs where none of
