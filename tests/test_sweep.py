@@ -1159,8 +1159,12 @@ def test_the_dense_guide_replay_searches_the_winner_and_hands_it_on_as_a_sweep_d
 
     from tuner import settings
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import dense_guide_replay as replay
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        import dense_guide_replay as replay
+    finally:
+        sys.path.remove(benchmarks)
 
     monkeypatch.setattr(settings, "GUIDED_ACROSS_KV", False)
     timer = FakeTimer()
