@@ -25,7 +25,6 @@ import json
 import lzma
 import math
 import shutil
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import NamedTuple
 
 from tuner.bench import OK, Outcome
 from tuner.bench.timer import Timing
+from tuner.db import TuningDB
 from tuner.keys import canonical_json
 from tuner.ops.shapes import DecodeShape
 from tuner.search.guided import Guide, is_anchor
@@ -68,29 +68,25 @@ def anchors(db: Path, lengths: str, min_configs: int = 20) -> list[Anchor]:
     """The DB's anchors whose search covered every candidate: at least min_configs configs'
     times, and for a dense pass one the guide did not shortlist."""
     out = []
-    with sqlite3.connect(db) as c:
-        records = c.execute("select static_key, batch, max_q_len, kv_len_bucket, config, default_config, method "
-                            "from records").fetchall()
-        for static_key, batch, q_len, kv, config, default, method in records:
-            info = json.loads(method).get("dense_pass") or {}
-            if not is_anchor(batch) or (lengths == DENSE and (batch < 2 or "measured" not in info
-                                                                 or "shortlisted" in info)):
+    with TuningDB(db, create=False) as tunings:
+        for record in tunings.records():
+            run, info = record.problem.run_key, record.method.get("dense_pass") or {}
+            if not is_anchor(run.batch) or (lengths == DENSE and (run.batch < 2 or "measured" not in info
+                                                                     or "shortlisted" in info)):
                 continue
-            dense_part, other = _parts(json.loads(config))
+            dense_part, other = _parts(record.config)
             winner = canonical_json(other if other is not None else dense_part)
             times: dict[str, float] = {}
-            for m_config, us, m_method in c.execute(
-                    "select config, median_us, method from measurements where static_key=? and batch=? and "
-                    "max_q_len=? and kv_len_bucket=? and status='ok'", (static_key, batch, q_len, kv)):
-                m_method = json.loads(m_method)
-                if m_method.get("lengths") != lengths:
-                    continue  # the other kind of batch
-                part, m_other = _parts(json.loads(m_config))
+            for m in tunings.measurements(record.problem, record.fingerprint_id):
+                if m.status != OK or m.method.get("lengths") != lengths:
+                    continue  # failed, or timed on the other kind of batch
+                part, m_other = _parts(m.config)
                 if lengths == DENSE and (m_other is None or canonical_json(m_other) != winner):
                     continue  # a pass beside another winner
-                times[canonical_json(part if lengths == DENSE else json.loads(m_config))] = us
+                times[canonical_json(part if lengths == DENSE else m.config)] = m.median_us
             if len(times) >= min_configs and (lengths != DENSE or winner in times):
-                out.append(Anchor(_shape(json.loads(static_key), batch, q_len, kv), json.loads(default), winner, times))
+                shape = _shape(json.loads(record.problem.static_key), run.batch, run.max_q_len, run.kv_len_bucket)
+                out.append(Anchor(shape, record.default_config, winner, times))
     return out
 
 

@@ -115,8 +115,7 @@ class Guide:
         ok = sorted((o for o in outcomes if o.status == OK and o.timing is not None), key=lambda o: o.timing.median_us)
         leaders = ([winner] if winner is not None else []) + [o.config for o in ok[:self.keep]]
         if leaders:
-            family = _family(shape)
-            self._leaders.setdefault(family, {})[shape.batch] = leaders
+            self._leaders.setdefault(_family(shape), {})[shape.batch] = leaders
             if self.across_kv:
                 self._by_kv.setdefault(_batch_row(shape), {})[shape.kv_len] = leaders
 
