@@ -295,12 +295,10 @@ def test_prune_keeps_only_this_environment(make_db):
 
 
 def test_a_db_without_its_schema_version_is_damage_not_an_empty_db(db_path):
-    """Tables but no tuner_meta (or no version row): not "no DB yet" (the runtime would serve
-    defaults beside stored winners, a sweep would adopt the file), but damage: refused with one
-    line, written to by nothing. A creator shows its tables before the version row (SQLite
-    commits DDL at once) but holds the write lock until the row is in: opening looks again
-    under the lock, so a DB being created is never called damaged (the 8-writer test in
-    test_robustness.py)."""
+    """Tables with rows but no tuner_meta (or no version row): not "no DB yet" (the runtime
+    would serve defaults beside stored winners, a sweep would adopt the file), but damage:
+    refused with one line, written to by nothing. (Empty tables without a version are a
+    creation cut short: test_db_fleet.py.)"""
     import sqlite3
 
     from tuner.db.location import MissingDBError
@@ -309,7 +307,7 @@ def test_a_db_without_its_schema_version_is_damage_not_an_empty_db(db_path):
     with sqlite3.connect(db_path) as conn:
         conn.execute("DELETE FROM tuner_meta")
     for create in (False, True):
-        with pytest.raises(DBError, match="damaged: it has tuner's tables but no schema version") as e:
+        with pytest.raises(DBError, match="damaged: it has tuner's tables, with rows, but no schema version") as e:
             TuningDB(db_path, create=create)
         assert not isinstance(e.value, MissingDBError)
     with sqlite3.connect(db_path) as conn:

@@ -12,6 +12,9 @@ from tuner import settings
 from tuner.errors import TunerError
 
 DB_FILENAME = "tuner.db"
+# SQLite's application id in the header of every DB file tuner creates ("tunr"): how
+# --force tells tuner's own damaged file from anything else at the path
+APPLICATION_ID = 0x74756E72
 
 
 class DBError(TunerError):

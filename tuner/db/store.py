@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sqlite3
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 from filelock import FileLock, Timeout
-from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, select, text, type_coerce, update
+from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, literal, select, text, type_coerce, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -29,7 +30,7 @@ from sqlalchemy.types import NullType
 
 from tuner.db import rows as check
 from tuner.db.fingerprint import applies
-from tuner.db.location import DamagedDBError, DBError, MissingDBError, resolve_db_url
+from tuner.db.location import APPLICATION_ID, DamagedDBError, DBError, MissingDBError, resolve_db_url
 from tuner.db.schema import (
     MISS_LENGTH_COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_INDEXES, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
     ReplacedRecord, TuningRecord, utcnow,
@@ -266,12 +267,24 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+_WRITE_OPTION = "tuner_write"  # an execution option: this connection's transaction will write
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite begins a transaction only before a data change, so each read and each DDL
+    # statement would see its own state; _sqlite_begin starts every transaction instead
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    """A read is one snapshot from its first statement to its end; a write takes SQLite's
+    write lock at once (a deferred one that read first could not always upgrade)."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE_OPTION) else "BEGIN")
 
 
 # the columns added since schema version 1, as constant DDL (SQLite and PostgreSQL alike)
@@ -311,8 +324,15 @@ class TuningDB:
             self.engine: Engine = create_engine(url)
         except (SQLAlchemyError, ImportError, ValueError) as e:
             raise DBError(f"cannot open tuning DB {self.display_url}: {_short(e)}") from None
+        # reads see one committed state: one SQLite transaction, a PostgreSQL snapshot
+        # (its default, read committed, gives each statement its own)
+        self._read_engine = self.engine
+        self._write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         if url.get_backend_name() == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", _sqlite_connect)
+            event.listen(self.engine, "begin", _sqlite_begin)
+        elif url.get_backend_name() == "postgresql":
+            self._read_engine = self.engine.execution_options(isolation_level="REPEATABLE READ")
         self._init_schema(create)
 
     # -- opening -----------------------------------------------------------------------
@@ -341,29 +361,16 @@ class TuningDB:
     def _init_schema(self, create: bool) -> None:
         """Check the schema with reads; write it only into an empty DB, and only if create.
 
-        A DB with tuner's tables but no schema version row (or no tuner_meta table) is
-        damage, not "no DB yet": nothing reads or writes it. SQLite commits DDL at once, so
-        a process creating the DB shows its tables before the version row; it holds the
-        write lock until that row is in, so such a DB is looked at again under the lock."""
+        Creation is one transaction (tables, version row, SQLite's application id), so a
+        creation cut short leaves nothing or tables without a row in them; such an
+        unfinished DB is finished by the next writer and is "no DB yet" to a reader. Tables
+        with rows but no schema version are damage: nothing reads or writes them."""
         state = self._settled_schema_state()
         if state == "partial":
-            raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no schema "
-                                 "version (sweep --force renames it aside and starts a new DB)")
+            raise self._partial_error()
         if state == "ready":
-            if create and (self._missing_optional_tables or self._missing_columns):
-                try:
-                    self._upgrade()
-                except DBError as e:
-                    # a writer that may not alter the tables (a fleet DB's row-only role) still
-                    # writes, without what the DB lacks: misses' lengths, a measurement's rung
-                    # column (it is in method too), the replaced-records history
-                    warnings.warn(f"tuner: {e}; writing without the newer tables and columns", stacklevel=4)
-            if create and self._missing_indexes:
-                try:  # on its own: one it may not build must not undo the tables and columns
-                    self._add_indexes()
-                except DBError as e:
-                    warnings.warn(f"tuner: {e}; without index {', '.join(n for _, n in sorted(self._missing_indexes))} "
-                                  "a problem's measurements are read by a scan", stacklevel=4)
+            if create:
+                self._bring_up_to_date()
             return
         if not create:
             raise MissingDBError(f"no tuning DB at {self.display_url} yet (`tuner sweep OP` makes one)")
@@ -372,23 +379,54 @@ class TuningDB:
             if state == "ready":
                 return
             if state == "partial":
-                raise DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables but no "
-                                     "schema version (sweep --force renames it aside and starts a new DB)")
+                raise self._partial_error()
+            self._create()
+
+    def _partial_error(self) -> DamagedDBError:
+        return DamagedDBError(f"tuning DB {self.display_url} is damaged: it has tuner's tables, with rows, but no "
+                              "schema version (sweep --force renames it aside and starts a new DB)")
+
+    def _create(self) -> None:
+        """Create the schema in an empty or unfinished DB, in one transaction."""
+        if self.url.get_backend_name() == "sqlite":
+            raw = None
+            try:  # WAL is a property of the file, and cannot be set inside a transaction
+                raw = self.engine.raw_connection()
+                raw.driver_connection.execute("PRAGMA journal_mode=WAL")
+            except (DBAPIError, sqlite3.Error) as e:
+                raise DBError(f"cannot create tuning DB {self.display_url}: {_short(e)}") from None
+            finally:
+                if raw is not None:
+                    raw.close()
+        with self._write(action="create") as session:  # the lock is reentrant
+            if self.url.get_backend_name() == "postgresql":
+                # no file lock for a server DB: its own lock, held to commit, serialises
+                # creators (create_all skips existing tables)
+                session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
+            Base.metadata.create_all(session.connection())
             if self.url.get_backend_name() == "sqlite":
-                try:  # WAL is a property of the file, and cannot be set inside a transaction
-                    with self.engine.connect() as conn:
-                        conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-                except DBAPIError as e:
-                    raise DBError(f"cannot create tuning DB {self.display_url}: {_short(e)}") from None
-            with self._write(action="create") as session:  # the lock is reentrant
-                if self.url.get_backend_name() == "postgresql":
-                    # no file lock for a server DB: its own lock, held to commit, serialises
-                    # creators (DDL is transactional there; create_all skips existing tables)
-                    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
-                Base.metadata.create_all(session.connection())
-                if session.get(Meta, "schema_version") is None:
-                    session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            self._missing_optional_tables, self._missing_columns, self._missing_indexes = set(), set(), set()
+                session.execute(text(f"PRAGMA application_id = {APPLICATION_ID}"))
+            if session.get(Meta, "schema_version") is None:
+                session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+        self._missing_optional_tables, self._missing_columns, self._missing_indexes = set(), set(), set()
+        self._unstamped = False
+
+    def _bring_up_to_date(self) -> None:
+        """Add what a DB made by an older tuner lacks, for a writer; one that may not (a
+        fleet DB's row-only role) still writes, without it."""
+        if self._missing_optional_tables or self._missing_columns or self._unstamped:
+            try:
+                self._upgrade()
+            except DBError as e:
+                # without what the DB lacks: misses' lengths, a measurement's rung column (it
+                # is in method too), the replaced-records history
+                warnings.warn(f"tuner: {e}; writing without the newer tables and columns", stacklevel=5)
+        if self._missing_indexes:
+            try:  # on its own: one it may not build must not undo the tables and columns
+                self._add_indexes()
+            except DBError as e:
+                warnings.warn(f"tuner: {e}; without index {', '.join(n for _, n in sorted(self._missing_indexes))} "
+                              "a problem's measurements are read by a scan", stacklevel=5)
 
     def _upgrade(self) -> None:
         """Add the tables and columns added since schema version 1 (one upgrader at a time)."""
@@ -397,12 +435,14 @@ class TuningDB:
                 session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
             Base.metadata.create_all(session.connection(), tables=[
                 Base.metadata.tables[t] for t in sorted(self._missing_optional_tables)])
+            if self._unstamped:  # made before tuner named its files: --force can tell them now
+                session.execute(text(f"PRAGMA application_id = {APPLICATION_ID}"))
             for table, column in sorted(self._missing_columns):  # looked at again: another writer
                 present = {c["name"] for c in inspect(session.connection()).get_columns(table)}
                 if column in present:
                     continue
                 session.execute(text(_ADD_COLUMN[(table, column)]))
-        self._missing_optional_tables, self._missing_columns = set(), set()
+        self._missing_optional_tables, self._missing_columns, self._unstamped = set(), set(), False
 
     def _add_indexes(self) -> None:
         """Build the indexes added since schema version 1 (one builder at a time)."""
@@ -415,11 +455,11 @@ class TuningDB:
         self._missing_indexes = set()
 
     def _settled_schema_state(self) -> str:
-        """_schema_state, looked at again after any creator in flight has finished: "partial"
-        is also what a reader sees whose look straddles a creator's commit (no tuner_meta
-        table when it read the version, every table when it listed them)."""
+        """_schema_state, looked at again after any creator in flight has finished: a look
+        that straddles a creator's commit (no tuner_meta table when it read the version,
+        every table when it listed them) sees tables without a version."""
         state = self._schema_state()
-        if state != "partial":
+        if state not in ("partial", "unfinished"):
             return state
         if self.url.get_backend_name() == "postgresql":  # creators hold this lock to their commit
             with Session(self.engine) as session, session.begin():
@@ -431,8 +471,9 @@ class TuningDB:
         return state
 
     def _schema_state(self) -> str:
-        """"ready" (our schema version, every core table), "empty" (no tables), "partial"
-        (only our tables, no version row); DBError for anything else."""
+        """"ready" (our schema version, every core table), "empty" (no tables), "unfinished"
+        (only our tables, empty, no version row: a creation cut short), "partial" (only our
+        tables, rows in them, no version row); DBError for anything else."""
         with self._read() as session:
             inspector = inspect(session.connection())
             version = None
@@ -452,6 +493,11 @@ class TuningDB:
                                      for i in names if i not in indexes[t]}
             foreign = any(t not in Base.metadata.tables or columns[t] != set(Base.metadata.tables[t].columns.keys())
                           - {c for table, c in self._missing_columns if table == t} for t in tables)
+            self._unstamped = (self.url.get_backend_name() == "sqlite"
+                               and session.execute(text("PRAGMA application_id")).scalar() != APPLICATION_ID)
+            has_rows = version is None and not foreign and any(
+                session.execute(select(literal(1)).select_from(Base.metadata.tables[t]).limit(1)).first()
+                for t in tables)
         if version is not None:
             if str(version) != str(SCHEMA_VERSION):
                 raise DBError(
@@ -464,7 +510,9 @@ class TuningDB:
             return "ready"
         if foreign:
             raise DBError(f"{self.display_url} is not a tuning DB (it has other tables); give another --db")
-        return "partial" if tables else "empty"
+        if not tables:
+            return "empty"
+        return "partial" if has_rows else "unfinished"
 
     @property
     def _missing_measurement_columns(self) -> frozenset[str]:
@@ -521,7 +569,7 @@ class TuningDB:
         """One transaction, under the cross-process file lock for SQLite files."""
         with self._locked(action):
             try:
-                with Session(self.engine) as session, session.begin():
+                with Session(self._write_engine) as session, session.begin():
                     yield session
             except DBAPIError as e:
                 error = self._read_error(e)
@@ -530,7 +578,7 @@ class TuningDB:
     @contextmanager
     def _read(self) -> Iterator[Session]:
         try:
-            with Session(self.engine) as session:
+            with Session(self._read_engine) as session, session.begin():
                 yield session
         except DBAPIError as e:
             raise self._read_error(e) from None
