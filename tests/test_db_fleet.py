@@ -151,3 +151,98 @@ def test_an_unfinished_db_from_an_older_tuner_is_finished_not_refused(db_path):
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT value FROM tuner_meta").fetchone() is not None
         assert conn.execute("PRAGMA application_id").fetchone()[0] != 0
+
+
+# -- sweep --force ---------------------------------------------------------------------
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _tiny_sweep(db, *extra):
+    shapes = Path(db).parent / "shapes.json"
+    shapes.write_text('[{"batch": 1, "kv_len": 64, "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 8, '
+                      '"page_size": 4, "dtype": "float32"}]')
+    return _cli("sweep", "torch_split_decode", "--shapes", shapes, "--db", db, "--repeats", 2, "--warmup", 0, *extra)
+
+
+def _one_line_error(result, *fragments):
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert all(f in lines[0] for f in fragments), lines[0]
+
+
+def _foreign_sqlite(path):
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, owner TEXT)")
+        conn.execute("INSERT INTO accounts (owner) VALUES ('someone')")
+
+
+def _foreign_with_tuner_names(path):
+    """Another application's DB that happens to use a table name tuner uses too."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE records (id INTEGER PRIMARY KEY, song TEXT)")
+        conn.execute("INSERT INTO records (song) VALUES ('la')")
+
+
+@pytest.mark.parametrize("make_foreign", [
+    _foreign_sqlite,
+    _foreign_with_tuner_names,
+    lambda path: path.write_text("not a database, someone's notes\n"),
+    lambda path: path.write_bytes(b"SQLite format 3\x00" + bytes(200)),  # a SQLite header, then nothing sane
+    lambda path: os.mkfifo(path),
+], ids=["another app's SQLite DB", "a DB with a table named records", "a text file", "a broken foreign header",
+        "a named pipe"])
+def test_sweep_force_never_moves_a_file_tuner_did_not_make(tmp_path, make_foreign):
+    """--force renamed aside whatever was at --db and could not be read as a tuning DB:
+    another application's DB, a text file, a device node. It now sets aside only tuner's own
+    damaged files; anything else stays where it is, byte for byte."""
+    path = tmp_path / "elsewhere.db"
+    make_foreign(path)
+    before = None if not path.is_file() else path.read_bytes()
+    for extra in ((), ("--force",)):
+        result = _tiny_sweep(path, *extra)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "renames it aside" not in result.output
+    assert not [p for p in tmp_path.iterdir() if "unreadable" in p.name] and os.path.lexists(path)
+    if before is not None:
+        assert path.read_bytes() == before
+
+
+def test_sweep_force_does_not_set_aside_a_db_for_what_prune_mends(tmp_path):
+    """One malformed misses row: --force renamed the whole DB, every winner in it, aside.
+    Now a sweep says `tuner prune` removes it, with or without --force, and moves nothing."""
+    path = tmp_path / "tuning.db"
+    assert _tiny_sweep(path).exit_code == 0
+    db = TuningDB(path)
+    db.save_misses((fingerprint_id(FP_DATA), FP_DATA), [MissRow(problem(), "default", 3)])
+    winners = len(db.records())
+    db.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE misses SET served = 'sideways'")
+    for extra in ((), ("--force",)):
+        _one_line_error(_tiny_sweep(path, *extra), "malformed", "tuner prune")
+    assert not [p for p in tmp_path.iterdir() if "unreadable" in p.name]
+    assert len(TuningDB(path).records()) == winners
+    assert _cli("prune", "--db", path).exit_code == 0 and _tiny_sweep(path).exit_code == 0
+
+
+def test_sweep_force_sets_aside_tuners_damaged_file_made_before_the_application_id(tmp_path):
+    """A DB made by an older tuner carries no application id: its schema, still listed,
+    says it is tuner's."""
+    path = tmp_path / "old.db"
+    TuningDB(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA application_id = 0")
+        conn.execute("DROP TABLE measurements")
+    _one_line_error(_tiny_sweep(path), "damaged", "--force")
+    forced = _tiny_sweep(path, "--force")
+    assert forced.exit_code == 0, forced.output
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("old.db.unreadable-") and p.name[-4:] not in ("-wal", "-shm")]
+    with sqlite3.connect(aside) as conn:
+        assert "measurements" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}

@@ -97,26 +97,40 @@ def _open_db(db: str | None, *, create: bool = True):
 
 
 def _open_db_to_sweep(db: str | None, force: bool):
-    """The DB a sweep writes to. One that cannot be read is an error, unless --force: then
-    the file is renamed aside (never deleted) and a new DB started."""
-    from tuner.db import DBError, MissingDBError, set_aside
+    """The DB a sweep writes to. A damaged one is an error, unless --force and the file is
+    tuner's own: then it is renamed aside (never deleted) and a new DB started. Malformed
+    rows are an error even with --force: `tuner prune` mends them."""
+    from tuner.db import DamagedDBError, DBError
 
     try:
         database = _open_db(db)
-        problems = database.integrity()  # a truncated file opens, then fails mid-sweep
-        if problems:
-            database.close()
-            raise DBError(f"tuning DB {database.display_url} is damaged: {problems[0]}")
-        return database
-    except MissingDBError:
-        raise
-    except DBError as e:
-        if not force:
-            raise DBError(f"{e} (sweep --force renames it aside and starts a new DB)") from None
-        aside = set_aside(db)
-        err.print(f"[yellow]warning:[/] {escape(str(e))}; renamed it to {escape(str(aside))}", highlight=False,
-                  soft_wrap=True)
-        return _open_db(db)
+    except DamagedDBError as e:
+        return _set_aside_and_open(db, e, force)
+    damage = database.damage()  # a truncated file opens, then fails mid-sweep
+    if damage:
+        database.close()
+        return _set_aside_and_open(db, DamagedDBError(f"tuning DB {database.display_url} is damaged: {damage[0]}"),
+                                   force)
+    malformed = database.integrity()
+    if malformed:
+        database.close()
+        raise DBError(f"will not sweep into tuning DB {database.display_url}: {malformed[0]}")
+    return database
+
+
+def _set_aside_and_open(db: str | None, damage: Exception, force: bool):
+    from tuner.db import DBError, is_tuners_file, resolve_db_url, set_aside
+
+    if not force:
+        url, _ = resolve_db_url(db)
+        if url.get_backend_name() == "sqlite" and url.database and not is_tuners_file(Path(url.database)):
+            raise DBError(f"{damage} (not a file tuner made: give another --db)") from None
+        hint = "" if "--force" in str(damage) else " (sweep --force renames it aside and starts a new DB)"
+        raise DBError(f"{damage}{hint}") from None
+    aside = set_aside(db)  # refuses anything that is not tuner's own file
+    err.print(f"[yellow]warning:[/] {escape(str(damage))}; renamed it to {escape(str(aside))}", highlight=False,
+              soft_wrap=True)
+    return _open_db(db)
 
 
 def _version_callback(value: bool) -> None:

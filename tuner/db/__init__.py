@@ -4,7 +4,9 @@ from tuner.db.fingerprint import (
     Environment, applies, current_environment, current_fingerprint, current_fingerprint_id, fingerprint_id, why_not,
 )
 from tuner.db.jsonio import EXPORT_SCHEMA, EXPORT_VERSION, export_document, import_document, parse_document
-from tuner.db.location import DamagedDBError, DBError, MissingDBError, default_db_path, resolve_db_url, set_aside
+from tuner.db.location import (
+    DamagedDBError, DBError, MissingDBError, default_db_path, is_tuners_file, resolve_db_url, set_aside,
+)
 from tuner.db.store import (
     MalformedRowsError, MeasurementRow, MissLengths, MissRow, Problem, Record, SaveResult, Snapshot, Timed, TuningDB,
 )
@@ -37,5 +39,6 @@ __all__ = [
     "parse_document",
     "resolve_db_url",
     "set_aside",
+    "is_tuners_file",
     "why_not",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -56,24 +57,66 @@ def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
     return URL.create("sqlite", database=str(path)), is_default
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def is_tuners_file(path: Path) -> bool:
+    """A regular file that tuner made: SQLite's header with tuner's application id, or (a
+    file made before the id) a schema that SQLite can still list holding tuner's tables only."""
+    import sqlite3
+
+    from tuner.db.schema import Base
+
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+    except OSError:
+        return False
+    if len(header) < 100 or not header.startswith(SQLITE_HEADER):
+        return False
+    if int.from_bytes(header[68:72], "big") == APPLICATION_ID:
+        return True
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1)
+        try:
+            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return bool(names) and names <= set(Base.metadata.tables) and "records" in names
+
+
 def set_aside(target: str | os.PathLike | None) -> Path:
-    """Rename an unusable SQLite tuning DB file (and its -wal/-shm) to
-    NAME.unreadable-TIMESTAMP beside it, so a new DB can take its place; nothing is deleted.
-    Server DBs (PostgreSQL, ...) are never touched: that is the DB admin's call."""
+    """Rename tuner's own damaged SQLite file (and its -wal/-shm) to
+    NAME.unreadable-TIMESTAMP beside it, under the write lock, so a new DB can take its
+    place; nothing is deleted. Anything else at the path (another application's DB, a text
+    file, a device) is never touched, nor are server DBs (PostgreSQL, ...): those are their
+    owners' call."""
     from datetime import datetime, timezone
+
+    from filelock import FileLock, Timeout
 
     url, _ = resolve_db_url(target)
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         raise DBError(f"--force sets aside SQLite files only; repair or drop {url.render_as_string(hide_password=True)} yourself")
     path = Path(url.database)
+    if not is_tuners_file(path):
+        raise DBError(f"{path} is not a tuning DB file that tuner made; --force leaves it alone: move it "
+                      "yourself or give another --db")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     aside = path.with_name(f"{path.name}.unreadable-{stamp}")
     try:
-        for suffix in ("-wal", "-shm"):
-            side = path.with_name(path.name + suffix)
-            if side.exists():
-                side.replace(aside.with_name(aside.name + suffix))
-        path.replace(aside)
+        with FileLock(str(path) + ".lock", timeout=10):  # no tuner writer is inside a transaction
+            for suffix in ("-wal", "-shm"):
+                side = path.with_name(path.name + suffix)
+                if side.exists():
+                    side.replace(aside.with_name(aside.name + suffix))
+            path.replace(aside)
+    except Timeout:
+        raise DBError(f"cannot set aside {path}: another process holds its write lock") from None
     except OSError as e:
         raise DBError(f"cannot set aside {path}: {e.strerror or e}") from None
     return aside

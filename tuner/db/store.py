@@ -346,6 +346,8 @@ class TuningDB:
         if path.is_dir():
             raise DBError(f"tuning DB path {path} is a directory, not a file")
         if path.exists():
+            if not path.is_file():  # a device or a pipe: SQLite would read or write it as a DB
+                raise DBError(f"tuning DB path {path} is not a regular file")
             if not os.access(path, os.R_OK):
                 raise DBError(f"tuning DB {path} is not readable")
             return
@@ -1059,9 +1061,10 @@ class TuningDB:
             session.execute(delete(Fingerprint).where(Fingerprint.id.in_(stale_ids)))
         return counts
 
-    def integrity(self) -> list[str]:
-        """Problems found (empty when the DB is sound): SQLite's integrity_check, missing
-        tables, malformed rows (tuner.db.rows)."""
+    def damage(self) -> list[str]:
+        """Damage to the file or the schema (empty when there is none): SQLite's
+        integrity_check, missing core tables, a read that fails. Malformed rows are not
+        damage: `tuner prune` mends them (integrity() lists both)."""
         problems: list[str] = []
         try:
             with self._read() as session:
@@ -1074,11 +1077,21 @@ class TuningDB:
                 )
                 if missing:
                     problems.append(f"missing tables: {', '.join(sorted(missing))}")
-            if not problems:
-                bad = self.malformed_rows()
-                if bad:
-                    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-                    problems.append(f"{len(bad)} malformed rows ({bad[0][2]}{more}); `tuner prune` removes them")
         except DBError as e:
             problems.append(str(e))
+        return problems
+
+    def integrity(self) -> list[str]:
+        """Problems found (empty when the DB is sound): damage(), then malformed rows
+        (tuner.db.rows)."""
+        problems = self.damage()
+        if problems:
+            return problems
+        try:
+            bad = self.malformed_rows()
+        except DBError as e:
+            return [str(e)]
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            problems.append(f"{len(bad)} malformed rows ({bad[0][2]}{more}); `tuner prune` removes them")
         return problems
