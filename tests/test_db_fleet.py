@@ -246,3 +246,93 @@ def test_sweep_force_sets_aside_tuners_damaged_file_made_before_the_application_
     [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("old.db.unreadable-") and p.name[-4:] not in ("-wal", "-shm")]
     with sqlite3.connect(aside) as conn:
         assert "measurements" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+
+
+# -- read-only media -------------------------------------------------------------------
+
+def _on_read_only_media(db_file: Path, mount: Path, code: str) -> subprocess.CompletedProcess:
+    """Run Python code in a child that sees db_file's copy, mount/baked.db, on a read-only
+    mount (a private tmpfs, in a mount namespace of its own; root writes a read-only
+    directory regardless, so a read-only file system is the honest stand-in)."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) for a private read-only mount")
+    script = ('mount -t tmpfs -o size=16m tmpfs "$MOUNT" && cp "$SOURCE" "$MOUNT/baked.db" '
+              '&& mount -o remount,ro "$MOUNT" && exec "$PYTHON" -c "$CODE"')
+    flags = ["-m"] if os.geteuid() == 0 else ["-r", "-m"]
+    env = dict(os.environ, MOUNT=str(mount), SOURCE=str(db_file), PYTHON=sys.executable, CODE=code,
+               TUNER_SHIPPED="off")
+    probe = subprocess.run([unshare, *flags, "sh", "-c", 'mount -t tmpfs tmpfs "$MOUNT"'], env=env,
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private read-only mount here: {probe.stderr.strip()[:120]}")
+    return subprocess.run([unshare, *flags, "sh", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_db_on_read_only_media_is_read_read_only(tmp_path):
+    """A DB baked into an image or on a read-only mount: SQLite cannot make the write-ahead
+    log's -shm file there, so nothing was read (show, doctor and export exited 2, and every
+    tuned call ran the library default). It is now opened immutable, and writes say why not."""
+    source = tmp_path / "source.db"
+    db = TuningDB(source)
+    save(db, problem(), (fingerprint_id(FP_DATA), FP_DATA), {"c": 7})
+    db.close()  # the last connection merges the log into the file and removes it
+    assert not source.with_name("source.db-wal").exists()
+    mount = tmp_path / "media"
+    mount.mkdir()
+    path = mount / "baked.db"
+    code = f"""
+import contextlib, io, json, warnings
+warnings.simplefilter("error")
+from tuner.cli import main
+from tuner.db import TuningDB, DBError
+from tuner.runtime.table import load_table
+db = TuningDB({str(path)!r}, create=False)
+records = [r.config for r in db.records()]
+table, read = load_table({str(path)!r}, "off")
+try:
+    TuningDB({str(path)!r})
+    write = "opened for writing"
+except DBError as e:
+    write = str(e)
+exits = {{}}
+for command in (["show"], ["doctor"], ["export", "--out", {str(tmp_path / "export.json")!r}]):
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(command + ["--db", {str(path)!r}])
+        except SystemExit as e:
+            exits[command[0]] = e.code
+import os
+print(json.dumps(dict(records=records, served=[w.config for runs in table.values() for w in runs.values()],
+                     read=read, write=write, exits=exits, files=sorted(os.listdir({str(mount)!r})))))
+"""
+    child = _on_read_only_media(source, mount, code)
+    assert child.returncode == 0, child.stderr[-2000:]
+    import json
+
+    out = json.loads(child.stdout.splitlines()[-1])
+    assert out["records"] == [{"c": 7}] and out["served"] == [{"c": 7}] and out["read"] is True
+    assert "read-only" in out["write"]
+    assert out["exits"] == {"show": 0, "doctor": 0, "export": 0}
+    assert out["files"] == ["baked.db"]  # no -shm, -wal or lock file made
+    assert "records" in (tmp_path / "export.json").read_text()
+
+
+def test_sqlite_uri_targets_are_read_as_uris(tmp_path):
+    """TUNER_DB=sqlite:///file:PATH?immutable=1&uri=true was read as a relative path named
+    'file:...', missing, so silently nothing was read."""
+    path = tmp_path / "uri.db"
+    writer = TuningDB(path)
+    save(writer, problem(), (fingerprint_id(FP_DATA), FP_DATA), {"c": 3})
+    with pytest.raises(DBError, match="not merged"):  # an immutable read would not see the write
+        TuningDB(f"file:{path}?immutable=1", create=False)
+    writer.close()
+    for target in (f"sqlite:///file:{path}?immutable=1&uri=true", f"file:{path}?mode=ro"):
+        db = TuningDB(target, create=False)
+        assert [r.config for r in db.records()] == [{"c": 3}] and db.read_only
+        with pytest.raises(DBError, match="read-only"):
+            db.save_misses((fingerprint_id(FP_DATA), FP_DATA), [MissRow(problem(), "default", 1)])
+        db.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -48,6 +48,9 @@ def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
     if target is None:
         target, is_default = default_db_path(), True
     text = str(target)
+    if text.startswith("file:"):  # SQLite's own URI form (file:PATH?immutable=1, ...)
+        database, _, query = text.partition("?")
+        return URL.create("sqlite", database=database, query={**dict(parse_qsl(query)), "uri": "true"}), False
     if "://" in text:
         try:
             return make_url(text), False
@@ -58,6 +61,34 @@ def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file a SQLite URL names, plain (sqlite:///PATH) or in SQLite's URI form
+    (sqlite:///file:PATH?immutable=1&uri=true); None for a memory DB or another backend."""
+    database = url.database
+    if url.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    if database.startswith("file:"):
+        return Path(unquote(urlsplit(database).path)).expanduser().resolve()
+    return Path(database)
+
+
+def is_read_only_url(url: URL) -> bool:
+    """A SQLite URI the user opened read-only (mode=ro or immutable=1)."""
+    return url.query.get("mode") == "ro" or url.query.get("immutable") in ("1", "true")
+
+
+def on_read_only_media(path: Path) -> bool:
+    """A DB file in a directory this process cannot write, with no shared-memory file beside
+    it: SQLite cannot open its write-ahead log there except as an immutable file."""
+    return path.is_file() and not os.access(path.parent, os.W_OK) and not path.with_name(path.name + "-shm").exists()
+
+
+def read_only_url(path: Path) -> URL:
+    """The URL that reads a DB file on read-only media: immutable (no locks, no -shm)."""
+    return URL.create("sqlite", database=f"file:{quote(str(path))}",
+                      query={"mode": "ro", "immutable": "1", "uri": "true"})
 
 
 def is_tuners_file(path: Path) -> bool:

@@ -30,7 +30,10 @@ from sqlalchemy.types import NullType
 
 from tuner.db import rows as check
 from tuner.db.fingerprint import applies
-from tuner.db.location import APPLICATION_ID, DamagedDBError, DBError, MissingDBError, resolve_db_url
+from tuner.db.location import (
+    APPLICATION_ID, DamagedDBError, DBError, MissingDBError, is_read_only_url, on_read_only_media, read_only_url,
+    resolve_db_url, sqlite_file,
+)
 from tuner.db.schema import (
     MISS_LENGTH_COLUMNS, OPTIONAL_COLUMNS, OPTIONAL_INDEXES, OPTIONAL_TABLES, RECORD_FIELDS, SCHEMA_VERSION, Base, Fingerprint, Measurement, Meta, Miss,
     ReplacedRecord, TuningRecord, utcnow,
@@ -310,16 +313,22 @@ class TuningDB:
         """create=False: open for reading only; nothing is written, not even the schema,
         and a missing DB raises MissingDBError."""
         url, is_default = resolve_db_url(target)
-        self.url = url
-        self.path: Path | None = None
+        self.path: Path | None = sqlite_file(url)
+        self.read_only = self.path is not None and is_read_only_url(url)
         self._lock: FileLock | None = None
-        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            self.path = Path(url.database)
+        if self.path is not None:
             try:
-                self._check_sqlite_path(self.path, create=create, make_parent=is_default)
+                self._check_sqlite_path(self.path, create=create and not self.read_only, make_parent=is_default)
+                if on_read_only_media(self.path) and url.query.get("immutable") not in ("1", "true"):
+                    url, self.read_only = read_only_url(self.path), True
+                if url.query.get("immutable") in ("1", "true"):
+                    self._check_wal_merged(self.path)
             except OSError as e:  # a name too long, a path through a file, ...
                 raise DBError(f"unusable tuning DB path {self.path}: {e.strerror or e}") from None
+            if self.read_only and create:
+                raise self._read_only_error("write")
             self._lock = FileLock(str(self.path) + ".lock", timeout=WRITE_LOCK_TIMEOUT_S)
+        self.url = url
         try:
             self.engine: Engine = create_engine(url)
         except (SQLAlchemyError, ImportError, ValueError) as e:
@@ -340,6 +349,18 @@ class TuningDB:
     @property
     def display_url(self) -> str:
         return str(self.path) if self.path else self.url.render_as_string(hide_password=True)
+
+    def _read_only_error(self, action: str) -> DBError:
+        return DBError(f"cannot {action} tuning DB {self.display_url}: it is read-only (read-only media or a "
+                       "mode=ro/immutable URI); give a writable --db")
+
+    @staticmethod
+    def _check_wal_merged(path: Path) -> None:
+        """An immutable read skips the write-ahead log: a DB with writes in it cannot be read so."""
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise DBError(f"tuning DB {path} is read as immutable with writes not merged into it ({wal.name}); "
+                          "open it once where it is writable (any tuner command merges them), then copy it")
 
     @staticmethod
     def _check_sqlite_path(path: Path, *, create: bool, make_parent: bool) -> None:
@@ -569,6 +590,8 @@ class TuningDB:
     @contextmanager
     def _write(self, action: str = "write") -> Iterator[Session]:
         """One transaction, under the cross-process file lock for SQLite files."""
+        if self.read_only:
+            raise self._read_only_error(action)
         with self._locked(action):
             try:
                 with Session(self._write_engine) as session, session.begin():
