@@ -819,8 +819,11 @@ def test_postgresql_upgraders_take_turns(make_db):
 
 
 @pytest.mark.parametrize("calls, sums", [(0, ("zz", 1.0, 1.0)), (0, (-1.0, 0.0, 0.0)), (5, (1.0, 1.0, 1.0)),
-                                         (1, (None, 1.0, 1.0))])
+                                         (1, (None, 1.0, 1.0)), (2, (300.0, 200.0, 0.0)), (2, (20.0, 40.0, 30.0)),
+                                         (2, (20.0, 40.0, -2.0))])
 def test_a_misses_row_with_bad_length_sums_is_malformed_whatever_its_calls(db_path, calls, sums):
+    """Sums no calls could give (a mean above the longest, a spread above half of it) were
+    accepted, and --from-misses drew lengths from them."""
     import sqlite3
 
     db = TuningDB(db_path)
@@ -829,3 +832,28 @@ def test_a_misses_row_with_bad_length_sums_is_malformed_whatever_its_calls(db_pa
         conn.execute("UPDATE misses SET length_calls = ?, length_mean_sum = ?, length_max_sum = ?, "
                      "length_spread_sum = ?", (calls, *sums))
     assert any("misses id" in p for p in db.integrity())
+
+
+def test_a_writer_without_a_misses_table_says_misses_were_not_recorded(make_db):
+    """A row-only role on a DB made before the misses table dropped every miss, while
+    flush_misses() reported them written. Now the write raises, and the flush warns and
+    counts none."""
+    if make_db.backend != "postgresql":
+        pytest.skip("roles and table ownership are PostgreSQL's")
+    import tuner
+
+    url = make_db()
+    TuningDB(url).close()
+    with _row_role(url, ("DROP TABLE misses",)) as (rows_only, _):
+        with pytest.warns(UserWarning, match="writing without the newer tables"):
+            db = TuningDB(rows_only)
+        with pytest.raises(DBError, match="no misses table"):
+            db.save_misses(FP, [MissRow(problem(), "default", 2)])
+        db.close()
+        tuner.configure(db=rows_only)
+        from tuner.runtime.state import runtime
+
+        runtime.db_readable = True
+        runtime.record_miss("op", '{"h":8}', attention_run_key(4, 1, 1000), "default")
+        with pytest.warns(UserWarning, match="could not record 1 missed keys.*no misses table"):
+            assert tuner.flush_misses() == 0

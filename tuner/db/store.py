@@ -228,6 +228,11 @@ def _miss(row: Any) -> MissRow:
             for c in ("length_mean_sum", "length_max_sum", "length_spread_sum")]
     if calls:
         mean, longest, spread = (total / calls for total in sums)
+        # each call's mean is at most its longest, and its spread at most half its longest
+        # (a std of values in [0, longest]): sums that break this were not written by a tuner
+        if not (0 <= mean <= longest * (1 + 1e-9) and 0 <= spread <= longest * (0.5 + 1e-9)):
+            raise check.RowError(f"{where}: length sums are not a call's (mean {mean:.4g}, longest {longest:.4g}, "
+                                 f"spread {spread:.4g})")
         lengths = MissLengths(calls, mean, longest, spread)
     return MissRow(_problem(row, where), row.served, count, lengths)
 
@@ -968,8 +973,11 @@ class TuningDB:
     def save_misses(self, fingerprint: tuple[str, dict[str, Any]], misses: list[MissRow]) -> None:
         """Add each miss (its count and its calls' lengths, to what is stored) to the misses
         table, in one transaction."""
-        if not misses or Miss.__tablename__ in self._missing_optional_tables:  # a DB not upgraded
+        if not misses:
             return
+        if Miss.__tablename__ in self._missing_optional_tables:  # an older DB this writer may not upgrade
+            raise DBError(f"cannot record misses in tuning DB {self.display_url}: it has no misses table (made by "
+                          "an older tuner; a role that may create tables adds it)")
         absent = self._missing_miss_columns
         with self._write(action="record misses in") as session:
             self._ensure_fingerprint(session, *fingerprint)
