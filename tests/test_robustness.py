@@ -25,7 +25,7 @@ OP = get_op("torch_split_decode")
 # forkserver: children fork from a clean server, never from this process, whose torch
 # thread pools would deadlock a forked child (seen: a child stuck in a futex)
 FORK = multiprocessing.get_context("forkserver")
-FORK.set_forkserver_preload(["torch", "tuner.sweep", "tuner.ops"])
+FORK.set_forkserver_preload(["torch", "tuner.sweep", "tuner.ops", "support.db_children"])
 
 
 def _timer():
@@ -134,3 +134,37 @@ def test_sigkill_at_random_points_leaves_a_sound_db_that_resumes(tmp_path):
     assert stats["killed_mid_sweep"] >= KILL_TRIALS // 4, stats  # the kills did land inside sweeps
     report("sigkill_resume", trials=KILL_TRIALS, integrity_failures=0,
            lost_measurements=0, duplicated_measurements=0, **stats)
+
+
+def test_a_sweep_killed_mid_shape_keeps_what_it_measured_up_to_store_every_s_before(tmp_path):
+    """A shape's measurements were stored only when it ended: a SIGKILL (or a CUDA fault that
+    takes the process) lost the whole shape in progress. They are now stored at least every
+    settings.STORE_EVERY_S; here the child stores each at once and is killed once some are."""
+    import sqlite3
+
+    from support.db_children import sweep_one_shape
+
+    db_path = tmp_path / "killed.db"
+    child = FORK.Process(target=sweep_one_shape, args=(db_path, 0.0))
+    child.start()
+    stored, deadline = 0, time.monotonic() + 120
+    while child.is_alive() and time.monotonic() < deadline:
+        stored = _stored_measurements(db_path)
+        if stored:
+            break
+        time.sleep(0.005)
+    try:
+        os.kill(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.join()
+    with sqlite3.connect(db_path) as conn:
+        records = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    total = len(candidate_configs(OP, _shape_of_child()))
+    assert 0 < stored < total and records == 0, f"{stored} of {total} measurements stored first ({records} records)"
+    db = TuningDB(db_path)
+    assert db.integrity() == [] and len(db.measurements(_problem(_shape_of_child()), current_fingerprint_id())) >= stored
+
+
+def _shape_of_child():
+    return DecodeShape(batch=3, kv_len=700, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")

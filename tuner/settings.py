@@ -119,6 +119,10 @@ GUIDED_ACROSS_KV = True
 # bucket is one): split counts follow the length, and scaled_splits scales them by batch only
 GUIDED_ACROSS_KV_OCTAVES = 2
 SPLIT_KNOBS = ("num_splits", "num_kv_splits")
+# a sweep stores a shape's measurements together, at the latest this long after the oldest
+# unstored one (tuner.sweep.MeasurementSink): a write costs ~2 ms on a GPU host, and a
+# process killed outright loses no more than this much of its work
+STORE_EVERY_S = 5.0
 # a missed key whose calls' mean kv length was below this share of their longest was called
 # with mixed lengths: `tuner sweep --from-misses` measures it on serving batches
 MISS_MIXED_BELOW = 0.9

@@ -1,14 +1,15 @@
 """Offline sweeps: shapes x candidate configs -> checked, timed -> winners in the DB.
 
 Each shape is a trial (tuner.ops.trial) measured by the one pipeline (tuner.search.pipeline)
-with a search strategy chosen by name. Resumable: each measurement is stored as it finishes
-(one transaction each), a shape whose winner is stored is skipped, and a shape cut short
-resumes from its measurements.
+with a search strategy chosen by name. Resumable: a shape's measurements are stored together
+every few seconds and when it ends (MeasurementSink), a shape whose winner is stored is
+skipped, and a shape cut short resumes from its stored measurements.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -100,6 +101,44 @@ def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:
 def _stored_outcome(row: MeasurementRow) -> Outcome:
     timing = Timing(row.median_us, row.spread_us, row.samples) if row.status == OK else None
     return Outcome(row.config, row.status, timing, row.max_error, row.error)
+
+
+class MeasurementSink:
+    """A shape's measurements on their way to the DB. Stored together (a write costs
+    milliseconds on a GPU host), at the latest settings.STORE_EVERY_S after the oldest one
+    not yet stored, so a process killed outright loses at most that much of its work; at
+    once where other ranks read them (at_once); and whatever is left by store() when the
+    shape ends, fails or is interrupted."""
+
+    def __init__(self, db: TuningDB, problem: Problem, env: Any, method: dict[str, Any], kv_len: int, *,
+                 at_once: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+        self.db, self.problem, self.env, self.method, self.kv_len = db, problem, env, method, kv_len
+        self.at_once, self.clock = at_once, clock
+        self.pending: list[dict[str, Any]] = []
+        self._oldest: float | None = None
+
+    def add(self, step: Step, outcome: Outcome) -> None:
+        t = outcome.timing
+        self.pending.append(dict(
+            config=step.config, kv_len=self.kv_len, status=outcome.status,
+            # the timer's method as of this measurement (a failed capture says so); a quick
+            # rung's also in method, where a tuner before the rung column reads it
+            method=dict(self.method, **step.timer.method, **({"rung": step.rung} if step.rung != 1 else {})),
+            rung=step.rung, median_us=t and t.median_us, spread_us=t and t.spread_us,
+            samples=t.samples if t else 0, max_error=outcome.max_error, error=outcome.error,
+        ))
+        now = self.clock()
+        if self._oldest is None:
+            self._oldest = now
+        if self.at_once or now - self._oldest >= settings.STORE_EVERY_S:
+            self.store()
+
+    def store(self) -> None:
+        """Write what is pending, in one transaction; tried once (a write that fails is not
+        tried again)."""
+        measurements, self.pending, self._oldest = self.pending, [], None
+        if measurements:
+            self.db.save_measurements(self.problem, self.env, measurements)
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -256,35 +295,13 @@ def sweep(
                 row = stored.get(canonical_json(config))
                 return (_stored_outcome(row), row.rung) if row is not None else None
 
-            # a shape's measurements are stored together once it is measured (one transaction,
-            # not one each); a distributed sweep's as they come, since the other ranks read them
-            pending: list[dict[str, Any]] = []
-
-            def record(step: Step, outcome: Outcome) -> None:
-                t = outcome.timing
-                pending.append(dict(
-                    config=step.config, kv_len=shape.kv_len, status=outcome.status,
-                    # the timer's method as of this measurement (a failed capture says so); a
-                    # quick rung's also in method, where a tuner before the rung column reads it
-                    method=dict(method, **step.timer.method, **lengths,
-                                **({"rung": step.rung} if step.rung != 1 else {})),
-                    rung=step.rung,
-                    median_us=t and t.median_us, spread_us=t and t.spread_us, samples=t.samples if t else 0,
-                    max_error=outcome.max_error, error=outcome.error,
-                ))
-                if ranks is not None:
-                    store_pending()
-
-            def store_pending() -> None:
-                measurements = pending[:]
-                pending.clear()  # tried once: a write that fails is not tried again
-                db.save_measurements(problem, env, measurements)
-
+            # stored as they come where other ranks read them
+            sink = MeasurementSink(db, problem, env, dict(method, **lengths), shape.kv_len, at_once=ranks is not None)
             boundary_sync(release=False)
             try:
                 result = measure(
                     trial, configs, configs[0], timer, strategy=strategy, min_gain=min_gain, resume=resume,
-                    record=record, ranks=ranks,
+                    record=sink.add, ranks=ranks,
                     gather=lambda cs, mine: _all_outcomes(db, problem, env.id, cs, mine, shape),
                     advance=lambda n: advance(n, label), keep_default_if_confirm_fails=True,
                 )
@@ -292,11 +309,11 @@ def sweep(
                 # what was measured stays stored when a later step fails or is interrupted; the
                 # first error is the one raised (a DB that cannot take the write says so too)
                 try:
-                    store_pending()
+                    sink.store()
                 except TunerError as e:
                     warnings.warn(f"tuner: the measurements of {label} were not stored: {e}", stacklevel=2)
                 raise
-            store_pending()
+            sink.store()
             del trial  # free the device before the next shape's inputs
             boundary_sync(release=False)
             default = configs[0]
@@ -381,28 +398,18 @@ def _dense_pass(op: Op, shape: DecodeShape, problem: Problem, db: TuningDB, env:
         trial = build_dense_trial(op, shape, device, seed)
     except (RuntimeError, MemoryError) as e:
         return None, {"dense_pass": {"error": one_line(e)}}
-    pending: list[dict[str, Any]] = []
+    sink = MeasurementSink(db, problem, env, dict(method, **_batches_of(shape, DENSE_LENGTHS)), shape.kv_len)
 
     def resume(config: Config) -> tuple[Outcome, int] | None:
         row = stored.get(canonical_json(config))
         return (_stored_outcome(row), row.rung) if row is not None else None
 
-    def record(step: Step, outcome: Outcome) -> None:
-        t = outcome.timing
-        pending.append(dict(
-            config=step.config, kv_len=shape.kv_len, status=outcome.status,
-            method=dict(method, **step.timer.method, **_batches_of(shape, DENSE_LENGTHS),
-                        **({"rung": step.rung} if step.rung != 1 else {})),
-            rung=step.rung, median_us=t and t.median_us, spread_us=t and t.spread_us,
-            samples=t.samples if t else 0, max_error=outcome.max_error, error=outcome.error,
-        ))
-
     boundary_sync(release=False)
     try:
         result = measure(trial, candidates, baseline, timer, strategy=strategy, min_gain=min_gain, resume=resume,
-                         record=record, advance=advance, keep_default_if_confirm_fails=True)
+                         record=sink.add, advance=advance, keep_default_if_confirm_fails=True)
     finally:
-        db.save_measurements(problem, env, pending)
+        sink.store()
     del trial
     boundary_sync(release=False)
     if guide is not None:  # its anchors' leaders, as plain configs (a shortlist's currency)
