@@ -713,3 +713,20 @@ def test_a_db_without_its_version_row_is_damage_for_every_command(tmp_path, db_p
     one_line_error(sweep(db_path, tiny_shapes), "damaged")  # not adopted as a new DB
     one_line_error(cli("show", "--db", db_path), "damaged")
     assert db_path.read_bytes() == before
+
+
+def test_a_file_past_the_size_bound_is_one_line_without_reading_it_all(tmp_path, db_path):
+    """`tuner import /dev/zero` read without end (MemoryError, a traceback), and a gzip bomb
+    was inflated whole: now at most settings.MAX_JSON_BYTES + 1 bytes are read."""
+    import gzip
+
+    from tuner import settings
+
+    one_line_error(cli("import", "/dev/zero", "--db", db_path), "/dev/zero", "more than 256 MiB")
+    # 0.3 MB of gzip members, each a MiB of spaces: 300 MiB of (valid) JSON whitespace
+    bomb = tmp_path / "bomb.tunings.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * 2**20) * 300)
+    assert bomb.stat().st_size < 600_000 and settings.MAX_JSON_BYTES < 300 * 2**20
+    one_line_error(cli("import", bomb, "--db", db_path), "bomb.tunings.json.gz", "more than 256 MiB",
+                   "decompressed")
+    assert not db_path.exists()
