@@ -730,3 +730,19 @@ def test_a_file_past_the_size_bound_is_one_line_without_reading_it_all(tmp_path,
     one_line_error(cli("import", bomb, "--db", db_path), "bomb.tunings.json.gz", "more than 256 MiB",
                    "decompressed")
     assert not db_path.exists()
+
+
+@pytest.mark.parametrize("field", ["op", "tuner_version"])
+def test_a_lone_surrogate_in_an_imported_text_is_one_line(tmp_path, db_path, tiny_shapes, field):
+    """"\\ud800" (a JSON escape of half a UTF-16 pair) has no UTF-8 form: as an op it reached
+    the DB's driver and came back as a UnicodeEncodeError traceback."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "e.json"
+    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    doc = json.loads(out.read_text())
+    (doc["records"][0] if field == "op" else doc)[field] = "my_op\ud800"
+    out.write_text(json.dumps(doc))
+    assert "\\ud800" in out.read_text()
+    other = tmp_path / "other.db"
+    one_line_error(cli("import", out, "--db", other), field, "UTF-8")
+    assert not other.exists()
