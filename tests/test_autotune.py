@@ -212,6 +212,36 @@ def test_a_garbage_db_warns_once_and_runs_on_defaults(tmp_path):
     assert bad.read_bytes() == b"\x00garbage" * 512
 
 
+@pytest.mark.parametrize("part", ["shipped", "db"])
+def test_a_loader_that_runs_out_of_memory_warns_once_and_every_call_runs_the_default(db_path, monkeypatch, part):
+    """A MemoryError reading the shipped tunings or the DB left the table unloaded, so every
+    tuned call read them again and raised again (15-30 s each under a memory cap)."""
+    from tuner.db import shipped
+
+    store(db_path, 4, 100, {"block": 64})
+    loads = []
+
+    def out_of_memory(*args, **kwargs):
+        loads.append(part)
+        raise MemoryError
+
+    if part == "shipped":
+        monkeypatch.setattr(shipped, "load_shipped", out_of_memory)
+    else:
+        monkeypatch.setattr(TuningDB, "snapshot", out_of_memory)
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        results = [run(fn, 4, kv, calls) for kv in (100, 1000, 5000, 100)]
+    assert [str(w.message) for w in seen] == [
+        "tuner: MemoryError; " + ("shipped tunings not used" if part == "shipped" else "running with library defaults")]
+    assert loads == [part]  # read once, not per call
+    # the part that failed adds nothing; the other still serves
+    assert results == ([64, 32, 32, 64] if part == "shipped" else [32, 32, 32, 32])
+
+
 def test_a_missing_db_in_lookup_mode_is_not_created(tmp_path):
     target = tmp_path / "absent.db"
     tuner.configure(db=target, mode="lookup")

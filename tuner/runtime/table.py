@@ -22,11 +22,20 @@ def _winners(timed: dict) -> Table:
             for key, runs in timed.items()}
 
 
+def _why(e: Exception) -> str:
+    """An error as one line: tuner's and the OS's say what; others (a MemoryError) are named."""
+    if isinstance(e, (TunerError, OSError)):
+        return str(e)
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tuple[Table, bool]:
     """(every winner that applies here, whether the user's DB was read). A DB that is
     missing adds nothing; one that cannot be read, like a shipped file that cannot, gives
     one warning and adds nothing (the library defaults run); its malformed rows are left
-    out with one warning."""
+    out with one warning. Never raises: whatever fails (a MemoryError under a memory cap
+    too) must not fail the tuned call, nor make the next one read it all again."""
     table = _shipped(shipped_source)
     try:
         with TuningDB(db_target, create=False) as db:
@@ -34,8 +43,8 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
             where = db.display_url
     except MissingDBError:
         return table, False
-    except (TunerError, OSError) as e:
-        warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=6)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        warnings.warn(f"tuner: {_why(e)}; running with library defaults", stacklevel=6)
         return table, False
     if user.skipped:
         warnings.warn(f"tuner: {len(user.skipped)} malformed rows of tuning DB {where} left out "
@@ -48,8 +57,8 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
 def _shipped(source: Any) -> Table:
     try:
         layer = shipped.load_shipped(current_fingerprint(), source)
-    except (TunerError, OSError) as e:
-        warnings.warn(f"tuner: {e}; shipped tunings not used", stacklevel=7)
+    except Exception as e:  # noqa: BLE001 - as load_table: the library defaults run
+        warnings.warn(f"tuner: {_why(e)}; shipped tunings not used", stacklevel=7)
         return {}
     for error in layer.errors:
         warnings.warn(f"tuner: {error}; that file is not used", stacklevel=7)
