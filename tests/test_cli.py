@@ -746,3 +746,69 @@ def test_a_lone_surrogate_in_an_imported_text_is_one_line(tmp_path, db_path, tin
     other = tmp_path / "other.db"
     one_line_error(cli("import", out, "--db", other), field, "UTF-8")
     assert not other.exists()
+
+
+def test_export_never_writes_through_a_link_planted_at_its_names(tmp_path, db_path, tiny_shapes):
+    """export wrote F.tmp by name and renamed it onto F: a link planted at F.tmp made it
+    overwrite the link's target, and F ended up a link to it."""
+    import os
+    import stat
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    victim, other = tmp_path / "victim", tmp_path / "other"
+    victim.write_text("precious")
+    other.write_text("also precious")
+    for name in ("e.json", "e.json.gz"):
+        out = tmp_path / name
+        (tmp_path / f"{name}.tmp").symlink_to(victim)
+        result = cli("export", "--out", out, "--db", db_path)
+        assert result.exit_code == 0, result.output
+        assert victim.read_text() == "precious"
+        assert out.is_file() and not out.is_symlink()
+        out.unlink()
+        out.symlink_to(other)  # a link at F itself is replaced, not written through
+        assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+        assert other.read_text() == "also precious" and out.is_file() and not out.is_symlink()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask  # as a plain create: readable by others
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_report_never_writes_through_a_link_planted_at_its_files(tmp_path, db_path, tiny_shapes):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "report"
+    assert cli("report", "--out", out, "--db", db_path).exit_code == 0
+    written = sorted(p.name for p in out.iterdir())
+    assert "report.md" in written and any(n.endswith(".png") for n in written)
+    victims = {}
+    for name in written:  # the same names again, each a link to a file that must stay as it is
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_text(f"precious {name}")
+        (out / name).unlink()
+        (out / name).symlink_to(victims[name])
+    result = cli("report", "--out", out, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    for name, victim in victims.items():
+        assert victim.read_text() == f"precious {name}"
+        assert (out / name).is_file() and not (out / name).is_symlink()
+    assert sorted(p.name for p in out.iterdir()) == written
+    assert "## torch_split_decode" in (out / "report.md").read_text()
+
+
+def test_a_failed_export_leaves_the_file_as_it_was_and_no_temporary_file(tmp_path, db_path, tiny_shapes,
+                                                                         monkeypatch):
+    import os
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "e.json"
+    target.write_text("before")
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    one_line_error(cli("export", "--out", target, "--db", db_path), "cannot write", "e.json", "No space left")
+    assert target.read_text() == "before" and [p.name for p in out.iterdir()] == ["e.json"]

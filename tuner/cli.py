@@ -468,16 +468,16 @@ class ExportFormat(str, Enum):
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """text into path (gzip-compressed for a .gz name), whole or not at all."""
+    """text into path (gzip-compressed for a .gz name), whole or not at all, never through a
+    link planted beside it (tuner.files)."""
+    from tuner.files import write_atomically
     from tuner.jsonfile import file_bytes
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(file_bytes(path, text))
-        tmp.replace(path)
     except OSError as e:
         raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
+    write_atomically(path, file_bytes(path, text))
 
 
 def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
