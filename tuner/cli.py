@@ -667,12 +667,13 @@ def _display_path(path: Path) -> str:
 def _doctor_shipped(fp: dict) -> list[str]:
     """Print the shipped tunings and whether they apply here; return the problems found."""
     from tuner.db.shipped import load_shipped, shipped_paths
+    from tuner.runtime.table import op_rules
 
     try:
         if not shipped_paths():
             console.print("shipped tunings: none (tuning_cache/*.tunings.json[.gz] in a checkout, or $TUNER_SHIPPED)")
             return []
-        layer = load_shipped(fp)
+        layer = load_shipped(fp, check=op_rules)  # the runtime's rules: what it would leave out is not used
     except TunerError as e:
         return [str(e)]
     if not layer.files:
@@ -687,7 +688,9 @@ def _doctor_shipped(fp: dict) -> list[str]:
         why = "; ".join(f.mismatches.values())
         table.add_row(escape(name), str(f.records), str(f.applied), escape(why) or "-")
     console.print(table)
-    return layer.errors
+    refused = [f"shipped tunings {name}: {f.refused} records left out, their ops cannot run their configs "
+               f"(first: {f.refused_why})" for f, name in zip(layer.files, names) if f.refused]
+    return layer.errors + refused
 
 
 @app.command("prune")

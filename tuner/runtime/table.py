@@ -7,10 +7,11 @@ import os
 import warnings
 from typing import Any
 
-from tuner.db import MissingDBError, TuningDB, current_fingerprint
+from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint
 from tuner.db import shipped
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
+from tuner.ops import check_record
 from tuner.runtime.borrowing import Winner, winner_gain
 
 # (op, static key JSON) -> {run key: Winner}
@@ -54,12 +55,22 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
     return table, True
 
 
+def op_rules(problem: Problem, config: dict[str, Any]) -> str | None:
+    """Why a shipped record's config cannot be its op's winner (tuner.ops.check_record), or
+    None: tuner.db cannot ask tuner.ops itself."""
+    return check_record(problem.op, problem.static_key, problem.run_key, config)
+
+
 def _shipped(source: Any) -> Table:
     try:
-        layer = shipped.load_shipped(current_fingerprint(), source)
+        layer = shipped.load_shipped(current_fingerprint(), source, check=op_rules)
     except Exception as e:  # noqa: BLE001 - as load_table: the library defaults run
         warnings.warn(f"tuner: {_why(e)}; shipped tunings not used", stacklevel=7)
         return {}
     for error in layer.errors:
         warnings.warn(f"tuner: {error}; that file is not used", stacklevel=7)
+    for f in layer.files:
+        if f.refused:
+            warnings.warn(f"tuner: shipped tunings {f.path}: {f.refused} records left out, their ops cannot run "
+                          f"their configs ({f.refused_why}); `tuner doctor` lists them", stacklevel=7)
     return _winners(layer.table)
