@@ -212,6 +212,36 @@ def test_a_garbage_db_warns_once_and_runs_on_defaults(tmp_path):
     assert bad.read_bytes() == b"\x00garbage" * 512
 
 
+@pytest.mark.parametrize("part", ["shipped", "db"])
+def test_a_loader_that_runs_out_of_memory_warns_once_and_every_call_runs_the_default(db_path, monkeypatch, part):
+    """A MemoryError reading the shipped tunings or the DB left the table unloaded, so every
+    tuned call read them again and raised again (15-30 s each under a memory cap)."""
+    from tuner.db import shipped
+
+    store(db_path, 4, 100, {"block": 64})
+    loads = []
+
+    def out_of_memory(*args, **kwargs):
+        loads.append(part)
+        raise MemoryError
+
+    if part == "shipped":
+        monkeypatch.setattr(shipped, "load_shipped", out_of_memory)
+    else:
+        monkeypatch.setattr(TuningDB, "snapshot", out_of_memory)
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        results = [run(fn, 4, kv, calls) for kv in (100, 1000, 5000, 100)]
+    assert [str(w.message) for w in seen] == [
+        "tuner: MemoryError; " + ("shipped tunings not used" if part == "shipped" else "running with library defaults")]
+    assert loads == [part]  # read once, not per call
+    # the part that failed adds nothing; the other still serves
+    assert results == ([64, 32, 32, 64] if part == "shipped" else [32, 32, 32, 32])
+
+
 def test_a_missing_db_in_lookup_mode_is_not_created(tmp_path):
     target = tmp_path / "absent.db"
     tuner.configure(db=target, mode="lookup")
@@ -509,11 +539,72 @@ def test_in_tune_mode_a_non_default_memo_entry_is_capture_sensitive(db_path, mon
     assert [type(c) for c in fn.tuner.memo.values()] == [dict]  # in lookup mode the table is fixed
 
 
-@pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"]])
+@pytest.mark.parametrize("lengths", [0, [], [5, 0], "abc", True, [1.5, "x"],
+                                     # keyed or unordered: a dict gave its keys, a set each length once
+                                     {4096: 3, 128: 97}, {128, 4096}, frozenset({128}), {4096: 1}.keys()])
 def test_graph_capture_refuses_what_is_not_lengths(lengths):
-    with pytest.raises(tuner.TunerError, match="graph_capture"):
+    with pytest.raises(tuner.TunerError, match="graph_capture") as e:
         with tuner.graph_capture(lengths):
             pass
+    assert "\n" not in str(e.value)
+
+
+# kv_len at batches 1, 2, 3, 4, 8, 12, 16, 24, 64, 256 and fill_share(b, 0.5) at 1, 2, 3, 8, 16,
+# as the declaration computed them over every sample before it summarised them
+_SMALL_DECLARATIONS = {
+    "uniform": ([707, 794, 841, 871, 926, 949, 961, 973, 990, 998],
+                [1.0, 1.0, 0.8912934675982462, 0.7712742716325568, 0.5787186224447639]),
+    "few long": ([3000] * 10, [1.0, 1.0, 0.27350427350427353, 0.016018306636155607, 0.004076878276062901]),
+    "repeated": ([9000] + [32768] * 9, [1.0, 1.0, 0.33840977707467607, 0.03619409581050027, 0.010158691140808251]),
+    "heavy tail": ([19495, 28088, 46650, 46650, 46650, 46650, 137182, 137182, 137182, 137182],
+                   [1.0, 1.0, 0.1014135184782587, 0.014469391972156092, 0.0010609828777978676]),
+}
+
+
+def _declared_samples(name):
+    import random
+
+    if name == "uniform":
+        return list(range(1, 1001))
+    if name == "few long":
+        return [100] * 7 + [3000]
+    if name == "repeated":
+        rng = random.Random(7)
+        return [rng.choice([512, 1024, 1500, 4096, 4096, 9000, 32768]) for _ in range(40)]
+    rng = random.Random(11)
+    return [int(rng.paretovariate(1.2) * 300) for _ in range(200)]
+
+
+@pytest.mark.parametrize("name", sorted(_SMALL_DECLARATIONS))
+def test_a_declaration_kept_as_distinct_lengths_keys_and_fills_as_over_every_sample(name):
+    kv, fill = _SMALL_DECLARATIONS[name]
+    with tuner.graph_capture(_declared_samples(name)) as declared:
+        assert [declared.kv_len(b) for b in (1, 2, 3, 4, 8, 12, 16, 24, 64, 256)] == kv
+        assert [declared.fill_share(b, 0.5) for b in (1, 2, 3, 8, 16)] == fill
+
+
+def test_a_declaration_of_many_distinct_lengths_is_summarised_within_each_kv_bucket():
+    """A trace of 10**6 lengths cost ~0.5 s of Python per new batch size (every sample, every
+    time); held as at most a few thousand lengths, its keys stay in the same kv buckets."""
+    import random
+
+    from tuner.keys import kv_len_bucket
+    from tuner.runtime.capture import MAX_DISTINCT
+
+    rng = random.Random(3)
+    samples = [min(131072, int(rng.lognormvariate(9, 1.5)) + 1) for _ in range(30000)]
+    ordered, n = sorted(samples), len(samples)
+
+    def over_every_sample(b):  # the rule of DeclaredLengths.kv_len, written out per sample
+        weights = [s * (((i + 1) / n) ** b - (i / n) ** b) for i, s in enumerate(ordered)]
+        total, half = 0.0, sum(weights) / 2
+        return next(s for s, w in zip(ordered, weights) if (total := total + w) >= half)
+
+    with tuner.graph_capture(samples) as declared:
+        assert len(set(samples)) > 2 * MAX_DISTINCT and len(declared.lengths) <= MAX_DISTINCT
+        assert sum(declared.counts) == n
+        for b in (1, 2, 3, 8, 16, 24, 64, 160, 256):
+            assert kv_len_bucket(declared.kv_len(b)) == kv_len_bucket(over_every_sample(b)), b
 
 
 def test_configure_inside_graph_capture_holds_after_it(db_path):
@@ -586,8 +677,9 @@ def test_graph_capture_takes_integer_likes_and_refuses_text():
     from tuner.runtime.capture import DeclaredLengths
 
     assert DeclaredLengths(np.int64(4096)).kv_len(8) == 4096
-    assert DeclaredLengths(np.array([100, 200])).samples == [100, 200]
-    assert DeclaredLengths(torch.tensor([300, 100])).samples == [100, 300]
+    assert DeclaredLengths(np.array([100, 200])).lengths == [100, 200]
+    assert DeclaredLengths(torch.tensor([300, 100, 300])).lengths == [100, 300]
+    assert DeclaredLengths(torch.tensor([300, 100, 300])).counts == [1, 2]
     for bad in ("123", b"12", [True, 2], [1.5]):
         with pytest.raises(tuner.TunerError, match="graph_capture"):
             DeclaredLengths(bad)

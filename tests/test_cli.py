@@ -713,3 +713,102 @@ def test_a_db_without_its_version_row_is_damage_for_every_command(tmp_path, db_p
     one_line_error(sweep(db_path, tiny_shapes), "damaged")  # not adopted as a new DB
     one_line_error(cli("show", "--db", db_path), "damaged")
     assert db_path.read_bytes() == before
+
+
+def test_a_file_past_the_size_bound_is_one_line_without_reading_it_all(tmp_path, db_path):
+    """`tuner import /dev/zero` read without end (MemoryError, a traceback), and a gzip bomb
+    was inflated whole: now at most settings.MAX_JSON_BYTES + 1 bytes are read."""
+    import gzip
+
+    from tuner import settings
+
+    one_line_error(cli("import", "/dev/zero", "--db", db_path), "/dev/zero", "more than 256 MiB")
+    # 0.3 MB of gzip members, each a MiB of spaces: 300 MiB of (valid) JSON whitespace
+    bomb = tmp_path / "bomb.tunings.json.gz"
+    bomb.write_bytes(gzip.compress(b" " * 2**20) * 300)
+    assert bomb.stat().st_size < 600_000 and settings.MAX_JSON_BYTES < 300 * 2**20
+    one_line_error(cli("import", bomb, "--db", db_path), "bomb.tunings.json.gz", "more than 256 MiB",
+                   "decompressed")
+    assert not db_path.exists()
+
+
+@pytest.mark.parametrize("field", ["op", "tuner_version"])
+def test_a_lone_surrogate_in_an_imported_text_is_one_line(tmp_path, db_path, tiny_shapes, field):
+    """"\\ud800" (a JSON escape of half a UTF-16 pair) has no UTF-8 form: as an op it reached
+    the DB's driver and came back as a UnicodeEncodeError traceback."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "e.json"
+    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    doc = json.loads(out.read_text())
+    (doc["records"][0] if field == "op" else doc)[field] = "my_op\ud800"
+    out.write_text(json.dumps(doc))
+    assert "\\ud800" in out.read_text()
+    other = tmp_path / "other.db"
+    one_line_error(cli("import", out, "--db", other), field, "UTF-8")
+    assert not other.exists()
+
+
+def test_export_never_writes_through_a_link_planted_at_its_names(tmp_path, db_path, tiny_shapes):
+    """export wrote F.tmp by name and renamed it onto F: a link planted at F.tmp made it
+    overwrite the link's target, and F ended up a link to it."""
+    import os
+    import stat
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    victim, other = tmp_path / "victim", tmp_path / "other"
+    victim.write_text("precious")
+    other.write_text("also precious")
+    for name in ("e.json", "e.json.gz"):
+        out = tmp_path / name
+        (tmp_path / f"{name}.tmp").symlink_to(victim)
+        result = cli("export", "--out", out, "--db", db_path)
+        assert result.exit_code == 0, result.output
+        assert victim.read_text() == "precious"
+        assert out.is_file() and not out.is_symlink()
+        out.unlink()
+        out.symlink_to(other)  # a link at F itself is replaced, not written through
+        assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+        assert other.read_text() == "also precious" and out.is_file() and not out.is_symlink()
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask  # as a plain create: readable by others
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_report_never_writes_through_a_link_planted_at_its_files(tmp_path, db_path, tiny_shapes):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "report"
+    assert cli("report", "--out", out, "--db", db_path).exit_code == 0
+    written = sorted(p.name for p in out.iterdir())
+    assert "report.md" in written and any(n.endswith(".png") for n in written)
+    victims = {}
+    for name in written:  # the same names again, each a link to a file that must stay as it is
+        victims[name] = tmp_path / f"victim-{name}"
+        victims[name].write_text(f"precious {name}")
+        (out / name).unlink()
+        (out / name).symlink_to(victims[name])
+    result = cli("report", "--out", out, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    for name, victim in victims.items():
+        assert victim.read_text() == f"precious {name}"
+        assert (out / name).is_file() and not (out / name).is_symlink()
+    assert sorted(p.name for p in out.iterdir()) == written
+    assert "## torch_split_decode" in (out / "report.md").read_text()
+
+
+def test_a_failed_export_leaves_the_file_as_it_was_and_no_temporary_file(tmp_path, db_path, tiny_shapes,
+                                                                         monkeypatch):
+    import os
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "e.json"
+    target.write_text("before")
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    one_line_error(cli("export", "--out", target, "--db", db_path), "cannot write", "e.json", "No space left")
+    assert target.read_text() == "before" and [p.name for p in out.iterdir()] == ["e.json"]

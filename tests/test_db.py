@@ -417,6 +417,12 @@ def _doc_with(tmp_path, mutate):
     ("year 1", lambda d: d["records"][1].update(created_at="0001-01-01T00:00:00+00:00"), "records[1].created_at"),
     ("year 9999", lambda d: d["records"][1].update(created_at="9999-12-31T23:59:59"), "records[1].created_at"),
     ("in the future", lambda d: d["records"][1].update(created_at="2999-01-01T00:00:00"), "records[1].created_at"),
+    ("export time not a time", lambda d: d.update(exported_at="yesterday"), "document.exported_at"),
+    ("export time a number", lambda d: d.update(exported_at=1.5), "document.exported_at"),
+    ("export time in the future", lambda d: d.update(exported_at="2999-01-01T00:00:00"), "document.exported_at"),
+    ("export time a megabyte", lambda d: d.update(exported_at="2024" * 250_000), "document.exported_at"),
+    ("version a number", lambda d: d.update(tuner_version=1), "document.tuner_version"),
+    ("version a megabyte", lambda d: d.update(tuner_version="0.1" * 300_000), "document.tuner_version"),
 ])
 def test_import_refuses_what_no_db_should_hold_naming_the_record(tmp_path, make_db, name, mutate, fragment):
     doc = _doc_with(tmp_path, mutate)
@@ -424,6 +430,20 @@ def test_import_refuses_what_no_db_should_hold_naming_the_record(tmp_path, make_
     with pytest.raises(DocumentError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         import_document(dst, doc)
     assert dst.records() == []
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["fingerprints"].update({"f" * 10**6: {"device": "x"}}),
+    lambda d: d.update({"x" * 10**6: 1}),
+    lambda d: d["records"][0].update({f"{i}" * 10**5: 1 for i in range(9)}),
+    lambda d: d["records"][0].update(config={"c" * 10**6: 1, "c" * 10**6 + "d": 2}),
+])
+def test_a_megabyte_of_key_text_is_refused_in_a_short_line(tmp_path, make_db, mutate):
+    """Ids and field names are quoted in the message, which is one line and must stay short."""
+    doc = _doc_with(tmp_path, mutate)
+    with pytest.raises(DocumentError) as e:
+        import_document(TuningDB(make_db("dst")), doc)
+    assert len(str(e.value)) < 400, str(e.value)[:400]
 
 
 def test_a_key_given_twice_in_one_json_object_is_refused(tmp_path, make_db):

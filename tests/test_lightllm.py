@@ -166,23 +166,33 @@ def test_other_ops_are_refused_with_why_and_nothing_is_written(tmp_path, shipped
         assert not out.exists()
 
 
-def test_names_are_checked_before_writing_and_nothing_escapes_out(tmp_path):
+def test_an_environment_lightllm_cannot_name_is_left_out_and_the_rest_exported(tmp_path):
+    """One imported device name of ".." (or one too long for a file name) refused the whole
+    export; now its winners are left out, said why, and the others written."""
     db_path = tmp_path / "t.db"
     db = TuningDB(db_path)
     good = (fingerprint_id(H200), H200)
-    _fa3_record(db, good, 1, 512, {"num_splits": 0, "pack_gqa": None})
+    _fa3_record(db, good, 1, 512, {"num_splits": 3, "pack_gqa": None})
     evil = dict(H200, device="..", tuner="evil")  # an imported device name of ".."
-    _fa3_record(db, (fingerprint_id(evil), evil), 1, 512, {"num_splits": 0, "pack_gqa": None})
+    long = dict(H200, device="NVIDIA " + "H" * 300)
+    for env in (evil, long):
+        for batch in (1, 2):
+            _fa3_record(db, (fingerprint_id(env), env), batch, 512, {"num_splits": 0, "pack_gqa": None})
     out = tmp_path / "a" / "cfg"
     result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
-    assert result.exit_code == 2 and "'..'" in result.stderr
-    assert not (tmp_path / "a").exists()  # all or nothing: not even the good file
-    assert not any((tmp_path / "triton_3.6.0").glob("**/*"))
-    long = dict(H200, device="NVIDIA " + "H" * 300)
-    db2 = TuningDB(tmp_path / "long.db")
-    _fa3_record(db2, (fingerprint_id(long), long), 1, 512, {"num_splits": 0, "pack_gqa": None})
-    result = cli("export", "--format", "lightllm", "--out", out, "--db", tmp_path / "long.db")
-    assert result.exit_code == 2 and "255-byte" in result.stderr and not out.exists()
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())  # rich folds lines at 80 columns
+    assert "exported 1 FA3 winners in 1 LightLLM files" in said
+    assert f"2 environment {fingerprint_id(evil)}: LightLLM directory '..' is not a plain" in said
+    assert f"2 environment {fingerprint_id(long)}: LightLLM directory" in said and "255-byte" in said
+    assert json.loads((out / KERNEL_DIR / NAME_32_8).read_text()) == {str(10**13 + 10**7 + 512): {"num_splits": 3}}
+    written = [str(p.relative_to(tmp_path)) for p in tmp_path.glob("**/*") if p.is_file() and "t.db" not in p.name]
+    assert written == [f"a/cfg/{KERNEL_DIR}/{NAME_32_8}"]  # nothing else, nothing outside --out
+    only_long = TuningDB(tmp_path / "long.db")
+    _fa3_record(only_long, (fingerprint_id(long), long), 1, 512, {"num_splits": 0, "pack_gqa": None})
+    result = cli("export", "--format", "lightllm", "--out", tmp_path / "b", "--db", tmp_path / "long.db")
+    assert result.exit_code == 2 and "no FA3 winners LightLLM can read" in result.stderr
+    assert "255-byte" in result.stderr and not (tmp_path / "b").exists()
 
 
 def test_an_existing_file_is_kept_unless_force(tmp_path):

@@ -286,3 +286,56 @@ def test_shipped_tunings_stay_under_the_size_a_tracked_file_may_be():
     assert all(p.stat().st_size < 2 * 2**20 for p in SHIPPED_FILES), [(p.name, p.stat().st_size) for p in SHIPPED_FILES]
     stems = [p.name.removesuffix(".gz") for p in SHIPPED_FILES]
     assert len(stems) == len(set(stems)), stems
+
+
+def _decode_attention_tunings(path, configs):
+    """A tunings document of decode_attention records of this environment: {shape: config}."""
+    scratch = path.with_suffix(".scratch.db")
+    db = TuningDB(scratch)
+    for shape, config in configs.items():
+        db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()), environment(),
+                       config, median_us=1.0, spread_us=0.1, samples=5, default_config={"backend": "triton_decode"},
+                       default_median_us=3.0, default_spread_us=0.1, method={"timer": "test"})
+    path.write_text(json.dumps(export_document(db)))
+    db.close()
+    return path
+
+
+def test_shipped_records_the_op_cannot_run_are_left_out_counted_and_shown_by_doctor(tmp_path, monkeypatch):
+    """doctor counted a record whose config breaks its op's rules as used, and the runtime
+    dropped it silently; now both check each record by the op's rules (tuner.ops.check_record)."""
+    from tuner.ops import DecodeShape, make_decode_inputs
+    from tuner.ops.decode_attention import decode_attention
+
+    good_shape = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
+                             dtype="float32")
+    bad_shape = DecodeShape(**dict(vars(good_shape), batch=16))
+    op = get_op("decode_attention")
+    good = next(c for c in op.configs(good_shape) if c["backend"] == "triton_decode" and c != op.default(good_shape))
+    bad = dict(good, num_kv_splits=0)  # no split count of zero: the op cannot run it
+    assert op.check(good, good_shape) is None and op.check(bad, bad_shape) is not None
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    _decode_attention_tunings(folder / "gpu.tunings.json", {good_shape: good, bad_shape: bad})
+
+    tuner.configure(db=tmp_path / "absent.db", shipped=folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for shape, served in ((good_shape, good), (bad_shape, op.default(bad_shape))):
+            inputs = make_decode_inputs(shape)
+            assert decode_attention.tuner.config_for(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table,
+                                                     inputs.cache_seqlens, shape.kv_len) == served
+    [message] = [str(w.message) for w in caught]
+    assert "gpu.tunings.json: 1 records left out" in message and "num_kv_splits" in message
+
+    monkeypatch.setenv("TUNER_SHIPPED", str(folder))
+    monkeypatch.setenv("COLUMNS", "300")
+    db = tmp_path / "user.db"
+    TuningDB(db).close()
+    result = CliRunner().invoke(app, ["doctor", "--db", str(db)])
+    assert result.exit_code == 1, result.output
+    row = next(line for line in result.output.splitlines() if "gpu.tunings.json" in line and "│" in line)
+    assert "│       2 │         1 │" in row  # two records, one used here
+    problem = " ".join(result.stderr.split())
+    assert "problem: shipped tunings" in problem and "1 records left out, their ops cannot run their configs" in problem
+    assert "decode_attention at" in problem and "num_kv_splits" in problem

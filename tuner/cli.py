@@ -482,16 +482,16 @@ class ExportFormat(str, Enum):
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """text into path (gzip-compressed for a .gz name), whole or not at all."""
+    """text into path (gzip-compressed for a .gz name), whole or not at all, never through a
+    link planted beside it (tuner.files)."""
+    from tuner.files import write_atomically
     from tuner.jsonfile import file_bytes
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(file_bytes(path, text))
-        tmp.replace(path)
     except OSError as e:
         raise TunerError(f"cannot write {path}: {e.strerror or e}") from None
+    write_atomically(path, file_bytes(path, text))
 
 
 def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
@@ -681,12 +681,13 @@ def _display_path(path: Path) -> str:
 def _doctor_shipped(fp: dict) -> list[str]:
     """Print the shipped tunings and whether they apply here; return the problems found."""
     from tuner.db.shipped import load_shipped, shipped_paths
+    from tuner.runtime.table import op_rules
 
     try:
         if not shipped_paths():
             console.print("shipped tunings: none (tuning_cache/*.tunings.json[.gz] in a checkout, or $TUNER_SHIPPED)")
             return []
-        layer = load_shipped(fp)
+        layer = load_shipped(fp, check=op_rules)  # the runtime's rules: what it would leave out is not used
     except TunerError as e:
         return [str(e)]
     if not layer.files:
@@ -701,7 +702,9 @@ def _doctor_shipped(fp: dict) -> list[str]:
         why = "; ".join(f.mismatches.values())
         table.add_row(escape(name), str(f.records), str(f.applied), escape(why) or "-")
     console.print(table)
-    return layer.errors
+    refused = [f"shipped tunings {name}: {f.refused} records left out, their ops cannot run their configs "
+               f"(first: {f.refused_why})" for f, name in zip(layer.files, names) if f.refused]
+    return layer.errors + refused
 
 
 @app.command("prune")

@@ -1,5 +1,6 @@
 """Reading a user's JSON file, with every way it can be bad turned into one line; a name
-ending in .gz is gzip-compressed JSON (both ways)."""
+ending in .gz is gzip-compressed JSON (both ways). No read goes past
+settings.MAX_JSON_BYTES of text, from the file or out of its decompression."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
+from tuner import settings
 from tuner.errors import TunerError
 
 GZIP_SUFFIX = ".gz"
+_CHUNK = 1 << 20  # read in pieces: one read of the whole bound would reserve it all up front
 
 
 def is_gzip(path: str | Path) -> bool:
@@ -21,12 +24,18 @@ def is_gzip(path: str | Path) -> bool:
 def read_json(path: str | Path, error: type[TunerError] = TunerError, what: str = "file",
               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     path = Path(path)
+    limit = settings.MAX_JSON_BYTES
     try:
-        if is_gzip(path):
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        else:
-            raw = path.read_bytes()
+        with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
+            raw = bytearray()
+            while len(raw) <= limit:  # at most limit + 1 bytes, however much the stream holds
+                chunk = f.read(min(_CHUNK, limit + 1 - len(raw)))
+                if not chunk:
+                    break
+                raw += chunk
+        if len(raw) > limit:
+            raise error(f"{what} {path} holds more than {limit / 2**20:g} MiB of text"
+                        f"{' once decompressed' if is_gzip(path) else ''}, more than tuner reads")
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not UTF-8 text") from None

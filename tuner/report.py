@@ -4,6 +4,7 @@ length for each op and static key, plus a Markdown summary. matplotlib is import
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 
 from tuner.db import Record, TuningDB
 from tuner.errors import TunerError
+from tuner.files import write_atomically
 from tuner.keys import AttentionStaticKey, canonical_json
 
 
@@ -116,8 +118,10 @@ def _heatmaps(group: Group, values: dict[int, float], title: str, fmt: str, path
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle(f"{group.op}: {title}\n{group.label}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()  # saved by tuner.files, not by a path savefig would follow through a link
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    write_atomically(path, png.getvalue())
 
 
 def write_report(db: TuningDB, out: Path, fingerprint_id: str | None, *, op: str | None = None,
@@ -167,7 +171,7 @@ def write_report(db: TuningDB, out: Path, fingerprint_id: str | None, *, op: str
                 cells.append("-" if i not in roofline else f"{roofline[i]:.0%}")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    write_atomically(out / "report.md", ("\n".join(lines) + "\n").encode("utf-8"))
     return groups
 
 

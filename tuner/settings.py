@@ -167,6 +167,10 @@ COMPILE_WORKERS = min(16, os.cpu_count() or 1)
 # the L2 a cold-cache rotation must exceed twice over when the device does not say (H200's)
 DEFAULT_L2_BYTES = 60 * 2**20
 
+# the most JSON text tuner reads from one file, after gzip decompression (tuner.jsonfile): the
+# shipped H200 tunings are 7.3 MiB of it; past this a file (/dev/zero, a gzip bomb) is refused
+MAX_JSON_BYTES = 256 * 2**20
+
 # the torch reference attends this many bytes of float32 work at once (keys and values of
 # a batch's sequences, padded to the longest, and their scores): sequences go in chunks,
 # not one by one, since a sweep builds a reference per serving batch (three or more per shape)

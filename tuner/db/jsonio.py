@@ -9,9 +9,10 @@ Document (version 1):
                   "timing": {"median_us": num, "spread_us": num, "samples": int},
                   "default": {"config": {...}, "median_us": num|null, "spread_us": num|null}}]}
 A fingerprint's id must be the hash of its data, so an edited environment cannot pass as
-the original. Every value passes tuner.db.rows' rules (as the DB's own rows do), keys given
-twice in one object and text with no UTF-8 form are refused, and one record per key is
-kept: the newest (newest_per_key).
+the original. Every value passes tuner.db.rows' rules (as the DB's own rows do; every text
+has a length bound, exported_at is a time like created_at's, tuner_version a short text),
+keys given twice in one object and text with no UTF-8 form are refused, and one record per
+key is kept: the newest (newest_per_key).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tuner.jsonfile import read_json
 
 EXPORT_SCHEMA = "tuner.tunings"
 EXPORT_VERSION = 1
+MAX_VERSION_CHARS = 64  # a tuner_version: a version string, never more
 
 
 class DocumentError(TunerError):
@@ -93,7 +95,7 @@ def _no_duplicates(value: Any, where: str) -> None:
         if dup:
             raise DocumentError(f"{where}: key {dup[0]!r:.60} appears more than once")
         for k, v in value.items():
-            _no_duplicates(v, f"{where}.{k}")
+            _no_duplicates(v, f"{where}.{k!s:.40}")  # a key may be megabytes long: never copied whole
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _no_duplicates(v, f"{where}[{i}]")
@@ -107,7 +109,9 @@ def _fields(obj: Any, where: str, required: set[str], optional: set[str] = froze
         raise DocumentError(f"{where}: missing {', '.join(sorted(missing))}")
     unknown = set(obj) - required - optional
     if unknown:
-        raise DocumentError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        names = sorted(map(str, unknown))
+        raise DocumentError(f"{where}: unknown field(s) {', '.join(f'{n:.40}' for n in names[:5])}"
+                            + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
     return obj
 
 
@@ -165,11 +169,15 @@ def parse_document(data: Any) -> list[Row]:
     if not isinstance(doc["records"], list):
         raise DocumentError("records: expected a list")
     try:
+        if doc.get("tuner_version") is not None:
+            check.text(doc["tuner_version"], "document.tuner_version", MAX_VERSION_CHARS)
+        if doc.get("exported_at") is not None:
+            check.created_at(doc["exported_at"], "document.exported_at")
         for fp_id, fp_data in fps.items():
+            check.text(fp_id, "fingerprints: an id", 32)  # before it is quoted in a message
             if not isinstance(fp_data, dict):
                 raise DocumentError(f"fingerprints.{fp_id}: expected an object")
             check.canonical(fp_data, f"fingerprints.{fp_id}")
-            check.text(fp_id, "fingerprints: an id", 32)
             if fingerprint_id(fp_data) != fp_id:
                 raise DocumentError(f"fingerprints.{fp_id}: id does not match its data")
         rows = [_record(raw, f"records[{i}]", fps) for i, raw in enumerate(doc["records"])]

@@ -95,12 +95,14 @@ def run_key(batch: int, max_q_len: int, width: int) -> str:
     return str(batch * 10**13 + max_q_len * 10**7 + width)
 
 
-def _check_name(name: str, what: str) -> None:
+def _name_problem(name: str, what: str) -> str | None:
+    """Why `name` cannot be one of LightLLM's file or directory names, or None."""
     if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise DBError(f"cannot write LightLLM {what} {name!r:.80}: not a plain file or directory name")
+        return f"LightLLM {what} {name!r:.80} is not a plain file or directory name"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        raise DBError(f"LightLLM {what} {name[:60]}... is {len(name.encode('utf-8', 'surrogatepass'))} bytes, "
-                      f"over the {MAX_NAME_BYTES}-byte limit of a file name")
+        return (f"LightLLM {what} {name[:60]!r}... is {len(name.encode('utf-8', 'surrogatepass'))} bytes, "
+                f"over the {MAX_NAME_BYTES}-byte limit of a file name")
+    return None
 
 
 def _without_pack_gqa(db: TuningDB, record: Record) -> dict[str, int] | None:
@@ -119,7 +121,9 @@ def _without_pack_gqa(db: TuningDB, record: Record) -> dict[str, int] | None:
 
 def lightllm_export(db: TuningDB, *, op: str | None = None) -> LightLLMExport:
     """Every FA3 decode winner as LightLLM's files, checked (names, keys) before anything
-    is written. op: None or "fa3"; any other op is refused with why LightLLM cannot use it."""
+    is written; a winner whose environment gives names LightLLM's files cannot have is left
+    out (export.left_out says why). op: None or "fa3"; any other op is refused with why
+    LightLLM cannot use it."""
     if op is not None and op != "fa3":
         why = NO_CONSUMER.get(op, "LightLLM reads autotuned configs only for its FA3 wrapper, and this is "
                                   "not an op tuner exports for it")
@@ -181,5 +185,8 @@ def _path(record: Record, env: dict[str, Any], export: LightLLMExport) -> str | 
     parts = [f"triton_{env['triton']}", device, KERNEL,
              config_file_name(static_key_dict(key, str(env["sgl_kernel"])), device)]
     for part, what in zip(parts, ("directory", "directory", "directory", "file name")):
-        _check_name(part, what)
+        why = _name_problem(part, what)
+        if why is not None:  # its environment's names (an imported device name): the others still export
+            export.leave_out(f"environment {record.fingerprint_id}: {why}")
+            return None
     return "/".join(parts)

@@ -50,6 +50,10 @@ def number(value: Any, where: str, *, positive: bool = False, nullable: bool = F
 def text(value: Any, where: str, max_len: int = 128) -> str:
     if not isinstance(value, str) or not value or len(value) > max_len:
         raise RowError(f"{where}: expected a non-empty string of at most {max_len} characters")
+    try:
+        value.encode("utf-8")  # a lone surrogate ("\ud800") has none: the DB's driver would fail on it
+    except UnicodeEncodeError:
+        raise RowError(f"{where}: {value!r:.40} is not text with a UTF-8 form (a lone surrogate)") from None
     return value
 
 

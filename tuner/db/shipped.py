@@ -10,8 +10,11 @@ Nothing here writes.
 Which records apply: the rule of tuner.db.fingerprint.applies, as for the user's DB (same
 GPU, same CUDA, torch, Triton, sgl-kernel and FlashInfer versions; driver and tuner's own
 version may differ). Any other difference, a library upgrade above all, leaves the record
-unused. Records of one key in several files (or twice in one): the newest measurement
-wins (created_at; one without a date counts as oldest), a tie going to the one read last.
+unused. A record that applies but that the caller's `check` refuses (its op cannot run its
+config: the runtime and `tuner doctor` pass tuner.ops' rules, which this layer cannot
+import) is left out and counted. Records of one key in several files (or twice in one):
+the newest measurement wins (created_at; one without a date counts as oldest), a tie going
+to the one read last.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ import os
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tuner import settings
 from tuner.db.fingerprint import why_not
 from tuner.db.jsonio import load_document, parse_document
 from tuner.db.location import default_db_path
-from tuner.db.store import Timed
+from tuner.db.store import Problem, Timed
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 
@@ -34,6 +37,8 @@ SHIPPED_ENV = settings.ENV_SHIPPED
 _OLDEST = datetime.min.replace(tzinfo=timezone.utc)
 SHIPPED_GLOBS = ("*.tunings.json", "*.tunings.json.gz")
 OFF = settings.SHIPPED_OFF
+# why a record's config cannot be its op's winner, or None (tuner.ops.check_record's rules)
+Check = Callable[[Problem, dict[str, Any]], str | None]
 
 
 @dataclass
@@ -43,6 +48,8 @@ class ShippedFile:
     applied: int = 0
     # fingerprint id -> why its records do not apply here (one line)
     mismatches: dict[str, str] = field(default_factory=dict)
+    refused: int = 0  # records that apply here but that the check refused: left out
+    refused_why: str = ""  # the first of them and why, one line
 
 
 @dataclass
@@ -94,11 +101,13 @@ def _nothing_applies(doc: Any, current: dict[str, Any]) -> dict[str, str] | None
     return why if all(why.values()) else None
 
 
-def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = None) -> ShippedLayer:
+def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = None,
+                 check: Check | None = None) -> ShippedLayer:
     """Read every shipped file and keep the records that apply in `current`, validated.
     A file that cannot be read or fails validation adds nothing and one line to
     layer.errors (naming the file); the other files still count. A file none of whose
-    environments applies here is counted, not validated (start-up stays cheap)."""
+    environments applies here is counted, not validated (start-up stays cheap). A record
+    that applies and that `check` refuses is left out, counted in its file's `refused`."""
     layer = ShippedLayer()
     dated: dict[tuple, tuple[datetime, ShippedFile]] = {}  # (key, run key) -> (created_at, its file)
     for path in shipped_paths(source):
@@ -120,6 +129,11 @@ def load_shipped(current: dict[str, Any], source: str | os.PathLike | None = Non
             if fp_id not in info.mismatches:
                 info.mismatches[fp_id] = why_not(fp_data, current)
             if info.mismatches[fp_id]:
+                continue
+            why = check(problem, fields["config"]) if check is not None else None
+            if why is not None:
+                info.refused += 1
+                info.refused_why = info.refused_why or f"{problem.op} at {problem.run_key.to_json()}: {why}"
                 continue
             key, run = (problem.op, problem.static_key), problem.run_key
             created = fields["created_at"] or _OLDEST

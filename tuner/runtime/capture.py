@@ -20,31 +20,68 @@ from __future__ import annotations
 
 import operator
 import random
+from collections import Counter
+from collections.abc import Mapping, Set as AbstractSet
 from contextlib import contextmanager
+from itertools import accumulate
 from typing import Iterable, Iterator
 
 from tuner.errors import TunerError
+from tuner.keys import kv_len_bucket
 from tuner.runtime.state import runtime
 
 
 FILL_DRAWS = 64  # the batches DeclaredLengths.fill_share draws
+# sample lengths are kept as distinct values with counts, so a new batch size costs one pass
+# over them, not over every sample (a trace of 10**6 took ~0.5 s a batch size). Past this
+# many distinct values, each kv bucket's range is cut into SUMMARY_BINS equal parts held by
+# their longest sample: a bucket never mixes with another, and the key stays in its bucket.
+MAX_DISTINCT = 4096
+SUMMARY_BINS = 128
+
+
+def _summary(values: list[int]) -> tuple[list[int], list[int]]:
+    """(distinct lengths ascending, how many samples each stands for), at most about
+    SUMMARY_BINS per octave of length once there are over MAX_DISTINCT of them."""
+    distinct = sorted(Counter(values).items())
+    if len(distinct) <= MAX_DISTINCT:
+        return [v for v, _ in distinct], [c for _, c in distinct]
+    lengths: list[int] = []
+    counts: list[int] = []
+    last = None
+    for v, c in distinct:
+        top = kv_len_bucket(v)  # the bucket (top // 2, top]: its bins are top // 2 / SUMMARY_BINS wide
+        part = (top, -(-(v - top // 2) * SUMMARY_BINS // max(top // 2, 1)))
+        if part == last:
+            lengths[-1] = v  # ascending: the bin's longest sample holds it
+            counts[-1] += c
+        else:
+            lengths.append(v)
+            counts.append(c)
+            last = part
+    return lengths, counts
 
 
 class DeclaredLengths:
     """The kv lengths a deployment's graphs will see: one typical batch maximum, or samples
-    of per-sequence lengths; or None, unknown (known is False)."""
+    of per-sequence lengths; or None, unknown (known is False). Samples are held as distinct
+    lengths (`lengths`, ascending) with how many samples each stands for (`counts`)."""
 
     def __init__(self, lengths: int | Iterable[int] | None) -> None:
         self.known = lengths is not None
         self.per_sequence = False  # an int declares a batch's longest, not its sequences' lengths
         self._by_batch: dict[int, int] = {}
         self._fill_shares: dict[tuple[int, float], float] = {}
+        self.lengths: list[int] = []
+        self.counts: list[int] = []
         if lengths is None:
-            self.samples: list[int] = []
             return
         refused = TunerError(f"graph_capture(lengths): an int or integer sample lengths, got {lengths!r:.60}")
         if isinstance(lengths, (bool, str, bytes)):
             raise refused
+        if isinstance(lengths, (Mapping, AbstractSet)):  # iterating one gives keys, or each value once
+            raise TunerError(f"graph_capture(lengths): sample lengths as a list or array (one entry per "
+                             f"sequence), not a {type(lengths).__name__}")
         try:
             values = [operator.index(lengths)]  # an int, or an integer-like (numpy)
         except TypeError:
@@ -55,13 +92,14 @@ class DeclaredLengths:
             if any(isinstance(n, bool) for n in items):
                 raise refused
             try:
-                values = sorted(operator.index(n) for n in items)
+                values = [operator.index(n) for n in items]
             except TypeError:
                 raise refused from None
             self.per_sequence = True
-        if not values or values[0] < 1:
+        if not values or min(values) < 1:
             raise TunerError("graph_capture(lengths): at least one length, each >= 1")
-        self.samples = values
+        self.lengths, self.counts = _summary(values)
+        self._cumulative = list(accumulate(self.counts))
 
     def kv_len(self, batch: int) -> int:
         """The kv length a batch of `batch` draws is keyed on: the median of its longest
@@ -70,12 +108,13 @@ class DeclaredLengths:
         get their config rather than the many short ones."""
         kv = self._by_batch.get(batch)
         if kv is None:
-            n, b = len(self.samples), max(batch, 1)
-            # P(max = i-th sample), weighted by the sample
-            weights = [s * (((i + 1) / n) ** b - (i / n) ** b) for i, s in enumerate(self.samples)]
+            n, b = self._cumulative[-1], max(batch, 1)
+            # P(max is one of a length's samples), weighted by the length
+            below = [0, *self._cumulative[:-1]]
+            weights = [s * ((c / n) ** b - (lo / n) ** b) for s, lo, c in zip(self.lengths, below, self._cumulative)]
             half, total = sum(weights) / 2, 0.0
-            kv = self.samples[-1]
-            for s, w in zip(self.samples, weights):
+            kv = self.lengths[-1]
+            for s, w in zip(self.lengths, weights):
                 total += w
                 if total >= half:
                     kv = s
@@ -98,7 +137,8 @@ class DeclaredLengths:
             rng, b = random.Random(batch), max(batch, 1)
             filled = total = 0
             for _ in range(FILL_DRAWS):
-                lens = rng.choices(self.samples, k=b)
+                # the same draws as from the samples themselves: sample i is drawn as floor(u n)
+                lens = rng.choices(self.lengths, cum_weights=self._cumulative, k=b)
                 longest = max(lens)
                 total += longest
                 filled += longest if sum(lens) >= fill * b * longest else 0
@@ -108,7 +148,7 @@ class DeclaredLengths:
     def __repr__(self) -> str:
         if not self.known:
             return "DeclaredLengths(unknown)"
-        return f"DeclaredLengths({len(self.samples)} samples, {self.samples[0]}..{self.samples[-1]})"
+        return f"DeclaredLengths({sum(self.counts)} samples, {self.lengths[0]}..{self.lengths[-1]})"
 
 
 @contextmanager

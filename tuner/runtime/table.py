@@ -7,10 +7,11 @@ import os
 import warnings
 from typing import Any
 
-from tuner.db import MissingDBError, TuningDB, current_fingerprint
+from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint
 from tuner.db import shipped
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
+from tuner.ops import check_record
 from tuner.runtime.borrowing import Winner, winner_gain
 
 # (op, static key JSON) -> {run key: Winner}
@@ -22,11 +23,20 @@ def _winners(timed: dict) -> Table:
             for key, runs in timed.items()}
 
 
+def _why(e: Exception) -> str:
+    """An error as one line: tuner's and the OS's say what; others (a MemoryError) are named."""
+    if isinstance(e, (TunerError, OSError)):
+        return str(e)
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tuple[Table, bool]:
     """(every winner that applies here, whether the user's DB was read). A DB that is
     missing adds nothing; one that cannot be read, like a shipped file that cannot, gives
     one warning and adds nothing (the library defaults run); its malformed rows are left
-    out with one warning."""
+    out with one warning. Never raises: whatever fails (a MemoryError under a memory cap
+    too) must not fail the tuned call, nor make the next one read it all again."""
     table = _shipped(shipped_source)
     try:
         with TuningDB(db_target, create=False) as db:
@@ -34,8 +44,8 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
             where = db.display_url
     except MissingDBError:
         return table, False
-    except (TunerError, OSError) as e:
-        warnings.warn(f"tuner: {e}; running with library defaults", stacklevel=6)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        warnings.warn(f"tuner: {_why(e)}; running with library defaults", stacklevel=6)
         return table, False
     if user.skipped:
         warnings.warn(f"tuner: {len(user.skipped)} malformed rows of tuning DB {where} left out "
@@ -45,12 +55,22 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
     return table, True
 
 
+def op_rules(problem: Problem, config: dict[str, Any]) -> str | None:
+    """Why a shipped record's config cannot be its op's winner (tuner.ops.check_record), or
+    None: tuner.db cannot ask tuner.ops itself."""
+    return check_record(problem.op, problem.static_key, problem.run_key, config)
+
+
 def _shipped(source: Any) -> Table:
     try:
-        layer = shipped.load_shipped(current_fingerprint(), source)
-    except (TunerError, OSError) as e:
-        warnings.warn(f"tuner: {e}; shipped tunings not used", stacklevel=7)
+        layer = shipped.load_shipped(current_fingerprint(), source, check=op_rules)
+    except Exception as e:  # noqa: BLE001 - as load_table: the library defaults run
+        warnings.warn(f"tuner: {_why(e)}; shipped tunings not used", stacklevel=7)
         return {}
     for error in layer.errors:
         warnings.warn(f"tuner: {error}; that file is not used", stacklevel=7)
+    for f in layer.files:
+        if f.refused:
+            warnings.warn(f"tuner: shipped tunings {f.path}: {f.refused} records left out, their ops cannot run "
+                          f"their configs ({f.refused_why}); `tuner doctor` lists them", stacklevel=7)
     return _winners(layer.table)
