@@ -877,3 +877,32 @@ def test_a_writer_without_a_misses_table_says_misses_were_not_recorded(make_db):
         runtime.record_miss("op", '{"h":8}', attention_run_key(4, 1, 1000), "default")
         with pytest.warns(UserWarning, match="could not record 1 missed keys.*no misses table"):
             assert tuner.flush_misses() == 0
+
+
+def test_many_records_in_one_call_decide_each_key_in_order(make_db):
+    """save_records decides each key's first record against the rows read at once and
+    writes them in batches (an import of 100k records took 113 s a row at a time); a key
+    given twice is decided again after its first, as if one by one."""
+    from datetime import datetime, timedelta, timezone
+
+    from sqlalchemy import select
+
+    from tuner.db.schema import ReplacedRecord
+
+    db = TuningDB(make_db())
+    t0 = datetime(2026, 6, 1, tzinfo=timezone.utc)
+    a, b, c = problem(batch=1), problem(batch=2), problem(batch=3)
+
+    def row(p, config, at):
+        return (p, FP, dict(config=config, median_us=10.0, spread_us=0.5, samples=9, default_config={"c": 0},
+                            default_median_us=12.0, default_spread_us=0.4, method={}, created_at=at))
+
+    db.save_records([row(b, {"c": "b-old"}, t0), row(c, {"c": "c-new"}, t0 + timedelta(days=9))])
+    result = db.save_records([row(a, {"c": "a1"}, t0), row(b, {"c": "b-new"}, t0 + timedelta(days=1)),
+                              row(c, {"c": "c-old"}, t0), row(a, {"c": "a2"}, t0 + timedelta(days=2)),
+                              row(a, {"c": "a0"}, t0 - timedelta(days=1))])
+    assert (result.written, result.replaced, result.kept, result.same) == (1, 2, 2, 0)
+    assert {r.problem.run_key.batch: r.config["c"] for r in db.records()} == {1: "a2", 2: "b-new", 3: "c-new"}
+    with db._read() as session:
+        kept = sorted(json.loads(cfg)["c"] for cfg in session.scalars(select(ReplacedRecord.config)))
+    assert kept == ["a1", "b-old"]

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 from filelock import FileLock, Timeout
-from sqlalchemy import Engine, create_engine, delete, event, func, inspect, insert, literal, select, text, type_coerce, update
+from sqlalchemy import (
+    Engine, bindparam, create_engine, delete, event, func, inspect, insert, literal, select, text, type_coerce, update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -300,6 +302,9 @@ _ADD_COLUMN = {("measurements", "rung"): "ALTER TABLE measurements ADD COLUMN ru
                ("misses", "length_calls"): "ALTER TABLE misses ADD COLUMN length_calls BIGINT",
                **{("misses", c): f"ALTER TABLE misses ADD COLUMN {c} FLOAT"
                   for c in ("length_mean_sum", "length_max_sum", "length_spread_sum")}}
+# a PRAGMA takes no bound parameter: the one constant statement that writes tuner's id
+_STAMP_APPLICATION_ID = text("PRAGMA application_id = 1953853042")
+assert APPLICATION_ID == 1953853042
 _CREATE_LOCK_KEY = 0x74756E6572  # "tuner": the advisory lock that serialises schema creation and upgrades
 
 
@@ -433,7 +438,7 @@ class TuningDB:
                 session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CREATE_LOCK_KEY})
             Base.metadata.create_all(session.connection())
             if self.url.get_backend_name() == "sqlite":
-                session.execute(text(f"PRAGMA application_id = {APPLICATION_ID}"))
+                session.execute(_STAMP_APPLICATION_ID)
             if session.get(Meta, "schema_version") is None:
                 session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
         self._missing_optional_tables, self._missing_columns, self._missing_indexes = set(), set(), set()
@@ -464,7 +469,7 @@ class TuningDB:
             Base.metadata.create_all(session.connection(), tables=[
                 Base.metadata.tables[t] for t in sorted(self._missing_optional_tables)])
             if self._unstamped:  # made before tuner named its files: --force can tell them now
-                session.execute(text(f"PRAGMA application_id = {APPLICATION_ID}"))
+                session.execute(_STAMP_APPLICATION_ID)
             for table, column in sorted(self._missing_columns):  # looked at again: another writer
                 present = {c["name"] for c in inspect(session.connection()).get_columns(table)}
                 if column in present:
@@ -773,18 +778,88 @@ class TuningDB:
 
         A record replaces the stored one of its key only when it is at least as new
         (created_at; a record without one is dated now), or with replace=True; the replaced
-        one goes to replaced_records. Returns what happened to them."""
+        one goes to replaced_records. Returns what happened to them. Each key's first
+        record is decided against the rows read in one query and written in batches (an
+        import of 100k records took minutes one statement at a time); a key given again,
+        or taken by another writer meanwhile, is decided row by row after them."""
         counts = dict(written=0, replaced=0, kept=0, same=0)
         with self._write() as session:
-            for problem, (fp_id, fp_data), fields in rows:
+            for fp_id, fp_data in {fp[0]: fp for _, fp, _ in rows}.values():
                 self._ensure_fingerprint(session, fp_id, fp_data)
+            first: dict[tuple, dict[str, Any]] = {}
+            again: list[dict[str, Any]] = []
+            for problem, (fp_id, _), fields in rows:
                 values = dict(problem.columns(), fingerprint_id=fp_id, **fields)
                 for name in ("config", "default_config", "method"):
                     values[name] = canonical_json(values[name])
                 if values.get("created_at") is None:
                     values["created_at"] = utcnow()
+                key = tuple(values[k] for k in RECORD_KEY)
+                (again.append(values) if key in first else first.__setitem__(key, values))
+            if session.bind.dialect.name in ("sqlite", "postgresql"):
+                again[:0] = self._put_records(session, first, replace, counts)
+            else:
+                again[:0] = first.values()
+            for values in again:
                 counts[self._put_record(session, values, replace)] += 1
         return SaveResult(**counts)
+
+    def _put_records(self, session: Session, first: dict[tuple, dict[str, Any]], replace: bool,
+                     counts: dict[str, int]) -> list[dict[str, Any]]:
+        """Records of distinct keys, decided against the stored rows read at once and written
+        in batches; returns those a concurrent writer's insert took (for _put_record)."""
+        query = _raw(TuningRecord, TuningRecord.fingerprint_id.in_({k[-1] for k in first}))
+        if session.bind.dialect.name == "postgresql":
+            query = query.with_for_update()
+        stored = {tuple(getattr(row, k) for k in RECORD_KEY): row for row in session.execute(query)}
+        fresh, updates, history = [], [], []
+        for key, values in first.items():
+            row = stored.get(key)
+            if row is None:
+                fresh.append(values)
+                continue
+            outcome, old = self._decide(row, values, replace)
+            counts[outcome] += 1
+            if outcome == "replaced":
+                updates.append(dict({k: values[k] for k in RECORD_FIELDS}, row_id=row.id))
+                if old is not None:
+                    history.append(old)
+        taken: list[dict[str, Any]] = []
+        if fresh:
+            dialect = sqlite if session.bind.dialect.name == "sqlite" else postgresql
+            insert_new = dialect.insert(TuningRecord).on_conflict_do_nothing(index_elements=RECORD_KEY).returning(
+                *(getattr(TuningRecord, k) for k in RECORD_KEY))
+            written = {tuple(r) for r in session.connection().execute(insert_new, fresh)}
+            taken = [v for v in fresh if tuple(v[k] for k in RECORD_KEY) not in written]
+            counts["written"] += len(fresh) - len(taken)
+        if history:
+            session.connection().execute(insert(ReplacedRecord), history)
+        if updates:
+            session.connection().execute(
+                update(TuningRecord).where(TuningRecord.id == bindparam("row_id")).values(
+                    {k: bindparam(k) for k in RECORD_FIELDS}), updates)
+        return taken
+
+    def _decide(self, existing: Any, values: dict[str, Any], replace: bool) -> tuple[str, dict[str, Any] | None]:
+        """What a record does to the stored row of its key: "same", "kept" (the stored one
+        is newer) or "replaced", with the replaced_records row that keeps the old one (None
+        where that table is missing or the old row is malformed: nothing in it can be used)."""
+        try:
+            old = _record(existing, {existing.fingerprint_id})
+        except check.RowError:
+            return "replaced", None
+        same = all(getattr(existing, k) == values[k] for k in RECORD_FIELDS if k != "created_at")
+        if same and old.created_at == _utc(values["created_at"]):
+            return "same", None
+        if not replace and old.created_at > _utc(values["created_at"]):
+            return "kept", None
+        if ReplacedRecord.__tablename__ in self._missing_optional_tables:
+            return "replaced", None
+        return "replaced", dict(
+            **{k: getattr(existing, k) for k in RECORD_KEY}, config=existing.config, median_us=old.median_us,
+            spread_us=old.spread_us, samples=old.samples, default_config=existing.default_config,
+            default_median_us=old.default_median_us, default_spread_us=old.default_spread_us,
+            method=existing.method, created_at=old.created_at, replaced_at=utcnow())
 
     def _put_record(self, session: Session, values: dict[str, Any], replace: bool) -> str:
         where = [getattr(TuningRecord, k) == values[k] for k in RECORD_KEY]
@@ -806,23 +881,11 @@ class TuningDB:
                     return "written"
                 except IntegrityError:
                     existing = session.execute(stmt).one()
-        try:
-            old = _record(existing, {existing.fingerprint_id})
-        except check.RowError:
-            old = None  # a malformed row: replaced, and not kept (nothing in it can be used)
+        outcome, old = self._decide(existing, values, replace)
+        if outcome != "replaced":
+            return outcome
         if old is not None:
-            same = all(getattr(existing, k) == values[k] for k in RECORD_FIELDS if k != "created_at")
-            if same and old.created_at == _utc(values["created_at"]):
-                return "same"
-            if not replace and old.created_at > _utc(values["created_at"]):
-                return "kept"
-            if ReplacedRecord.__tablename__ not in self._missing_optional_tables:
-                session.execute(insert(ReplacedRecord).values(
-                    **{k: getattr(existing, k) for k in RECORD_KEY}, config=existing.config,
-                    median_us=old.median_us, spread_us=old.spread_us, samples=old.samples,
-                    default_config=existing.default_config, default_median_us=old.default_median_us,
-                    default_spread_us=old.default_spread_us, method=existing.method, created_at=old.created_at,
-                    replaced_at=utcnow()))
+            session.execute(insert(ReplacedRecord).values(**old))
         session.execute(update(TuningRecord).where(TuningRecord.id == existing.id).values(
             **{k: values[k] for k in RECORD_FIELDS}))
         return "replaced"
