@@ -76,7 +76,7 @@ CAPS = (1024, 4096, 16384, 65536, 131072)
 # --caps octaves: every kv bucket of a serving grid, for each of BATCHES (batch x cap within
 # MAX_TOKENS). With CAPS a batch's longest sequence falls in the caps' own buckets from
 # batch 24 up, so keys at kv 2k, 8k and 32k go unused there (where shipped grid winners lost
-# most: results/h200/issue12/README.md)
+# most: docs/lab/issue12.md)
 CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18))}
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most

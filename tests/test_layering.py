@@ -1,4 +1,4 @@
-"""The dependency rules (README, "Architecture"), checked on the source and on what an import
+"""The dependency rules (docs/design.md), checked on the source and on what an import
 really loads: keys and db import no kernel library; keys, bench and ops know no DB, no
 SQLAlchemy and no runtime (the integrations compose them)."""
 

@@ -131,7 +131,7 @@ def write_report(db: TuningDB, out: Path, fingerprint_id: str | None, *, op: str
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise TunerError("tuner report draws with matplotlib: pip install 'tuner[report]'") from None
+        raise TunerError("tuner report draws with matplotlib: pip install 'tuner-attn[report]'") from None
     groups = collect(db, fingerprint_id, op, environment)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,7 @@ def unavailable() -> str | None:
     if major != 9:
         return f"FA3 in sgl-kernel needs an SM90 (Hopper) GPU, this one is SM{major}{minor}"
     if importlib.util.find_spec("sgl_kernel") is None:
-        return "sgl-kernel is not installed (pip install 'tuner[gpu]')"
+        return "sgl-kernel is not installed (pip install 'tuner-attn[gpu]')"
     return None
 
 

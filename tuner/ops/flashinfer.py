@@ -57,7 +57,7 @@ def unavailable() -> str | None:
     if not torch.cuda.is_available():
         return "needs a CUDA GPU"
     if importlib.util.find_spec("flashinfer") is None:
-        return "flashinfer is not installed (pip install 'tuner[gpu]')"
+        return "flashinfer is not installed (pip install 'tuner-attn[gpu]')"
     return None
 
 
