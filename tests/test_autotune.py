@@ -242,12 +242,25 @@ def test_a_loader_that_runs_out_of_memory_warns_once_and_every_call_runs_the_def
     assert results == ([64, 32, 32, 64] if part == "shipped" else [32, 32, 32, 32])
 
 
-def test_a_missing_db_in_lookup_mode_is_not_created(tmp_path):
+def test_a_missing_db_is_created_by_the_first_flush_of_misses_not_by_a_call(tmp_path):
+    """A serving run into a DB that did not exist yet recorded no misses, silently: the miss
+    writer needed a readable DB. The first flush now creates it; a call never does."""
     target = tmp_path / "absent.db"
     tuner.configure(db=target, mode="lookup")
     calls = []
     assert run(make_fn(calls), 4, 100, calls) == 32
     assert not target.exists()
+    assert tuner.flush_misses() == 1
+    [miss] = TuningDB(target, create=False).misses(current_fingerprint_id())
+    assert miss.problem.run_key.batch == 4 and miss.served == "default"
+
+
+def test_misses_that_cannot_create_their_db_give_one_warning(tmp_path):
+    tuner.configure(db=tmp_path / "no-such-dir" / "tuning.db", mode="lookup")
+    calls = []
+    run(make_fn(calls), 4, 100, calls)
+    with pytest.warns(UserWarning, match="could not record 1 missed keys.*does not exist"):
+        assert tuner.flush_misses() == 0
 
 
 def test_wrapper_keeps_the_function_name_and_args():

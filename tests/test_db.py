@@ -871,10 +871,9 @@ def test_a_writer_without_a_misses_table_says_misses_were_not_recorded(make_db):
             db.save_misses(FP, [MissRow(problem(), "default", 2)])
         db.close()
         tuner.configure(db=rows_only)
-        from tuner.runtime.state import runtime
-
-        runtime.db_readable = True
-        runtime.record_miss("op", '{"h":8}', attention_run_key(4, 1, 1000), "default")
+        lookup = tuner.autotune("rows_only_op", configs=[{"c": 1}], default={"c": 0},
+                                key=lambda n: (("k",), n, 1, 1000))(lambda n, *, config: config["c"])
+        assert lookup(4) == 0  # no winner: the default, and a miss
         with pytest.warns(UserWarning, match="could not record 1 missed keys.*no misses table"):
             assert tuner.flush_misses() == 0
 

@@ -109,15 +109,20 @@ def is_tuners_file(path: Path) -> bool:
         return False
     if int.from_bytes(header[68:72], "big") == APPLICATION_ID:
         return True
+    tables = Base.metadata.tables
     try:
         conn = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1)
         try:
-            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            if not names or "records" not in names or not set(names) <= set(tables):
+                return False
+            # each table's columns tuner's own (another application's "records" is not)
+            return all({row[1] for row in conn.execute("SELECT * FROM pragma_table_info(?)", (name,))}
+                       <= set(tables[name].columns.keys()) for name in names)
         finally:
             conn.close()
     except sqlite3.Error:
         return False
-    return bool(names) and names <= set(Base.metadata.tables) and "records" in names
 
 
 def set_aside(target: str | os.PathLike | None) -> Path:

@@ -161,7 +161,7 @@ class AutotunedFunction:
         """The call's length statistics for its miss: none under graph capture or a
         declaration (a capture's lengths are not its traffic's), none where no DB would
         keep them, and a hook that fails costs the call nothing."""
-        if self._lengths is None or declared or capturing() or not runtime.db_readable:
+        if self._lengths is None or declared or capturing() or not runtime.keeps_misses:
             return None
         try:
             return length_stats(self._lengths(*args, **kwargs))

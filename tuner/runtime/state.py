@@ -59,7 +59,7 @@ class Runtime:
         self._db: TuningDB | None = None
         self.functions: weakref.WeakSet[Any] = weakref.WeakSet()  # what holds a memo (cleared by configure)
         self.misses = MissLog()
-        self.db_readable = False
+        self.keeps_misses = False  # the DB was read and may be written, or will be created
         self._lock = threading.Lock()
         self._flush_at_exit = False
         # what calls resolve to changes with configure() and graph_capture: each bumps the
@@ -103,7 +103,7 @@ class Runtime:
             return table
         with self._lock:
             if self._table is None:
-                self._table, self.db_readable = load_table(self.db_target, self.shipped_source)
+                self._table, self.keeps_misses = load_table(self.db_target, self.shipped_source)
             return self._table
 
     def lookup(self, name: str, static_json: str, run: AttentionRunKey,
@@ -124,8 +124,9 @@ class Runtime:
                     lengths: tuple[float, float, float] | None = None) -> None:
         """Off the hot path: once per memo key resolved from the nearest record or the default,
         with the call's length statistics when it had its lengths on the host. Kept only when
-        there is a readable DB to write them to (never a damaged one)."""
-        if not self.db_readable:
+        there is a DB to write them to, or none yet (the first flush creates it): never for a
+        damaged or read-only one."""
+        if not self.keeps_misses:
             return
         self.misses.record(name, static_json, run, served, lengths)
         if not self._flush_at_exit:

@@ -32,18 +32,19 @@ def _why(e: Exception) -> str:
 
 
 def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tuple[Table, bool]:
-    """(every winner that applies here, whether the user's DB was read). A DB that is
-    missing adds nothing; one that cannot be read, like a shipped file that cannot, gives
-    one warning and adds nothing (the library defaults run); its malformed rows are left
-    out with one warning. Never raises: whatever fails (a MemoryError under a memory cap
-    too) must not fail the tuned call, nor make the next one read it all again."""
+    """(every winner that applies here, whether misses can be written to the user's DB: it
+    was read and may be written, or it is missing and its first write creates it). A DB
+    that cannot be read, like a shipped file that cannot, gives one warning and adds
+    nothing (the library defaults run); its malformed rows are left out with one warning.
+    Never raises: whatever fails (a MemoryError under a memory cap too) must not fail the
+    tuned call, nor make the next one read it all again."""
     table = _shipped(shipped_source)
     try:
         with TuningDB(db_target, create=False) as db:
             user = db.snapshot(current_fingerprint())
-            where = db.display_url
+            where, writable = db.display_url, not db.read_only
     except MissingDBError:
-        return table, False
+        return table, True
     except Exception as e:  # noqa: BLE001 - see the docstring
         warnings.warn(f"tuner: {_why(e)}; running with library defaults", stacklevel=6)
         return table, False
@@ -52,7 +53,7 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
                       f"({user.skipped[0]}); `tuner doctor` lists them", stacklevel=6)
     for key, runs in _winners(user.table).items():
         table.setdefault(key, {}).update(runs)
-    return table, True
+    return table, writable
 
 
 def op_rules(problem: Problem, config: dict[str, Any]) -> str | None:
