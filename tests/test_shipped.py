@@ -215,16 +215,22 @@ def test_tune_mode_counts_a_shipped_winner_as_a_hit(tmp_path):
     assert not (tmp_path / "user.db").exists()
 
 
+def _doctor_over(folder, tmp_path, monkeypatch, columns):
+    """`tuner doctor` with the shipped tunings of folder over an empty DB, in a wide terminal."""
+    monkeypatch.setenv("TUNER_SHIPPED", str(folder))
+    monkeypatch.setenv("COLUMNS", str(columns))
+    db = tmp_path / "user.db"
+    TuningDB(db).close()
+    return CliRunner().invoke(app, ["doctor", "--db", str(db)])
+
+
 def test_doctor_lists_the_layer_and_why_it_does_not_apply(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     folder.mkdir()
     write_tunings(folder / "here.tunings.json", {(16, 2048): 64, (4, 512): 16})
     write_tunings(folder / "there.tunings.json", {(16, 2048): 64}, fp=environment(triton="0.0.1"))
-    monkeypatch.setenv("TUNER_SHIPPED", str(folder))
-    monkeypatch.setenv("COLUMNS", "200")
+    result = _doctor_over(folder, tmp_path, monkeypatch, columns=200)
     db = tmp_path / "user.db"
-    TuningDB(db).close()
-    result = CliRunner().invoke(app, ["doctor", "--db", str(db)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     here = next(line for line in lines if "here.tunings.json" in line)
@@ -328,11 +334,7 @@ def test_shipped_records_the_op_cannot_run_are_left_out_counted_and_shown_by_doc
     [message] = [str(w.message) for w in caught]
     assert "gpu.tunings.json: 1 records left out" in message and "num_kv_splits" in message
 
-    monkeypatch.setenv("TUNER_SHIPPED", str(folder))
-    monkeypatch.setenv("COLUMNS", "300")
-    db = tmp_path / "user.db"
-    TuningDB(db).close()
-    result = CliRunner().invoke(app, ["doctor", "--db", str(db)])
+    result = _doctor_over(folder, tmp_path, monkeypatch, columns=300)
     assert result.exit_code == 1, result.output
     row = next(line for line in result.output.splitlines() if "gpu.tunings.json" in line and "│" in line)
     assert "│       2 │         1 │" in row  # two records, one used here
