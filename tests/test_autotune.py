@@ -852,6 +852,20 @@ def test_empty_batches_and_keys_no_host_value_gives_run_the_default(db_path):
     assert calls == [32, 32, 64]
 
 
+@pytest.mark.parametrize("kv", [3.5, "2048", None, [2048]])
+def test_a_kv_length_that_is_no_integer_is_one_clear_value_error(kv):
+    """A key function's kv length of the wrong type raised whatever the wrapper's arithmetic
+    raised (a str: "'>' not supported between instances of 'str' and 'int'")."""
+    @tuner.autotune("toy_kv", configs=[{"block": 64}], default={"block": 32},
+                    key=lambda x, kv: (STATIC, 1, 1, kv))
+    def fn(x, kv, *, config):
+        return config["block"]
+
+    with pytest.raises(ValueError, match="kv_len must be an integer"):
+        fn(torch.ones(1), kv)
+    assert fn(torch.ones(1), 2048) == 32
+
+
 def test_tune_mode_checks_each_config_against_a_copy_when_the_kernel_writes_into_out(db_path):
     """A kernel writing into the caller's out= returns that one tensor for every config: each
     was checked against itself, and a wrong (but fast) config was crowned."""

@@ -270,14 +270,15 @@ def autotune(
 # says, inlined: a CaptureSensitive config while a capture may be on
 # (tuner.runtime.capture_watch), never while torch.compile traces it (the count would
 # become a guard: a recompile per change).
-# Integer-likes that are not ints (numpy) take the except branch.
+# Integer-likes that are not ints (numpy) take the except branch, and so does what is no
+# integer at all (a float's bit_length, a str's comparison), for _kv_bits' one clear error.
 _WRAPPER_SOURCE = """
 def wrapper({params}):
     if config is None:
         {keys}
         try:
             _memo_key = (_static, _batch, _q_len, (_kv_len - 1).bit_length() if _kv_len > 1 else 0)
-        except AttributeError:
+        except (AttributeError, TypeError):
             _memo_key = (_static, _batch, _q_len, _kv_bits(_kv_len))
         config = _memo.get(_memo_key)
         if config is None or (config.__class__ is _CaptureSensitive and not _compiling() and _captures[0]
