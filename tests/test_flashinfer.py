@@ -323,3 +323,22 @@ def test_plan_reuse_reads_a_plan_info_that_is_a_sequence_not_a_list():
     cov = coverage_from_plan(Array(info), raw, batch=3)
     assert cov is not None and cov.chunks.tolist() == [3, 1, 2]
     assert coverage_from_plan(Array([0] * 16), raw, batch=3) is None  # another layout: exact re-planning
+
+
+def test_a_plan_is_not_reused_once_the_longest_sequence_falls_into_another_bucket(fake, db_path):
+    """Reuse capped a plan's lengths at its bucket's top only: an unsplit plan (valid for any
+    shorter lengths) chosen for bucket 16 went on serving calls of bucket 8, whose own record
+    never ran."""
+    static = _static_json(page_size=1)
+    fa2 = {"use_tensor_cores": True, "flashinfer_backend": "fa2"}
+    # the fake splits only requests longer than one chunk: 16-page chunks leave 12 and 16 unsplit
+    _store(db_path, static, attention_run_key(2, 1, 16), dict(fa2, fixed_split_size=16, disable_split_kv=False))
+    _store(db_path, static, attention_run_key(2, 1, 8), dict(fa2, fixed_split_size=2, disable_split_kv=False))
+    tuner.configure(db=db_path, mode="lookup")
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _step(wrapper, np.array([12, 16]))
+    assert fake.instances[-1].plan_calls[-1]["fixed_split_size"] == 16
+    _step(wrapper, np.array([10, 13]))  # the same bucket: the unsplit plan holds
+    assert (wrapper.plans, wrapper.plans_reused) == (1, 1)
+    _step(wrapper, np.array([5, 8]))  # bucket 8: its own record
+    assert wrapper.plans == 2 and fake.instances[-1].plan_calls[-1]["fixed_split_size"] == 2

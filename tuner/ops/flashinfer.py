@@ -159,15 +159,19 @@ def _reuse_key(fixed: tuple, rest: dict[str, Any]) -> tuple | None:
 
 @dataclass
 class _Plan:
-    """The last plan: the call it was made for, and the kv lengths (lo, hi] it stays valid for."""
+    """The last plan: the call it was made for, the kv lengths (lo, hi] it stays valid for,
+    and the bucket its config was chosen for: the longest length must stay above
+    kv_floor, since a shorter batch is another bucket's, with a record of its own."""
 
     inner: Any
     call: tuple  # plan()'s arguments other than the lengths, as the caller gave them
     lo: np.ndarray
     hi: np.ndarray
+    kv_floor: int
 
     def fits(self, call: tuple, seq_lens: np.ndarray) -> bool:
         return (call == self.call and len(seq_lens) == len(self.lo)
+                and (not len(seq_lens) or bool(seq_lens.max() > self.kv_floor))
                 and bool((seq_lens > self.lo).all()) and bool((seq_lens <= self.hi).all()))
 
 
@@ -272,8 +276,9 @@ class _PlanReuseWrapper:
         if self._plan_backend(inner) == "fa2":
             coverage = coverage_from_plan(inner._plan_info, inner._pin_memory_int_workspace_buffer.numpy(),
                                           len(lens), qo_lens)
-        lo, hi = valid_bounds(coverage, lens.copy(), kv_len_bucket(max(kv_max, 1)))
-        self._plan = None if call is None else _Plan(inner, call, lo, hi)
+        bucket = kv_len_bucket(max(kv_max, 1))
+        lo, hi = valid_bounds(coverage, lens.copy(), bucket)
+        self._plan = None if call is None else _Plan(inner, call, lo, hi, bucket // 2)
         self._active = inner
         self.plans += 1
 
