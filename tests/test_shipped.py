@@ -341,3 +341,5 @@ def test_shipped_records_the_op_cannot_run_are_left_out_counted_and_shown_by_doc
     problem = " ".join(result.stderr.split())
     assert "problem: shipped tunings" in problem and "1 records left out, their ops cannot run their configs" in problem
     assert "decode_attention at" in problem and "num_kv_splits" in problem
+    shown = CliRunner().invoke(app, ["show", "--db", str(tmp_path / "user.db")])
+    assert shown.exit_code == 0 and "1 shipped winners apply here" in shown.output  # as doctor counts them

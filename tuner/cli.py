@@ -404,9 +404,10 @@ def _shipped_count() -> int:
     """Shipped winners that apply in this environment (0 when none or unreadable: doctor says why)."""
     from tuner.db import current_fingerprint
     from tuner.db.shipped import load_shipped
+    from tuner.runtime.table import op_rules
 
-    try:
-        return load_shipped(current_fingerprint()).applied
+    try:  # the runtime's rules: what it would leave out is not counted (as in doctor)
+        return load_shipped(current_fingerprint(), check=op_rules).applied
     except TunerError:
         return 0
 
