@@ -111,7 +111,7 @@ def _open_db_to_sweep(db: str | None, force: bool):
         database.close()
         return _set_aside_and_open(db, DamagedDBError(f"tuning DB {database.display_url} is damaged: {damage[0]}"),
                                    force)
-    malformed = database.integrity()
+    malformed = database.malformed_summary()  # damage() ran above: not integrity_check twice
     if malformed:
         database.close()
         raise DBError(f"will not sweep into tuning DB {database.display_url}: {malformed[0]}")

@@ -1178,14 +1178,16 @@ class TuningDB:
     def integrity(self) -> list[str]:
         """Problems found (empty when the DB is sound): damage(), then malformed rows
         (tuner.db.rows)."""
-        problems = self.damage()
-        if problems:
-            return problems
+        return self.damage() or self.malformed_summary()
+
+    def malformed_summary(self) -> list[str]:
+        """One line on the malformed rows (empty when there are none), for a DB known to be
+        free of damage."""
         try:
             bad = self.malformed_rows()
         except DBError as e:
             return [str(e)]
-        if bad:
-            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            problems.append(f"{len(bad)} malformed rows ({bad[0][2]}{more}); `tuner prune` removes them")
-        return problems
+        if not bad:
+            return []
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        return [f"{len(bad)} malformed rows ({bad[0][2]}{more}); `tuner prune` removes them"]
