@@ -23,7 +23,7 @@ from serving_compare import case_key
 
 from tuner import settings
 from tuner.ops.decode_attention import BY_FILL, fill_parts
-from tuner.ops.traffic import draw_lengths
+from tuner.workload.traffic import draw_lengths
 from tuner.runtime.capture import DeclaredLengths
 
 

@@ -34,7 +34,7 @@ from tuner.bench import OK, Outcome
 from tuner.bench.timer import Timing
 from tuner.db import TuningDB
 from tuner.keys import canonical_json
-from tuner.ops.shapes import DecodeShape
+from tuner.workload.shapes import DecodeShape
 from tuner.search.guided import Guide, is_anchor
 
 DENSE, MIX = "serving-dense", "serving"

@@ -31,8 +31,9 @@ import torch
 from tuner.bench import CudaGraphTimer
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import canonical_json
-from tuner.ops import get_grid, get_op, make_decode_inputs
-from tuner.ops.rotation import fresh_page_copies
+from tuner.ops import get_grid, get_op
+from tuner.workload import make_decode_inputs
+from tuner.workload.rotation import fresh_page_copies
 from tuner.sweep import kv_copies, sweep
 
 

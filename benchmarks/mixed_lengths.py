@@ -28,9 +28,9 @@ from run_info import header
 import tuner
 from tuner.bench import CudaGraphTimer
 from tuner.db import current_fingerprint
-from tuner.ops import DecodeShape, make_decode_inputs
+from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.ops.decode_attention import decode_attention
-from tuner.ops.reference import paged_decode_reference
+from tuner.workload.reference import paged_decode_reference
 from tuner.keys import attention_run_key
 from tuner.runtime import lookup
 from tuner.settings import BORROW_MIN_GAIN

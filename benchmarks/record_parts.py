@@ -39,11 +39,12 @@ from tuner.bench import CudaGraphTimer, WallClockTimer, timer_for
 from tuner.bench.runner import rotation
 from tuner.db.jsonio import load_document
 from tuner.keys import AttentionRunKey, canonical_json, kv_len_bucket
-from tuner.ops import DecodeShape, get_op
+from tuner.ops import get_op
+from tuner.workload import DecodeShape
 from tuner.ops.decode_attention import BY_FILL, fill_parts
-from tuner.ops.shapes import shape_from_keys
-from tuner.ops.traffic import DISTRIBUTIONS, dense_draws, draw_lengths, is_dense
-from tuner.ops.traffic import serving_draws as sweep_draws
+from tuner.workload.shapes import shape_from_keys
+from tuner.workload.traffic import DISTRIBUTIONS, dense_draws, draw_lengths, is_dense
+from tuner.workload.traffic import serving_draws as sweep_draws
 from tuner.ops.trial import build_trial
 
 

@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_cost import arguments, report  # noqa: E402
 
-from tuner.ops import DecodeShape, make_decode_inputs  # noqa: E402
-from tuner.ops.traffic import draw_lengths  # noqa: E402
+from tuner.workload import DecodeShape, make_decode_inputs  # noqa: E402
+from tuner.workload.traffic import draw_lengths  # noqa: E402
 
 REPEATS = 5
 CASES = {  # hd64 heads with a 127-key window (issue 12's), and the same without a window

@@ -41,10 +41,11 @@ from tuner.bench import OK, CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import Trial, cold_l2_copies
 from tuner.db.jsonio import load_document
 from tuner.keys import AttentionRunKey, visible_kv_len
-from tuner.ops import DecodeShape, get_op, make_decode_inputs
-from tuner.ops.rotation import bytes_read, fresh_page_copies
-from tuner.ops.shapes import shape_from_keys
-from tuner.ops.traffic import draw_lengths
+from tuner.ops import get_op
+from tuner.workload import DecodeShape, make_decode_inputs
+from tuner.workload.rotation import bytes_read, fresh_page_copies
+from tuner.workload.shapes import shape_from_keys
+from tuner.workload.traffic import draw_lengths
 from tuner.search.pipeline import measure
 
 HBM_BYTES_PER_S = 4.4e12  # the H200's HBM bandwidth as issue 13 takes it (KV bytes / 4.4 TB/s)

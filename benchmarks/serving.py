@@ -7,9 +7,9 @@ against the oracle, per call and under CUDA graphs.
 the JSON it wrote)
 
 Cases: head configurations (shipped ones and others) x batch sizes from a CUDA-graph capture
-list (tuner.ops.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k (--caps) x length
-distributions (tuner.ops.traffic.DISTRIBUTIONS). Modes, timed alike (CUDA graphs, cold
-L2 by the bytes a call reads: tuner.ops.rotation):
+list (tuner.workload.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k (--caps) x length
+distributions (tuner.workload.traffic.DISTRIBUTIONS). Modes, timed alike (CUDA graphs, cold
+L2 by the bytes a call reads: tuner.workload.rotation):
 - per_call: attention run with the true host-side max length, the page table as wide as
   the longest sequence (as a server slices it outside graphs, and under piecewise graphs);
 - graph: one graph per batch size, captured with the server's max context (MAX_CONTEXT)
@@ -55,10 +55,10 @@ import tuner
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import declared_branch
-from tuner.ops import DecodeShape, make_decode_inputs
+from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.ops.decode_attention import BACKENDS, decode_attention, fill_branch
-from tuner.ops.rotation import bytes_read, fresh_page_copies
-from tuner.ops.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths
+from tuner.workload.rotation import bytes_read, fresh_page_copies
+from tuner.workload.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths
 
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache"
 MAX_CONTEXT = 131072  # the graph mode's capture-time bound: max_kv_len and page-table width

@@ -1,7 +1,7 @@
 """How a shipped tunings file's configs fare on serving batches, from the measurements a
 serving sweep stored: for every key both hold, the sweep's timing of the shipped config,
 of the default and of the sweep's own winner, on the same serving trial (one batch per
-length distribution, tuner.ops.traffic; each config's stored median, of its quick or its
+length distribution, tuner.workload.traffic; each config's stored median, of its quick or its
 full rung). No GPU: it reads the sweep's DB.
 
     python benchmarks/shipped_on_serving.py --db serving.db --shipped tuning_cache/h200.tunings.json.gz \\

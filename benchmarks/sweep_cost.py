@@ -5,7 +5,7 @@ long, precise measurement (issue 12, item 4).
         --heads "16/8 hd256 softcap50 window4095" [--heads ...] [--agree 12] [--search guided]
 
 Phase 1, per head configuration given: `tuner.sweep.sweep` of op over the key's serving grid
-(every capture batch size x kv 32-128k, mixed-length batches, tuner.ops.traffic; with --mtp
+(every capture batch size x kv 32-128k, mixed-length batches, tuner.workload.traffic; with --mtp
 MTP verify too) into --db, with --search; timed as a whole (compilation included: the
 sweep builds every shape's Triton candidates ahead, in parallel, before timing them), with
 the seconds spent making inputs, compiling and in the timers. Swept one kv length at a time,
@@ -39,9 +39,10 @@ from tuner import settings
 from tuner.bench import CudaGraphTimer, boundary_sync, measure_config, timer_for
 from tuner.bench.runner import rotation
 from tuner.db import Problem, TuningDB, current_environment
-from tuner.ops import DecodeShape, get_op
+from tuner.ops import get_op
+from tuner.workload import DecodeShape
 from tuner.ops.decode_attention import backends_only
-from tuner.ops.traffic import serving_grid
+from tuner.workload.traffic import serving_grid
 from tuner.ops.trial import build_trial
 from tuner.search.guided import is_anchor
 from tuner.search.pipeline import measure

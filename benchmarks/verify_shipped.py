@@ -55,8 +55,8 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.db import Problem, TuningDB, current_environment
     from tuner.keys import AttentionRunKey, canonical_json
     from tuner.ops import get_op
-    from tuner.ops.shapes import shape_from_keys
-    from tuner.ops.traffic import draws_per_distribution
+    from tuner.workload.shapes import shape_from_keys
+    from tuner.workload.traffic import draws_per_distribution
     from tuner.ops.trial import build_second_trial, build_trial
     from tuner.bench import OK, Outcome
     from tuner.search.pipeline import confirm_again, measure

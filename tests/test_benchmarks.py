@@ -297,7 +297,7 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
     trials of lengths drawn with that seed, --second-trial the sweep's second trial; the
     verified record says which."""
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
-    from tuner.ops import DecodeShape
+    from tuner.workload import DecodeShape
 
     common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32", lengths="serving")
     fp = (current_fingerprint_id(), current_fingerprint())
@@ -334,7 +334,7 @@ def test_verify_shipped_judges_a_dense_pass_record_by_its_rule_and_keeps_each_co
     gain a mix dilutes; every row keeps both configs' times on the trial. (Timed on the CPU,
     either config may win: the test checks which rule judged it and what was kept.)"""
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
-    from tuner.ops import DecodeShape
+    from tuner.workload import DecodeShape
 
     shape = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
                         dtype="float32", lengths="serving")
@@ -440,7 +440,7 @@ def test_a_resumed_run_keeps_the_rows_it_has_and_runs_only_the_cases_it_lacks(tm
 
 def test_record_parts_times_a_by_fill_records_configs_on_each_trial_batch_alone(tmp_path):
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
-    from tuner.ops import DecodeShape
+    from tuner.workload import DecodeShape
     from tuner.ops.decode_attention import by_fill
 
     shape = DecodeShape(batch=4, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=16, dtype="float32")

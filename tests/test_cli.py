@@ -524,7 +524,7 @@ def test_runtime_on_a_truncated_db_warns_once_and_runs_defaults(tmp_path, tiny_s
 
 def test_runtime_misses_are_listed_and_swept(tmp_path, db_path):
     import tuner
-    from tuner.ops import DecodeShape
+    from tuner.workload import DecodeShape
 
     common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
     shapes = tmp_path / "one.json"
@@ -560,7 +560,8 @@ def test_a_grid_is_swept_for_every_static_key_the_runtime_missed(tmp_path, db_pa
     """--grid with --from-misses: a new deployment's whole grid (the serving grid, say) for the
     static keys its calls missed, not only the run keys they happened to call."""
     import tuner
-    from tuner.ops import DecodeShape, get_grid, get_op
+    from tuner.ops import get_grid, get_op
+    from tuner.workload import DecodeShape
 
     common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
     static_json = DecodeShape(batch=1, kv_len=200, **common).static_key().to_json()
@@ -623,7 +624,7 @@ def test_report_of_another_environment(tmp_path, db_path):
     """A GPU's winners, reported from a machine without that GPU (--environment)."""
     from tuner.db import Problem, current_fingerprint, fingerprint_id
     from tuner.keys import attention_run_key
-    from tuner.ops.shapes import DecodeShape
+    from tuner.workload.shapes import DecodeShape
 
     gpu = dict(current_fingerprint(), device="NVIDIA H200", device_kind="cuda")
     gpu_id = fingerprint_id(gpu)

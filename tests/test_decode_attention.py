@@ -8,7 +8,8 @@ import torch
 import tuner
 from tuner.bench import WallClockTimer
 from tuner.db import TuningDB, current_fingerprint_id
-from tuner.ops import DecodeShape, get_op, make_decode_inputs
+from tuner.ops import get_op
+from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.ops.decode_attention import BACKENDS, decode_attention
 from tuner.sweep import MEASURED, sweep
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from tuner.db import TuningDB, current_fingerprint_id
-from tuner.ops import DecodeShape, get_op
+from tuner.ops import get_op
+from tuner.workload import DecodeShape
 from tuner.sweep import candidate_configs
 
 SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")

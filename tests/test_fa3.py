@@ -11,7 +11,8 @@ import torch
 import tuner
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import attention_run_key
-from tuner.ops import DecodeShape, get_op, make_decode_inputs
+from tuner.ops import get_op
+from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.integrations import fa3 as dropin
 from tuner.ops import fa3
 

@@ -12,7 +12,7 @@ import tuner.ops.flashinfer as fi
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.bench import Timing
 from tuner.keys import attention_run_key
-from tuner.ops import DecodeShape
+from tuner.workload import DecodeShape
 from tuner.ops.decode_attention import BACKENDS
 from tuner.ops.flashinfer_plan import (
     PlanCoverage, coverage_from_plan, host_seq_lens, paged_metadata, valid_bounds,

@@ -191,7 +191,7 @@ def test_a_numpy_window_is_a_window():
 
 def test_a_window_caps_what_a_call_reads_but_not_the_kv_length_its_run_key_buckets():
     from tuner.keys import visible_kv_len
-    from tuner.ops import DecodeShape
+    from tuner.workload import DecodeShape
 
     assert visible_kv_len(65536, 1, 127) == 128 and visible_kv_len(100, 2, 127) == 100
     assert visible_kv_len(65536, 4, -1) == 65536

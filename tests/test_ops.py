@@ -5,8 +5,10 @@ import math
 import pytest
 import torch
 
-from tuner.ops import DecodeShape, ShapeError, get_op, list_ops, load_shapes, make_decode_inputs, paged_decode_reference
-from tuner.ops.shapes import shape_from_dict
+from tuner.ops import get_op, list_ops
+
+from tuner.workload import DecodeShape, ShapeError, load_shapes, make_decode_inputs, paged_decode_reference
+from tuner.workload.shapes import shape_from_dict
 
 SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
 
@@ -148,7 +150,7 @@ def test_mixed_length_inputs_in_a_wide_table_hold_only_their_own_pages():
                                          ({"window": (3, 0), "q_len": 2}, [40, 7, 30]),
                                          ({"window": (100, 0), "q_len": 2}, [1000, 50, 701])])
 def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(extra, lens):
-    from tuner.ops.rotation import WINDOW_MARGIN, bytes_read, fresh_page_copies, read_spans
+    from tuner.workload.rotation import WINDOW_MARGIN, bytes_read, fresh_page_copies, read_spans
 
     kv = max(lens) if lens else 9
     s = DecodeShape(batch=3, kv_len=kv, **dict(SMALL, **extra))
@@ -177,7 +179,7 @@ def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(e
 
 
 def test_a_window_reads_less_than_it_allocates():
-    from tuner.ops.rotation import bytes_read
+    from tuner.workload.rotation import bytes_read
 
     s = DecodeShape(batch=2, kv_len=2048, **dict(SMALL, window=(100, 0)))
     inputs = make_decode_inputs(s)
@@ -276,7 +278,7 @@ def test_a_shapes_keys_are_the_keys_read_off_its_inputs(extra):
 
 @pytest.mark.parametrize("distribution", ["uniform", "long_tail", "few_long"])
 def test_serving_lengths_are_deterministic_bounded_and_shaped(distribution):
-    from tuner.ops.traffic import draw_lengths
+    from tuner.workload.traffic import draw_lengths
 
     lens = draw_lengths(distribution, 64, 8192, seed=1)
     assert lens == draw_lengths(distribution, 64, 8192, seed=1) != draw_lengths(distribution, 64, 8192, seed=2)
@@ -292,7 +294,7 @@ def test_serving_lengths_are_deterministic_bounded_and_shaped(distribution):
 
 
 def test_serving_lengths_refuse_bad_arguments():
-    from tuner.ops.traffic import CAPTURE_BATCHES, draw_lengths
+    from tuner.workload.traffic import CAPTURE_BATCHES, draw_lengths
 
     with pytest.raises(ValueError, match="not one of"):
         draw_lengths("zipf", 4, 100, 0)
@@ -311,7 +313,7 @@ def test_serving_shapes_parse_and_say_so_in_their_label():
 
 
 def test_serving_draws_put_each_batchs_longest_in_the_kv_bucket():
-    from tuner.ops.traffic import serving_draws, serving_grid
+    from tuner.workload.traffic import serving_draws, serving_grid
 
     # one batch per distribution, four rounds of them at batch 1 (settings.TRIAL_MIN_SEQUENCES)
     for batch, kv, rounds in ((1, 4096, 4), (8, 3000, 1), (64, 131072, 1)):
@@ -329,7 +331,7 @@ def test_a_small_batchs_trial_draws_more_batches_of_each_distribution_each_its_o
     +-5% from one length to the next): a serving trial holds at least
     settings.TRIAL_MIN_SEQUENCES sequences of each distribution, each batch drawn anew."""
     from tuner import settings
-    from tuner.ops.traffic import dense_draws, draws_per_distribution, serving_draws
+    from tuner.workload.traffic import dense_draws, draws_per_distribution, serving_draws
 
     assert [draws_per_distribution(b) for b in (1, 2, 3, 4, 8, 256)] == [4, 2, 2, 1, 1, 1]
     draws = serving_draws(1, 65536, seed=0)
@@ -348,7 +350,7 @@ def test_a_small_batchs_trial_draws_more_batches_of_each_distribution_each_its_o
 def test_serving_draws_that_reach_the_top_put_the_first_batchs_longest_at_kv_len():
     """A second trial's draws: of batch 1 above all, whose three lengths may all fall in the
     middle of a bucket twice as wide as its bottom."""
-    from tuner.ops.traffic import serving_draws
+    from tuner.workload.traffic import serving_draws
 
     for batch, kv in ((1, 65536), (8, 3000)):
         plain, top = serving_draws(batch, kv, seed=3), serving_draws(batch, kv, seed=3, reach_top=True)
@@ -372,7 +374,7 @@ def test_the_serving_grid_holds_the_kv_bucket_of_every_serving_batch():
     long-tailed traffic keyed on 32 and 64, where FA3's default ran 1.9-2.6x slower than the
     best config and tuner had no record."""
     from tuner.keys import kv_len_bucket
-    from tuner.ops.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, MIN_LEN, SERVING_KV, draw_lengths
+    from tuner.workload.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, MIN_LEN, SERVING_KV, draw_lengths
 
     assert min(SERVING_KV) <= 2 * kv_len_bucket(MIN_LEN)
     for name in DISTRIBUTIONS:

@@ -17,7 +17,8 @@ import pytest
 from support.robustness_report import report
 from tuner.bench import WallClockTimer
 from tuner.db import Problem, TuningDB, current_fingerprint_id
-from tuner.ops import DecodeShape, get_op
+from tuner.ops import get_op
+from tuner.workload import DecodeShape
 from tuner.sweep import SKIPPED, MEASURED, candidate_configs, sweep
 
 SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")

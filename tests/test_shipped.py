@@ -15,7 +15,7 @@ from tuner.keys import AttentionRunKey, AttentionStaticKey, attention_run_key, c
 from tuner.ops import get_op
 from tuner.ops.decode_attention import BACKENDS, BY_FILL, fill_parts
 from tuner.ops.triton_decode import OPTIONAL_RULES as TRITON_OPTIONAL_RULES
-from tuner.ops.shapes import shape_from_keys
+from tuner.workload.shapes import shape_from_keys
 
 STATIC = ("float32", 8, 2)
 REPO = Path(__file__).resolve().parents[1]
@@ -310,7 +310,7 @@ def _decode_attention_tunings(path, configs):
 def test_shipped_records_the_op_cannot_run_are_left_out_counted_and_shown_by_doctor(tmp_path, monkeypatch):
     """doctor counted a record whose config breaks its op's rules as used, and the runtime
     dropped it silently; now both check each record by the op's rules (tuner.ops.check_record)."""
-    from tuner.ops import DecodeShape, make_decode_inputs
+    from tuner.workload import DecodeShape, make_decode_inputs
     from tuner.ops.decode_attention import decode_attention
 
     good_shape = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,

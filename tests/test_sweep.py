@@ -6,7 +6,8 @@ import torch
 from tuner.bench import ERROR, OK, OOM, WRONG, Timing
 from tuner.db import TuningDB, current_fingerprint_id
 from tuner.keys import canonical_json
-from tuner.ops import DecodeShape, Op, get_op
+from tuner.ops import Op, get_op
+from tuner.workload import DecodeShape
 from tuner.ops.torch_split import split_kv_decode
 from tuner.sweep import DUPLICATE, FAILED, MEASURED, SKIPPED, candidate_configs, sweep
 
@@ -335,7 +336,7 @@ def test_a_serving_shape_is_measured_on_mixed_length_batches_each_checked(db_pat
     """A "serving" shape's trial holds one batch per length distribution: a config that is
     right on full batches only (it ignores each sequence's length) is wrong there."""
     from tuner.bench import WallClockTimer
-    from tuner.ops.traffic import serving_draws
+    from tuner.workload.traffic import serving_draws
 
     def run(inputs, config):
         if config["name"] == "full only":  # every sequence as if it held kv_len tokens
@@ -379,7 +380,7 @@ def test_a_serving_sweep_resumes_only_its_own_kind_of_measurement(db_path):
 
 def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
     from tuner.ops.trial import build_trial
-    from tuner.ops.traffic import serving_draws
+    from tuner.workload.traffic import serving_draws
 
     op = get_op("torch_split_decode")
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
@@ -397,7 +398,7 @@ def test_a_serving_batch_runs_as_a_call_of_it_does_at_its_own_longest_length():
     """Not at the bucket's top: FA3's split heuristic reads the page table's width and the
     Triton kernel plans its splits from the max length, as a server's call passes them."""
     from tuner.ops.trial import build_trial
-    from tuner.ops.traffic import serving_draws
+    from tuner.workload.traffic import serving_draws
 
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **dict(SMALL, page_size=1))
     trial = build_trial(get_op("torch_split_decode"), shape, "cpu", seed=5)
@@ -411,7 +412,7 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch
     """decide() holds a winner to every batch of the mix: each part must be one batch's
     copies, and every run in exactly one part."""
     import tuner.ops.trial as trial_module
-    from tuner.ops.traffic import serving_draws
+    from tuner.workload.traffic import serving_draws
 
     monkeypatch.setattr(trial_module, "cold_l2_copies", lambda nbytes, device: 2)
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
@@ -429,7 +430,7 @@ def drawn_op(timer, first_draw_cost, other_cost=50.0, wrong_off_first_draw=False
     """Configs "default" (100 us) and "lucky": first_draw_cost on the batches of the first
     trial's draws (serving_draws with the sweep's seed), other_cost on any other draw of the bucket,
     and (wrong_off_first_draw) a wrong result there."""
-    from tuner.ops.traffic import serving_draws
+    from tuner.workload.traffic import serving_draws
 
     def run(inputs, config):
         timer.last = config["name"]
@@ -455,7 +456,7 @@ def test_a_serving_winner_that_loses_on_a_second_draw_of_lengths_keeps_the_defau
     shipped 16-split Triton config was on the H200): the default is stored."""
     from tuner import settings
 
-    from tuner.ops.traffic import serving_draws
+    from tuner.workload.traffic import serving_draws
 
     timer = FakeTimer()
     db = TuningDB(db_path)
@@ -640,7 +641,7 @@ def fill_op(timer, dense_cost=50.0, skewed_cost=150.0, runs=None):
     """Configs "default" (100 us on any batch) and "even" (dense_cost on dense batches,
     skewed_cost on the rest), and by_fill configs that run one on dense batches and the
     other elsewhere, as decode_attention's do."""
-    from tuner.ops.traffic import is_dense
+    from tuner.workload.traffic import is_dense
 
     def plain(inputs, config):
         if "dense.name" in config:
@@ -668,7 +669,7 @@ def test_a_config_that_wins_dense_batches_only_is_stored_for_them_beside_the_win
     serving mix to the default; the dense pass stores it for dense calls, the default for
     the rest, held on the second trial against the default and timed there."""
     from tuner import settings
-    from tuner.ops.traffic import dense_draws, is_dense, serving_draws
+    from tuner.workload.traffic import dense_draws, is_dense, serving_draws
 
     draws = serving_draws(FILLED.batch, FILLED.kv_len, 0)
     def dense(d):
@@ -702,7 +703,7 @@ def test_a_dense_config_whose_gain_the_mix_dilutes_is_kept_where_it_loses_nowher
     gain refused such a record on the H200, one that ran 1.35x on a dense serving batch)."""
     from tuner import settings
     from tuner.bench import beats
-    from tuner.ops.traffic import is_dense, serving_draws
+    from tuner.workload.traffic import is_dense, serving_draws
 
     second = serving_draws(FILLED.batch, FILLED.kv_len, settings.SECOND_TRIAL_SEED, reach_top=True)
     mix = sum(96.0 if is_dense(sum(d), len(d), max(d)) else 100.0 for d in second) / len(second)
@@ -823,7 +824,7 @@ def dense_guided_op(timer, other_cost=400.0):
     """Configs s1..s8 and the default: on dense batches s_k is fastest at batch k (as
     guided_op's), on the rest each costs other_cost (the default 100); and their by_fill
     configs."""
-    from tuner.ops.traffic import is_dense
+    from tuner.workload.traffic import is_dense
 
     def run(inputs, config):
         lens = inputs.lengths()
@@ -1106,7 +1107,7 @@ def handed_on_op(timer):
     (60, 65, 70 us; 400 on the others); m is slow at kv 128, wins the mix at kv 256 (40 dense,
     50 elsewhere) and is fastest on dense batches again at kv 512, where the default (100)
     wins the mix. kv 256's dense pass searches m as its baseline, not from its shortlist."""
-    from tuner.ops.traffic import is_dense
+    from tuner.workload.traffic import is_dense
 
     dense_cost = {"a": 60.0, "b": 65.0, "c": 70.0}
 

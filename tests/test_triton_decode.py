@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuner.ops.base import DecodeInputs, make_decode_inputs
-from tuner.ops.reference import paged_decode_reference
-from tuner.ops.shapes import DecodeShape
+from tuner.workload import DecodeInputs, make_decode_inputs
+from tuner.workload.reference import paged_decode_reference
+from tuner.workload.shapes import DecodeShape
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
 
 # unavailable() also switches the interpreter on (no CUDA) before triton's first import

@@ -201,7 +201,8 @@ def sweep_command(
     """
     with _user_errors(), contextlib.ExitStack() as scope:
         from tuner.bench import timer_for
-        from tuner.ops import get_grid, get_op, load_shapes
+        from tuner.ops import get_grid, get_op
+        from tuner.workload import load_shapes
         from tuner.sweep import sweep
 
         op = get_op(op_name)
@@ -214,7 +215,7 @@ def sweep_command(
         from tuner.search import get_strategy
 
         strategy = get_strategy("halving" if halving else search).name
-        from tuner.ops.shapes import LENGTHS
+        from tuner.workload.shapes import LENGTHS
 
         if lengths is not None and lengths not in LENGTHS:
             raise TunerError(f"--lengths must be one of {', '.join(LENGTHS)}, got {lengths!r:.40}")
@@ -234,7 +235,7 @@ def sweep_command(
             missed = database.misses(current_fingerprint_id(), op=op.name, environment=current_fingerprint())
             if grid is not None:
                 from tuner.keys import attention_run_key
-                from tuner.ops.shapes import shape_from_keys
+                from tuner.workload.shapes import shape_from_keys
 
                 statics = list(dict.fromkeys(m.problem.static_key for m in missed))
                 runs = get_grid(op, grid)

@@ -49,7 +49,7 @@ CONFIRM_TRIES = 3
 # trial ran at 0.89x of the default on serving.py's lengths). Far from serving.py's seeds.
 SECOND_TRIAL_SEED = 1_000_003
 # a serving trial draws enough batches of each length distribution to hold at least this many
-# sequences (batch 1: 4 batches each, 2-3: 2, 4 and up: 1; tuner.ops.traffic.draws_per_distribution),
+# sequences (batch 1: 4 batches each, 2-3: 2, 4 and up: 1; tuner.workload.traffic.draws_per_distribution),
 # the later ones with the seed plus multiples of the stride: one length per distribution
 # judged a batch-1 record by luck, since FA3's default time moves by +-5% from one length to
 # the next (H200, benchmarks/results/h200/issue12/parts_b1_draws_df9ea65.json: a Triton

@@ -20,10 +20,11 @@ from tuner.bench.trial import cold_l2_copies
 from tuner.db import MeasurementRow, MissRow, Problem, TuningDB, current_environment
 from tuner.errors import TunerError
 from tuner.keys import canonical_json
-from tuner.ops import Config, DecodeInputs, DecodeShape, Op
-from tuner.ops.rotation import bytes_read
-from tuner.ops.shapes import shape_from_keys
-from tuner.ops.traffic import draws_per_distribution
+from tuner.ops import Config, Op
+from tuner.workload import DecodeInputs, DecodeShape
+from tuner.workload.rotation import bytes_read
+from tuner.workload.shapes import shape_from_keys
+from tuner.workload.traffic import draws_per_distribution
 from tuner.ops.trial import build_dense_trial, build_second_trial, build_trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, Step, get_strategy
@@ -38,7 +39,7 @@ DENSE_LENGTHS = "serving-dense"
 
 
 def _rounds(shape: DecodeShape) -> dict[str, int]:
-    """A serving trial's rounds of draws (tuner.ops.traffic.draws_per_distribution), as a
+    """A serving trial's rounds of draws (tuner.workload.traffic.draws_per_distribution), as a
     method says them: only where there is more than one."""
     rounds = draws_per_distribution(shape.batch)
     return {"rounds": rounds} if rounds > 1 else {}
@@ -79,7 +80,7 @@ class ShapeResult:
 
 def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
     """How many copies a cold-L2 rotation needs (tuner.bench.trial), by the bytes a call
-    reads (tuner.ops.rotation), not the bytes allocated."""
+    reads (tuner.workload.rotation), not the bytes allocated."""
     return cold_l2_copies(bytes_read(inputs), device, max_copies)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tuner.ops.traffic import CAPTURE_BATCHES, SERVING_KV
+from tuner.workload.traffic import CAPTURE_BATCHES, SERVING_KV
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,7 +71,7 @@ def prefill_shapes(q: int, kv: int, d: int, page_size: int) -> list[dict]:
 
 def serving_shapes(q: int, kv: int, d: int, page_size: int) -> list[dict]:
     """Issue 12's serving grid: every capture batch size x kv bucket, each shape a mix of
-    serving batches (tuner.ops.traffic); and MTP verify (2 and 4 query tokens) on mixed
+    serving batches (tuner.workload.traffic); and MTP verify (2 and 4 query tokens) on mixed
     lengths at a few batch sizes."""
     heads = {"num_q_heads": q, "num_kv_heads": kv, "head_dim": d, "page_size": page_size, "lengths": "serving"}
     decode = [dict(batch=b, kv_len=n, **heads) for b in CAPTURE_BATCHES for n in SERVING_KV if b * n <= DECODE_MAX_TOKENS]

@@ -6,7 +6,8 @@ import torch
 import tuner
 from tuner.bench import CudaGraphTimer
 from tuner.db import TuningDB
-from tuner.ops import DecodeShape, get_op, make_decode_inputs
+from tuner.ops import get_op
+from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.sweep import MEASURED, kv_copies, sweep
 
 pytestmark = pytest.mark.gpu

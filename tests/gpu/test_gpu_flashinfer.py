@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from tuner.ops import DecodeShape, get_op, make_decode_inputs, paged_decode_reference
+from tuner.ops import get_op
+
+from tuner.workload import DecodeShape, make_decode_inputs, paged_decode_reference
 from tuner.ops.decode_attention import decode_attention
 from tuner.ops.flashinfer import (
     BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper, paged_attention, unavailable,

@@ -10,7 +10,7 @@ import torch
 import tuner
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import attention_run_key
-from tuner.ops import DecodeShape, paged_decode_reference
+from tuner.workload import DecodeShape, paged_decode_reference
 from tuner.ops import fa3 as fa3_op
 from tuner.ops import flashinfer as fi
 from tuner.ops.decode_attention import by_fill, decode_attention
@@ -270,7 +270,8 @@ def test_a_shapes_triton_candidates_are_built_ahead_and_running_them_builds_noth
     """Issue 12 item 4: the sweep builds a shape's Triton candidates in parallel before
     timing any; running each afterwards finds its kernels built. Head dim 80 (a shape no
     other test runs) so that they are not built already."""
-    from tuner.ops import get_op, make_decode_inputs
+    from tuner.ops import get_op
+    from tuner.workload import make_decode_inputs
     from tuner.ops.triton_decode import _kernels
 
     op = get_op("triton_decode")

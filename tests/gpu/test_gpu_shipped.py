@@ -12,8 +12,8 @@ import tuner
 from tuner.db import current_fingerprint
 from tuner.db.shipped import load_shipped
 from tuner.keys import AttentionRunKey
-from tuner.ops import make_decode_inputs
-from tuner.ops.shapes import shape_from_keys
+from tuner.workload import make_decode_inputs
+from tuner.workload.shapes import shape_from_keys
 
 pytestmark = pytest.mark.gpu
 SHIPPED = Path(__file__).resolve().parents[2] / "tuning_cache"

@@ -6,7 +6,9 @@ interprets small float32 problems; this checks the compiled kernels at serving s
 import pytest
 import torch
 
-from tuner.ops import DecodeShape, get_op, make_decode_inputs
+from tuner.ops import get_op
+
+from tuner.workload import DecodeShape, make_decode_inputs
 
 pytestmark = pytest.mark.gpu
 

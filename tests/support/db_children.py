@@ -18,7 +18,8 @@ def sweep_one_shape(path, store_every_s: float) -> None:
     """Sweep one small shape of many candidates, storing measurements every store_every_s."""
     from tuner import settings
     from tuner.bench import WallClockTimer
-    from tuner.ops import DecodeShape, get_op
+    from tuner.ops import get_op
+    from tuner.workload import DecodeShape
     from tuner.sweep import sweep
 
     settings.STORE_EVERY_S = store_every_s

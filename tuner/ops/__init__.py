@@ -6,9 +6,8 @@ import json
 
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey, AttentionStaticKey, static_key_from_parts
-from tuner.ops.base import Config, DecodeInputs, Op, make_decode_inputs
-from tuner.ops.reference import paged_decode_reference
-from tuner.ops.shapes import DecodeShape, ShapeError, load_shapes, shape_for_checks, shape_from_dict
+from tuner.ops.base import Config, Op
+from tuner.workload.shapes import DecodeShape, shape_for_checks
 from tuner.ops.decode_attention import DECODE_ATTENTION
 from tuner.ops.fa3 import EXTRAS as FA3_EXTRAS
 from tuner.ops.fa3 import FA3
@@ -69,8 +68,4 @@ def get_grid(op: Op, name: str) -> list[DecodeShape]:
         ) from None
 
 
-__all__ = [
-    "Config", "DecodeInputs", "DecodeShape", "Op", "ShapeError",
-    "check_record", "get_grid", "get_op", "list_ops", "load_shapes", "make_decode_inputs",
-    "paged_decode_reference", "shape_from_dict",
-]
+__all__ = ["Config", "Op", "check_record", "get_grid", "get_op", "list_ops"]

@@ -4,7 +4,7 @@
 A config is {"backend": name, **that backend's config}; the sweep measures the union of
 the backends' spaces, so the winner is chosen across backends and knobs at once. A record
 may also hold a by_fill config (flat: "dense.*" and "other.*" knobs): one
-config for dense batches (tuner.ops.traffic.is_dense), one for the rest, chosen per call
+config for dense batches (tuner.workload.traffic.is_dense), one for the rest, chosen per call
 from host values (fill_branch), which the sweep's dense pass measures. Each
 backend is a record (Backend): its op (configs, default, rules, run on a sweep's inputs),
 how to run a caller's call with a config, and what a call must offer it (host lengths,
@@ -25,12 +25,13 @@ import torch
 from tuner.errors import TunerError
 from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket
 from tuner.ops import fa3 as fa3_op
-from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.workload.inputs import DecodeInputs
+from tuner.ops.base import Config, Op
 from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
-from tuner.ops.shapes import DecodeShape
-from tuner.ops.traffic import is_dense, serving_grid
+from tuner.workload.shapes import DecodeShape
+from tuner.workload.traffic import is_dense, serving_grid
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
 
 OP_NAME = "decode_attention"
@@ -242,7 +243,7 @@ def _lengths_sum(seq_lens_host: Any) -> int | None:
 
 
 def dense_call(seq_lens_host: Any, max_kv_len: Any, batch: int) -> bool:
-    """Whether a call's host-side lengths show a dense batch (tuner.ops.traffic.is_dense: their
+    """Whether a call's host-side lengths show a dense batch (tuner.workload.traffic.is_dense: their
     sum against batch x max_kv_len, the host bound of the longest); False where the lengths
     are unknown or max_kv_len is not a host integer."""
     if type(max_kv_len) is not int:

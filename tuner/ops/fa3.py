@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
-from tuner.ops.base import TUNED, Config, DecodeInputs, Op  # noqa: F401 - TUNED: as it was, before base held it
+from tuner.workload.inputs import DecodeInputs
+from tuner.ops.base import TUNED, Config, Op  # noqa: F401 - TUNED: as it was, before base held it
 from tuner.ops.rules import config_error, is_int, one_of
-from tuner.ops.shapes import DecodeShape, grid
-from tuner.ops.traffic import serving_grid
+from tuner.workload.shapes import DecodeShape, grid
+from tuner.workload.traffic import serving_grid
 
 OP_NAME = "fa3"
 NUM_SPLITS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # 0: FA3's own heuristic

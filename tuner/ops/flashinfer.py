@@ -26,13 +26,14 @@ import numpy as np
 import torch
 
 from tuner.keys import canonical_json
-from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.workload.inputs import DecodeInputs
+from tuner.ops.base import Config, Op
 from tuner.ops.rules import IS_BOOL, config_error, is_int, one_of, optional
 from tuner.ops.base import TUNED
 from tuner.ops.fa3 import _decode_grid, _mtp_grid
 from tuner.ops.flashinfer_plan import coverage_from_plan, host_seq_lens, paged_metadata, valid_bounds
 from tuner.keys import kv_len_bucket
-from tuner.ops.shapes import DecodeShape, grid
+from tuner.workload.shapes import DecodeShape, grid
 
 OP_NAME = "flashinfer"
 WORKSPACE_BYTES = 512 * 2**20

@@ -7,9 +7,10 @@ import math
 import torch
 
 from tuner.ops.rules import config_error, is_int
-from tuner.ops.base import Config, DecodeInputs, Op
-from tuner.ops.reference import attention_mask
-from tuner.ops.shapes import DecodeShape, grid
+from tuner.workload.inputs import DecodeInputs
+from tuner.ops.base import Config, Op
+from tuner.workload.reference import attention_mask
+from tuner.workload.shapes import DecodeShape, grid
 
 CHUNKS = (0, 64, 128, 256, 512, 1024, 2048)  # 0: one pass over the whole sequence
 

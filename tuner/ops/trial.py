@@ -1,5 +1,5 @@
 """The trial builder of an op: a shape's inputs on a device, the reference output, copies
-that read fresh pages for a cold L2 (tuner.ops.rotation), and the op's tolerance."""
+that read fresh pages for a cold L2 (tuner.workload.rotation), and the op's tolerance."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from tuner import settings
 from tuner.bench.trial import Trial, cold_l2_copies
 from tuner.ops.base import Op
-from tuner.ops.rotation import bytes_read, fresh_page_copies
-from tuner.ops.shapes import DecodeShape
-from tuner.ops.traffic import dense_draws, draws_per_distribution, serving_draws
+from tuner.workload.rotation import bytes_read, fresh_page_copies
+from tuner.workload.shapes import DecodeShape
+from tuner.workload.traffic import dense_draws, draws_per_distribution, serving_draws
 
 
 def too_big(shape: DecodeShape, device: str) -> str | None:
@@ -64,7 +64,7 @@ def build_second_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -
 
 def build_dense_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial:
     """The trial of a serving shape's dense pass (tuner.sweep): its dense batches alone
-    (tuner.ops.traffic.dense_draws, seed + settings.DENSE_TRIAL_SEED), each run as called."""
+    (tuner.workload.traffic.dense_draws, seed + settings.DENSE_TRIAL_SEED), each run as called."""
     return build_trial(op, shape, device, seed, draws=dense_draws(shape.batch, shape.kv_len,
                                                                   seed + settings.DENSE_TRIAL_SEED))
 

@@ -41,10 +41,11 @@ import torch
 
 from tuner import settings
 from tuner.keys import visible_kv_len
-from tuner.ops.base import Config, DecodeInputs, Op
+from tuner.workload.inputs import DecodeInputs
+from tuner.ops.base import Config, Op
 from tuner.ops.rules import config_error, is_int, is_pow2, one_of
-from tuner.ops.shapes import DecodeShape, grid
-from tuner.ops.traffic import serving_grid
+from tuner.workload.shapes import DecodeShape, grid
+from tuner.workload.traffic import serving_grid
 
 # Bound by _define_kernels. They must be module globals, not locals of that function:
 # the compiler and the interpreter both resolve names through the kernel's __globals__,

@@ -11,7 +11,7 @@ from typing import Any
 from tuner.db import MissLengths, MissRow, Problem
 from tuner.keys import AttentionRunKey
 
-MAX_LENGTH = 2.0**40  # a kv length beyond any cache (tuner.ops.shapes' limit): not a length
+MAX_LENGTH = 2.0**40  # a kv length beyond any cache (tuner.workload.shapes' limit): not a length
 
 
 def length_stats(lengths: Any) -> tuple[float, float, float] | None:

@@ -20,7 +20,7 @@ from tuner.search.base import Config
 from tuner.search.halving import Halving
 
 if TYPE_CHECKING:  # search composes ops, never imports them to run
-    from tuner.ops.shapes import DecodeShape
+    from tuner.workload.shapes import DecodeShape
 
 # (static key, query length, kv length, kind of batch): the shapes a guide compares
 Family = tuple[str, int, int, str]

@@ -8,7 +8,7 @@ import random
 from typing import Any, Callable
 
 from tuner import settings
-from tuner.ops.shapes import DecodeShape
+from tuner.workload.shapes import DecodeShape
 
 # SGLang's default CUDA-graph batch sizes (its --cuda-graph-bs): 1-8, 12, 16, then every 8 to 256
 CAPTURE_BATCHES: tuple[int, ...] = tuple(range(1, 9)) + (12, 16) + tuple(range(24, 257, 8))

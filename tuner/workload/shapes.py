@@ -14,7 +14,7 @@ from tuner.keys import (
 
 DTYPES = ("float32", "float16", "bfloat16")
 # what a shape's batch holds: "full", every sequence at kv_len (the grid's uniform batches);
-# "serving", batches of each length distribution of tuner.ops.traffic (serving_draws), each with its longest
+# "serving", batches of each length distribution of tuner.workload.traffic (serving_draws), each with its longest
 # sequence in kv_len's bucket, timed in turn (the mean is the expected time over the mix)
 LENGTHS = ("full", "serving")
 
@@ -45,7 +45,7 @@ class DecodeShape:
         return d
 
     def static_key(self) -> AttentionStaticKey:
-        """The static key of this shape's calls (as tuner.ops.DecodeInputs reads it off the
+        """The static key of this shape's calls (as tuner.workload.DecodeInputs reads it off the
         tensors): no sinks tensor means no sinks, no descales."""
         return static_key_from_parts(
             q_dtype=self.dtype, k_dtype=self.dtype, v_dtype=self.dtype, num_q_heads=self.num_q_heads,

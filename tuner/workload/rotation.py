@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from tuner.ops.base import DecodeInputs
+from tuner.workload.inputs import DecodeInputs
 
 # keys before a window's first visible one that kernels still load (FA3 starts at a whole
 # block of up to 176 keys; our Triton kernel at the first visible key): counted as read, so
