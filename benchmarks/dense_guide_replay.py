@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tuner.bench import OK, Outcome
-from tuner.bench.timer import Timing
+from tuner.bench.timing import Timing
 from tuner.db import TuningDB
 from tuner.keys import canonical_json
 from tuner.workload.shapes import DecodeShape

@@ -56,7 +56,8 @@ from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import declared_branch
 from tuner.workload import DecodeShape, make_decode_inputs
-from tuner.ops.decode_attention import BACKENDS, decode_attention, fill_branch
+from tuner.integrations.decode_attention import decode_attention
+from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths
 

@@ -10,7 +10,8 @@ from tuner.bench import WallClockTimer
 from tuner.db import TuningDB, current_fingerprint_id
 from tuner.ops import get_op
 from tuner.workload import DecodeShape, make_decode_inputs
-from tuner.ops.decode_attention import BACKENDS, decode_attention
+from tuner.integrations.decode_attention import decode_attention
+from tuner.ops.decode_attention import BACKENDS
 from tuner.sweep import MEASURED, sweep
 
 SHAPE = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")

@@ -41,7 +41,7 @@ def store(db_path, inputs, config):
 def call(inputs, **kwargs):
     s = inputs.shape
     kwargs.setdefault("window_size", s.window)
-    return fa3.flash_attn_with_kvcache(inputs.q, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens,
+    return dropin.flash_attn_with_kvcache(inputs.q, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens,
                                        page_table=inputs.page_table, causal=s.causal, **kwargs)
 
 
@@ -92,7 +92,7 @@ def _sglang_decode(inputs, **overrides):
                   max_seqlen_q=1, softmax_scale=0.25, causal=True, window_size=(-1, -1), softcap=0.0,
                   return_softmax_lse=False, num_splits=0, out=torch.empty_like(q), ver=3, scheduler_metadata=None)
     kwargs.update(overrides)
-    return fa3.flash_attn_with_kvcache(**kwargs)
+    return dropin.flash_attn_with_kvcache(**kwargs)
 
 
 def test_sglangs_call_with_num_splits_0_runs_the_tuned_config(db_path, kernel_calls):
@@ -117,7 +117,7 @@ def test_with_scheduler_metadata_the_callers_values_are_kept(db_path, kernel_cal
     _sglang_decode(inputs, scheduler_metadata=metadata)
     _sglang_decode(inputs, scheduler_metadata=metadata, num_splits=4, pack_gqa=False)
     q = inputs.q.reshape(-1, 8, 16)  # num_splits and pack_gqa left to sgl-kernel's defaults
-    fa3.flash_attn_with_kvcache(q, inputs.k_cache, inputs.v_cache, page_table=inputs.page_table,
+    dropin.flash_attn_with_kvcache(q, inputs.k_cache, inputs.v_cache, page_table=inputs.page_table,
                                 cache_seqlens=inputs.cache_seqlens, cu_seqlens_q=torch.arange(5, dtype=torch.int32),
                                 max_seqlen_q=1, causal=True, scheduler_metadata=metadata)
     assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (4, False), (0, None)]
@@ -186,9 +186,9 @@ def test_only_qv_with_q_or_k_cache_none_runs_the_default(db_path, kernel_calls):
                                             dtype="float32"))
     tuner.configure(db=db_path, mode="lookup")
     qv = torch.zeros(2, 1, 4, 16)
-    fa3.flash_attn_with_kvcache(None, inputs.k_cache, inputs.v_cache, qv=qv, only_qv=True,
+    dropin.flash_attn_with_kvcache(None, inputs.k_cache, inputs.v_cache, qv=qv, only_qv=True,
                                 cache_seqlens=inputs.cache_seqlens, page_table=inputs.page_table)
-    fa3.flash_attn_with_kvcache(inputs.q, None, inputs.v_cache, qv=qv, only_qv=True,
+    dropin.flash_attn_with_kvcache(inputs.q, None, inputs.v_cache, qv=qv, only_qv=True,
                                 cache_seqlens=inputs.cache_seqlens, page_table=inputs.page_table)
     assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (0, None)]
 
@@ -199,7 +199,7 @@ def test_an_empty_batch_reaches_fa3_with_its_default(db_path, kernel_calls):
     store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
     tuner.configure(db=db_path, mode="lookup")
     empty = inputs.q[:0]
-    out = fa3.flash_attn_with_kvcache(empty, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens[:0],
+    out = dropin.flash_attn_with_kvcache(empty, inputs.k_cache, inputs.v_cache, cache_seqlens=inputs.cache_seqlens[:0],
                                       page_table=inputs.page_table[:0], causal=True)
     assert out.shape[0] == 0 and (kernel_calls[0]["num_splits"], kernel_calls[0]["pack_gqa"]) == (0, None)
 
@@ -213,7 +213,7 @@ def test_numpy_and_tensor_key_values_never_grow_the_memo(db_path, kernel_calls):
                                             dtype="float32", window=(64, 0)))
     store(db_path, inputs, {"num_splits": 12, "pack_gqa": True})
     tuner.configure(db=db_path, mode="lookup")
-    memo = fa3.flash_attn_with_kvcache.tuner.memo
+    memo = dropin.flash_attn_with_kvcache.tuner.memo
     for _ in range(20):
         call(inputs, window_size=np.array([64, 0]))
         call(inputs, window_size=(np.int64(64), np.int64(0)), softcap=np.float32(0.0))

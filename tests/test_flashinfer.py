@@ -9,6 +9,7 @@ import torch
 from support import fake_flashinfer
 import tuner
 import tuner.ops.flashinfer as fi
+from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.bench import Timing
 from tuner.keys import attention_run_key
@@ -113,7 +114,7 @@ def _step(wrapper, lens, page_size=1, host_metadata="seq_lens"):
 
 
 def test_a_plan_is_reused_exactly_while_every_chunk_count_holds(fake):
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     lens = np.array([10, 3, 7])  # the fake splits kv into 4-page chunks: 3, 1, 2 chunks
     history = []
     for _ in range(8):
@@ -129,7 +130,7 @@ def test_a_plan_is_reused_exactly_while_every_chunk_count_holds(fake):
 
 
 def test_reused_plans_run_on_the_callers_latest_tensors(fake):
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(wrapper, np.array([17, 20]), page_size=16)
     indptr, indices, last = _step(wrapper, np.array([18, 21]), page_size=16)
     assert wrapper.plans_reused == 1
@@ -141,7 +142,7 @@ def test_under_cuda_graph_reuse_copies_into_the_captured_buffers(fake):
     buffers = dict(paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
                    paged_kv_indices_buffer=torch.zeros(64, dtype=torch.int32),
                    paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32))
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True, **buffers)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True, **buffers)
     _step(wrapper, np.array([17, 20]), page_size=16)
     indptr, indices, last = _step(wrapper, np.array([18, 21]), page_size=16)
     assert wrapper.plans_reused == 1
@@ -152,7 +153,7 @@ def test_under_cuda_graph_reuse_copies_into_the_captured_buffers(fake):
 
 
 def test_without_host_lengths_the_standard_plan_runs_with_flashinfers_defaults(fake):
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(wrapper, np.array([9, 4]), host_metadata="device")
     _step(wrapper, np.array([9, 4]), host_metadata="device")
     assert wrapper.standard_plans == wrapper.plans == 2 and wrapper.plans_reused == 0
@@ -161,7 +162,7 @@ def test_without_host_lengths_the_standard_plan_runs_with_flashinfers_defaults(f
 
 
 def test_indptr_and_last_page_len_on_the_host_count_as_host_lengths(fake):
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(wrapper, np.array([17, 20]), page_size=16, host_metadata="indptr")
     indptr, _, last = _step(wrapper, np.array([18, 21]), page_size=16, host_metadata="indptr")
     assert wrapper.plans == 1 and wrapper.plans_reused == 1 and wrapper.standard_plans == 0
@@ -186,18 +187,18 @@ def test_the_db_chooses_the_plan_config_and_an_explicit_argument_wins(fake, db_p
     tc = {"use_tensor_cores": True, "flashinfer_backend": "fa2", "fixed_split_size": 4, "disable_split_kv": False}
     _store(db_path, static, attention_run_key(2, 1, 16), tc)
     tuner.configure(db=db_path, mode="lookup")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(wrapper, np.array([12, 16]))
     inner = fake.instances[-1]
     assert inner.use_tensor_cores and inner.plan_calls[-1]["fixed_split_size"] == 4
-    explicit = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_tensor_cores=False)
+    explicit = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_tensor_cores=False)
     indptr, last = paged_metadata(np.array([12, 16]), 1)
     explicit.plan(torch.from_numpy(indptr), torch.arange(28, dtype=torch.int32), torch.from_numpy(last), 4, 2, 8, 1,
                   seq_lens=np.array([12, 16]))
     inner = fake.instances[-1]
     assert not inner.use_tensor_cores and "fixed_split_size" not in inner.plan_calls[-1]
     tuner.configure(mode="off")
-    off = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    off = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(off, np.array([12, 16]))
     assert not fake.instances[-1].use_tensor_cores
 
@@ -211,7 +212,7 @@ def test_a_windowed_plan_takes_the_record_of_its_longest_sequences_bucket(fake, 
     _store(db_path, static, attention_run_key(2, 1, 16), dict(tc, fixed_split_size=2))
     _store(db_path, static, attention_run_key(2, 1, 512), tc)
     tuner.configure(db=db_path, mode="lookup")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     lens = np.array([300, 400])
     indptr, last = paged_metadata(lens, 1)
     wrapper.plan(torch.from_numpy(indptr), torch.arange(int(indptr[-1]), dtype=torch.int32), torch.from_numpy(last),
@@ -224,7 +225,7 @@ def test_a_prefill_record_never_configures_the_decode_wrapper(fake, db_path):
     _store(db_path, _static_json(page_size=1), attention_run_key(2, 2, 16),
            {"flashinfer_backend": "fa3", "fixed_split_size": None, "disable_split_kv": False})
     tuner.configure(db=db_path, mode="lookup")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(wrapper, np.array([12, 16]))  # q len 1 is one octave from the record's 2: nearest
     assert not fake.instances[-1].use_tensor_cores and wrapper.plans == 1
 
@@ -258,7 +259,7 @@ def _graph_wrapper():
     buffers = dict(paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
                    paged_kv_indices_buffer=torch.zeros(64, dtype=torch.int32),
                    paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32))
-    return fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True, **buffers)
+    return BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8), use_cuda_graph=True, **buffers)
 
 
 def test_under_cuda_graphs_every_plan_stays_on_the_captured_inner_wrapper(fake, db_path):
@@ -279,7 +280,7 @@ def test_under_cuda_graphs_every_plan_stays_on_the_captured_inner_wrapper(fake, 
 
 
 def test_every_flashinfer_plan_keyword_is_forwarded_on_both_paths(fake):
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     extra = dict(pos_encoding_mode="NONE", window_left=-1, o_data_type=torch.float16, data_type=torch.float16,
                  non_blocking=False, is_causal=False)
     indptr, last = paged_metadata(np.array([5, 9]), 1)
@@ -295,7 +296,7 @@ def test_every_flashinfer_plan_keyword_is_forwarded_on_both_paths(fake):
 
 
 def test_the_wrapper_methods_a_server_calls(fake):
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match="plan"):
         wrapper.run(None, None)
     indptr, last = paged_metadata(np.array([5, 9]), 1)
@@ -335,7 +336,7 @@ def test_a_plan_is_not_reused_once_the_longest_sequence_falls_into_another_bucke
     _store(db_path, static, attention_run_key(2, 1, 16), dict(fa2, fixed_split_size=16, disable_split_kv=False))
     _store(db_path, static, attention_run_key(2, 1, 8), dict(fa2, fixed_split_size=2, disable_split_kv=False))
     tuner.configure(db=db_path, mode="lookup")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
     _step(wrapper, np.array([12, 16]))
     assert fake.instances[-1].plan_calls[-1]["fixed_split_size"] == 16
     _step(wrapper, np.array([10, 13]))  # the same bucket: the unsplit plan holds

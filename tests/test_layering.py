@@ -33,12 +33,12 @@ def test_keys_and_db_import_no_kernel_library(package):
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("package", ["bench", "ops"])
+@pytest.mark.parametrize("package", ["bench", "ops", "workload"])
 def test_bench_and_ops_know_no_db(package):
     assert not {m for m in imported_modules(package) if m == "tuner.db" or m.startswith("tuner.db.")}
 
 
-@pytest.mark.parametrize("package", ["keys", "bench", "ops"])
+@pytest.mark.parametrize("package", ["keys", "bench", "workload", "ops"])
 def test_importing_keys_bench_or_ops_loads_no_db_runtime_or_sqlalchemy(package):
     """Transitively, in a fresh process: a direct-import check let `import tuner.ops` load the
     runtime and, through it, the DB layer and SQLAlchemy."""
@@ -49,16 +49,75 @@ def test_importing_keys_bench_or_ops_loads_no_db_runtime_or_sqlalchemy(package):
     assert out.strip() == "[]"
 
 
-def test_the_drop_ins_old_import_paths_still_work():
-    code = ("from tuner.ops.fa3 import flash_attn_with_kvcache; "
-            "from tuner.ops.flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper; "
-            "from tuner.ops.decode_attention import decode_attention; "
-            "import tuner.integrations.fa3 as a, tuner.integrations.flashinfer as b, "
-            "tuner.integrations.decode_attention as c; "
-            "assert flash_attn_with_kvcache is a.flash_attn_with_kvcache and decode_attention is c.decode_attention; "
-            "assert BatchDecodeWithPagedKVCacheWrapper is b.BatchDecodeWithPagedKVCacheWrapper; print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "ok"
+def module_graph() -> dict[str, set[str]]:
+    """Each tuner module -> the tuner modules it imports anywhere in its file (lazy imports
+    inside functions too), `from package import module` resolved to the module."""
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(up + ([base] if base else []))
+                for alias in node.names:
+                    deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_import_circles_are_found():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_tuners_modules_import_each_other_in_no_circle():
+    """Lazy imports count: ops re-exported the drop-ins of integrations, and bench's two timers
+    imported each other."""
+    graph = module_graph()
+    assert {"tuner.integrations.fa3", "tuner.bench.cuda_timer", "tuner.workload.shapes"} <= set(graph)
+    assert import_circles(graph) == []
+
+
+def test_ops_import_no_integration_and_no_runtime():
+    assert not {m for m in imported_modules("ops") if m.startswith(("tuner.integrations", "tuner.runtime"))}
 
 
 def test_keys_import_nothing_but_the_standard_library_themselves_and_settings():

@@ -311,7 +311,7 @@ def test_shipped_records_the_op_cannot_run_are_left_out_counted_and_shown_by_doc
     """doctor counted a record whose config breaks its op's rules as used, and the runtime
     dropped it silently; now both check each record by the op's rules (tuner.ops.check_record)."""
     from tuner.workload import DecodeShape, make_decode_inputs
-    from tuner.ops.decode_attention import decode_attention
+    from tuner.integrations.decode_attention import decode_attention
 
     good_shape = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
                              dtype="float32")

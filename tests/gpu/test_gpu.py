@@ -62,7 +62,7 @@ def test_fa3_sweep_then_drop_in_uses_the_winner(tmp_path):
     op = get_op("fa3")
     if op.unavailable():
         pytest.skip(op.unavailable())
-    from tuner.ops import fa3
+    from tuner.integrations import fa3
 
     shape = DecodeShape(batch=1, kv_len=8192, num_q_heads=8, num_kv_heads=1)
     db_path = tmp_path / "gpu.db"
@@ -77,7 +77,8 @@ def test_fa3_sweep_then_drop_in_uses_the_winner(tmp_path):
 
 
 def test_decode_attention_sweeps_across_backends_and_dispatches(tmp_path):
-    from tuner.ops.decode_attention import BACKENDS, decode_attention
+    from tuner.integrations.decode_attention import decode_attention
+    from tuner.ops.decode_attention import BACKENDS
 
     op = get_op("decode_attention")
     shape = DecodeShape(batch=1, kv_len=2048, num_q_heads=8, num_kv_heads=1)

@@ -8,10 +8,9 @@ import torch
 from tuner.ops import get_op
 
 from tuner.workload import DecodeShape, make_decode_inputs, paged_decode_reference
-from tuner.ops.decode_attention import decode_attention
-from tuner.ops.flashinfer import (
-    BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper, paged_attention, unavailable,
-)
+from tuner.integrations.decode_attention import decode_attention
+from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
+from tuner.ops.flashinfer import paged_attention, unavailable
 from tuner.ops.flashinfer_plan import paged_metadata
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]

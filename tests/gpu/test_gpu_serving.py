@@ -11,9 +11,12 @@ import tuner
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import attention_run_key
 from tuner.workload import DecodeShape, paged_decode_reference
+from tuner.integrations.fa3 import flash_attn_with_kvcache
 from tuner.ops import fa3 as fa3_op
 from tuner.ops import flashinfer as fi
-from tuner.ops.decode_attention import by_fill, decode_attention
+from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper
+from tuner.integrations.decode_attention import decode_attention
+from tuner.ops.decode_attention import by_fill
 from tuner.ops.flashinfer_plan import paged_metadata
 
 pytestmark = pytest.mark.gpu
@@ -64,7 +67,7 @@ def test_fa3_with_scheduler_metadata_keeps_its_plan_and_matches_the_reference(tm
     cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
 
     def call(**kwargs):  # as SGLang's forward_decode: q as [tokens, heads, dim] with cu_seqlens_q
-        out = fa3_op.flash_attn_with_kvcache(q.view(batch, HEADS, DIM), k, v, page_table=table, cache_seqlens=lens,
+        out = flash_attn_with_kvcache(q.view(batch, HEADS, DIM), k, v, page_table=table, cache_seqlens=lens,
                                              cu_seqlens_q=cu, max_seqlen_q=1, causal=True, **kwargs)
         return out.view(batch, 1, HEADS, DIM)
 
@@ -81,7 +84,7 @@ def test_fa3_with_scheduler_metadata_keeps_its_plan_and_matches_the_reference(tm
     torch.testing.assert_close(call(scheduler_metadata=meta), ref, **TOL)
     torch.testing.assert_close(call(num_splits=0), ref, **TOL)  # no metadata: the tuned (16, False)
     torch.testing.assert_close(call(), ref, **TOL)
-    memo = fa3_op.flash_attn_with_kvcache.tuner.memo  # the caller's values: no key; its choice: tuned
+    memo = flash_attn_with_kvcache.tuner.memo  # the caller's values: no key; its choice: tuned
     assert {k[0] is None: c for k, c in memo.items()} == {True: dict(fa3_op.DEFAULT),
                                                           False: {"num_splits": 16, "pack_gqa": False}}
 
@@ -180,7 +183,7 @@ def test_a_graph_flashinfer_wrapper_stays_on_its_inner_wrapper_when_a_plan_takes
                    paged_kv_indices_buffer=torch.zeros(batch * width, dtype=torch.int32, device="cuda"),
                    paged_kv_last_page_len_buffer=torch.zeros(batch, dtype=torch.int32, device="cuda"))
     workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
-    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, use_cuda_graph=True, **buffers)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(workspace, use_cuda_graph=True, **buffers)
 
     def plan(lens, host):
         indptr, last = paged_metadata(lens, page_size)

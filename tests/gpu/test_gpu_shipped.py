@@ -39,7 +39,7 @@ def _entries(layer, op: str, static_filter) -> list[tuple[str, AttentionRunKey, 
 
 
 def test_decode_attention_runs_the_shipped_winner(layer):
-    from tuner.ops.decode_attention import decode_attention
+    from tuner.integrations.decode_attention import decode_attention
 
     tuner.configure(shipped=SHIPPED, mode="lookup")
     # Llama 3 8B at TP 1 (32/8 heads), a few batch and kv sizes, every backend that won
@@ -61,7 +61,7 @@ def test_decode_attention_runs_the_shipped_winner(layer):
 
 
 def test_the_fa3_drop_in_runs_the_shipped_winner(layer):
-    from tuner.ops.fa3 import flash_attn_with_kvcache
+    from tuner.integrations.fa3 import flash_attn_with_kvcache
 
     tuner.configure(shipped=SHIPPED, mode="lookup")
     entries = [e for e in _entries(layer, "fa3", lambda k: k["num_q_heads"] == 8 and k["num_kv_heads"] == 1)

@@ -5,7 +5,8 @@ from tuner.bench.cuda_timer import CudaGraphTimer
 from tuner.bench.runner import (boundary_sync, check_config, decide, measure_config, measure_configs, one_line,
                                 side_by_side)
 from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, contenders, same_config, with_default_first
-from tuner.bench.timer import Timer, Timing, WallClockTimer, summarize, timer_for
+from tuner.bench.timer import WallClockTimer, timer_for
+from tuner.bench.timing import Timer, Timing, summarize
 
 __all__ = [
     "ERROR", "OK", "OOM", "WRONG",

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tuner import settings
-from tuner.bench.timer import Rotation, Timing, as_rotation, summarize
+from tuner.bench.timing import Rotation, Timing, as_rotation, summarize
 
 
 class CudaGraphTimer:

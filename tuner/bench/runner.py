@@ -13,7 +13,7 @@ import torch
 from tuner import settings
 from tuner.bench.check import compare
 from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, same_config
-from tuner.bench.timer import Timing
+from tuner.bench.timing import Timing
 
 
 def boundary_sync(release: bool = True) -> None:

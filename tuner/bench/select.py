@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner import settings
-from tuner.bench.timer import Timing
+from tuner.bench.timing import Timing
 from tuner.keys import canonical_json
 
 OK, WRONG, ERROR, OOM = "ok", "wrong", "error", "oom"

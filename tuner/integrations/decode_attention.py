@@ -1,6 +1,6 @@
-"""decode_attention's entry point: one paged decode that runs each call on the backend and
-config the tuning DB holds for its shape (also importable as
-tuner.ops.decode_attention.decode_attention).
+"""decode_attention's entry point and dispatch: one paged decode that runs each call on the
+backend and config the tuning DB holds for its shape, or the default backend where that one
+cannot run the call.
 
 Every call reads the caller's live tensors: page_table and cache_seqlens are usually
 persistent buffers updated in place between steps, so nothing here is cached by a
@@ -8,23 +8,120 @@ tensor's identity. FlashInfer plans on the host for each call (its page layout i
 gathered from the live page table); under CUDA-graph capture, where a plan would freeze
 the capture-time pages, a FlashInfer winner is replaced by the default backend (FA3 or
 Triton), whose kernels read page_table and cache_seqlens on every replay
-(tuner.ops.decode_attention.run_call).
+(run_call).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, NamedTuple
 
 import torch
 
 from tuner import settings
-from tuner.keys import host_flags, host_scalar, host_window, static_key_from_tuple
+from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket, static_key_from_tuple
 from tuner.ops.base import Config
-from tuner.ops.decode_attention import (BACKENDS, BY_FILL, OP_NAME, Call, _configs, _default, call_shape, can_run,
-                                        dense_call, fill_parts, run_call)
+from tuner.ops.decode_attention import (BACKENDS, BY_FILL, OP_NAME, check_config, config_space, default_config,
+                                        dense_call, fill_parts, installed, unavailable)
 from tuner.runtime import autotune
+from tuner.workload.shapes import DecodeShape
 from tuner.runtime.capture_watch import CAPTURES
 from tuner.runtime.state import runtime, stream_capturing
+
+
+class Call(NamedTuple):  # a tuple: made on every call, it must cost next to nothing
+    """A caller's decode_attention call, as the backends take it."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    page_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+    max_kv_len: int
+    causal: Any = True
+    window_size: Any = (-1, -1)
+    softcap: Any = 0.0
+    sinks: torch.Tensor | None = None
+    seq_lens_host: Any = None  # each sequence's kv length, on the host (a CPU tensor or array), when known
+
+
+def call_shape(c: Call) -> DecodeShape:
+    """The call as a DecodeShape, for the backends' config spaces and rules (slow path only).
+    Reads no device tensor: a length or flag given as one counts as the page table's capacity,
+    no window, no softcap, causal."""
+    window = host_window(c.window_size) or (-1, -1)
+    kv = host_scalar(c.max_kv_len)
+    kv = kv if type(kv) is int else c.page_table.shape[1] * c.k_cache.shape[1]
+    softcap, causal = host_scalar(c.softcap), host_scalar(c.causal)
+    return DecodeShape(
+        batch=max(c.q.shape[0], 1), kv_len=max(kv, c.q.shape[1], 1), q_len=max(c.q.shape[1], 1),
+        num_q_heads=c.q.shape[2], num_kv_heads=c.k_cache.shape[2], head_dim=c.q.shape[3],
+        page_size=c.k_cache.shape[1], dtype=str(c.q.dtype).removeprefix("torch."),
+        causal=causal if type(causal) is bool else True, window=window,
+        softcap=float(softcap) if type(softcap) in (int, float) and softcap > 0 else 0.0, sinks=c.sinks is not None,
+    )
+
+
+def can_run(config: Config, c: Call) -> bool:
+    """A stored or borrowed config this call can run: its backend is installed here and the
+    config passes that backend's rules for this very call's shape (a q_len-2 FlashInfer
+    winner is a prefill config, which a q_len-1 call cannot run); a by_fill config: both of
+    its configs."""
+    if config.get("backend") == BY_FILL:
+        return check_config(config, call_shape(c)) is None and all(can_run(p, c) for p in fill_parts(config))
+    if config.get("backend") not in {b.name for b in installed()}:
+        return False
+    return check_config(config, call_shape(c)) is None
+
+
+_FALLBACKS: dict[tuple, Config] = {}
+_FALLBACKS_MAX = 4096
+
+
+def _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
+              sinks) -> Config:
+    """The default backend's config for a call whose own backend cannot run it: the default
+    of its kv bucket's top (one config per key, whatever length came first, as a graph
+    captured at one length replays at others). Cached by the call's host values, so a
+    server that keeps falling back (every capture, no host lengths) builds no shape."""
+    plain = type(max_kv_len) is int and type(causal) is bool and type(softcap) in (float, int) and \
+        type(window_size) is tuple
+    # the kv bucket as its exponent (kv_len_bucket without its checks: the key is all this costs)
+    key = (installed(), q.shape, q.dtype, k_cache.shape, v_cache.shape[-1], k_cache.dtype, page_table.shape[1],
+           (max(max_kv_len, 1) - 1).bit_length(), causal, window_size, softcap, sinks is None) if plain else None
+    config = _FALLBACKS.get(key) if plain else None
+    if config is None:
+        shape = call_shape(Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                                softcap, sinks))
+        config = default_config(dataclasses.replace(shape, kv_len=max(kv_len_bucket(shape.kv_len), shape.q_len)))
+        if plain:
+            if len(_FALLBACKS) >= _FALLBACKS_MAX:
+                _FALLBACKS.clear()
+            _FALLBACKS[key] = config
+    return config
+
+
+def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             page_table: torch.Tensor, cache_seqlens: torch.Tensor, max_kv_len: int, causal: Any, window_size: Any,
+             softcap: Any, sinks: torch.Tensor | None, seq_lens_host: Any) -> torch.Tensor:
+    """Run a caller's call (Call's fields) with a plain config (the entry point,
+    tuner.integrations.decode_attention, resolves a by_fill one) on its backend; where that backend
+    cannot run this call (no host lengths for FlashInfer, or CUDA-graph capture, which would
+    freeze its plan and pages), the default backend's config for the call's shape runs
+    instead. An empty batch gives an empty output."""
+    if q.shape[0] == 0:
+        return q.new_empty(*q.shape[:3], v_cache.shape[-1])
+    backend = BACKENDS.get(config["backend"])
+    if backend is None or not (backend.runs_any_call or backend.runs(
+            q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
+            seq_lens_host)):
+        config = _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                           softcap, sinks)
+        backend = BACKENDS.get(config["backend"])
+        if backend is None:
+            raise RuntimeError(f"decode_attention: no backend can run here ({unavailable()})")
+    return backend.call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                        softcap, sinks, seq_lens_host)
 
 
 def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
@@ -34,12 +131,10 @@ def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal
         max_kv_len = host_scalar(max_kv_len)
         if type(max_kv_len) is not int:  # the page table's capacity bounds every length
             return None, q_shape[0], q_shape[1], page_table.shape[1] * k_cache.shape[1]
-    if (type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int
-            or (type(softcap) is not float and type(softcap) is not int) or type(causal) is not bool):
-        flags = host_flags(window_size, softcap, causal)
-        if flags is None:  # not readable on the host: the default (of this batch and length) runs
-            return None, q_shape[0], q_shape[1], max_kv_len
-        window_size, softcap, causal = flags
+    flags = host_flags(window_size, softcap, causal)
+    if flags is None:  # not readable on the host: the default (of this batch and length) runs
+        return None, q_shape[0], q_shape[1], max_kv_len
+    window_size, softcap, causal = flags
     static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[2], k_cache.shape[2], q_shape[3], v_cache.shape[3],
               k_cache.shape[1], causal, window_size, softcap, sinks is not None, False, False)
     return static, q_shape[0], q_shape[1], max_kv_len
@@ -112,8 +207,8 @@ def _fill_config(config: Config, batch: int, max_kv_len: Any, seq_lens_host: Any
 
 
 @autotune(OP_NAME, key=_call_key, static_json=_static_json, accepts=_accepts, lengths=_host_lengths, captured=_captured,
-          configs=lambda *a, **k: _configs(call_shape(_call(*a, **k))),
-          default=lambda *a, **k: _default(call_shape(_call(*a, **k))))
+          configs=lambda *a, **k: config_space(call_shape(_call(*a, **k))),
+          default=lambda *a, **k: default_config(call_shape(_call(*a, **k))))
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                      cache_seqlens: torch.Tensor, max_kv_len: int, causal: bool = True,
                      window_size: Any = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,

@@ -1,6 +1,5 @@
 """The FA3 drop-in: tuner.integrations.fa3.flash_attn_with_kvcache takes sgl-kernel's
-arguments and defaults and runs each call with the tuned num_splits and pack_gqa (also
-importable as tuner.ops.fa3.flash_attn_with_kvcache)."""
+arguments and defaults and runs each call with the tuned num_splits and pack_gqa."""
 
 from __future__ import annotations
 
@@ -63,12 +62,10 @@ def _call_key(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rot
             q_len = host_scalar(q_len)
             if type(q_len) is not int:
                 return None, max(batch, 1), 1, kv_len
-    if (type(window_size) is not tuple or type(window_size[0]) is not int or type(window_size[1]) is not int
-            or (type(softcap) is not float and type(softcap) is not int) or type(causal) is not bool):
-        flags = host_flags(window_size, softcap, causal)
-        if flags is None:
-            return None, batch, q_len, kv_len
-        window_size, softcap, causal = flags
+    flags = host_flags(window_size, softcap, causal)
+    if flags is None:
+        return None, batch, q_len, kv_len
+    window_size, softcap, causal = flags
     if caller_decided:
         return None, batch, q_len, kv_len
     extras = ()

@@ -1,8 +1,7 @@
 """FlashInfer's paged decode and prefill wrappers with their plan arguments from the tuning
 DB: tuner.ops.flashinfer's plan-reuse wrappers, choosing each plan's config by the runtime's
 lookup (exact run key, else a neighbour's by the borrowing rule, else FlashInfer's
-default). Also importable as tuner.ops.flashinfer.BatchDecodeWithPagedKVCacheWrapper and
-...BatchPrefillWithPagedKVCacheWrapper."""
+default)."""
 
 from __future__ import annotations
 

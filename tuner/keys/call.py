@@ -55,9 +55,12 @@ def host_window(window_size: Any) -> tuple[int, int] | None:
 
 
 def host_flags(window_size: Any, softcap: Any, causal: Any) -> tuple[tuple[int, int], Any, Any] | None:
-    """(window, softcap, causal) as key values, off the key functions' fast path (which takes
-    a tuple of ints, a float or int and a bool as they are); None when one of them cannot be
-    read without a device tensor."""
+    """(window, softcap, causal) as key values, for every key function: a tuple of ints, a
+    float or int and a bool as they are (the hot path: type checks only), anything else read
+    on the host; None when one of them cannot be read without a device tensor."""
+    if (type(window_size) is tuple and type(window_size[0]) is int and type(window_size[1]) is int
+            and (type(softcap) is float or type(softcap) is int) and type(causal) is bool):
+        return window_size, softcap, causal
     window = host_window(window_size)
     softcap = softcap if type(softcap) is float or type(softcap) is int else host_scalar(softcap)
     causal = causal if type(causal) is bool else host_scalar(causal)

@@ -15,42 +15,25 @@ no CUDA-graph capture). The sweep and the serving entry point
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from tuner.errors import TunerError
-from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket
+from tuner.keys import host_flags, host_scalar
 from tuner.ops import fa3 as fa3_op
-from tuner.workload.inputs import DecodeInputs
 from tuner.ops.base import Config, Op
 from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
+from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
+from tuner.workload.inputs import DecodeInputs
 from tuner.workload.shapes import DecodeShape
 from tuner.workload.traffic import is_dense, serving_grid
-from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
 
 OP_NAME = "decode_attention"
-
-
-class Call(NamedTuple):  # a tuple: made on every call, it must cost next to nothing
-    """A caller's decode_attention call, as the backends take it."""
-
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    page_table: torch.Tensor
-    cache_seqlens: torch.Tensor
-    max_kv_len: int
-    causal: Any = True
-    window_size: Any = (-1, -1)
-    softcap: Any = 0.0
-    sinks: torch.Tensor | None = None
-    seq_lens_host: Any = None  # each sequence's kv length, on the host (a CPU tensor or array), when known
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity (its op holds dicts)
@@ -75,6 +58,16 @@ class Backend:
     def runs(self, *call: Any) -> bool:
         """Whether this backend can run this call (Call's fields) now (else the default runs)."""
         return (self.takes is None or self.takes(*call)) and (self.graph_capturable or not _capturing())
+
+
+@functools.cache
+def _has_cuda() -> bool:
+    return torch.cuda.is_available()  # ~0.5 us a call: asked once, as no capture can begin without it
+
+
+def _capturing() -> bool:
+    return _has_cuda() and torch.cuda.is_current_stream_capturing()
+
 
 
 # the backends' calls take the config and Call's fields, positionally (no object per call)
@@ -155,11 +148,11 @@ def _installed(backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
     return tuple(b for b in backends if b.op.unavailable() is None)
 
 
-def _configs(shape: DecodeShape) -> list[Config]:
+def config_space(shape: DecodeShape) -> list[Config]:
     return [{"backend": b.name, **c} for b in installed() for c in b.op.configs(shape)]
 
 
-def _default(shape: DecodeShape) -> Config:
+def default_config(shape: DecodeShape) -> Config:
     """The first installed backend's own default: what a caller gets without tuner."""
     backends = installed()
     if not backends:
@@ -305,7 +298,7 @@ def _precompile(inputs: DecodeInputs, configs: list[Config]) -> None:
             backend.op.precompile(inputs, mine)
 
 
-def _unavailable() -> str | None:
+def unavailable() -> str | None:
     if installed():
         return None
     return "; ".join(f"{name}: {b.op.unavailable()}" for name, b in BACKENDS.items())
@@ -314,116 +307,14 @@ def _unavailable() -> str | None:
 DECODE_ATTENTION = Op(
     name=OP_NAME,
     description="paged decode on the fastest installed backend per shape (FA3, FlashInfer or Triton), best config",
-    configs=_configs,
-    default=_default,
+    configs=config_space,
+    default=default_config,
     run=_run,
     grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "serving": serving_grid(),
            "cpu-tiny": TRITON_DECODE.grids["cpu-tiny"], "cpu-serving": TRITON_DECODE.grids["cpu-serving"]},
-    unavailable=_unavailable,
+    unavailable=unavailable,
     device=lambda: "cuda" if torch.cuda.is_available() else "cpu",
     check=check_config,
     precompile=_precompile,
     by_fill=by_fill,
 )
-
-
-# -- a caller's call ---------------------------------------------------------------------
-
-
-def call_shape(c: Call) -> DecodeShape:
-    """The call as a DecodeShape, for the backends' config spaces and rules (slow path only).
-    Reads no device tensor: a length or flag given as one counts as the page table's capacity,
-    no window, no softcap, causal."""
-    window = host_window(c.window_size) or (-1, -1)
-    kv = host_scalar(c.max_kv_len)
-    kv = kv if type(kv) is int else c.page_table.shape[1] * c.k_cache.shape[1]
-    softcap, causal = host_scalar(c.softcap), host_scalar(c.causal)
-    return DecodeShape(
-        batch=max(c.q.shape[0], 1), kv_len=max(kv, c.q.shape[1], 1), q_len=max(c.q.shape[1], 1),
-        num_q_heads=c.q.shape[2], num_kv_heads=c.k_cache.shape[2], head_dim=c.q.shape[3],
-        page_size=c.k_cache.shape[1], dtype=str(c.q.dtype).removeprefix("torch."),
-        causal=causal if type(causal) is bool else True, window=window,
-        softcap=float(softcap) if type(softcap) in (int, float) and softcap > 0 else 0.0, sinks=c.sinks is not None,
-    )
-
-
-def can_run(config: Config, c: Call) -> bool:
-    """A stored or borrowed config this call can run: its backend is installed here and the
-    config passes that backend's rules for this very call's shape (a q_len-2 FlashInfer
-    winner is a prefill config, which a q_len-1 call cannot run); a by_fill config: both of
-    its configs."""
-    if config.get("backend") == BY_FILL:
-        return check_config(config, call_shape(c)) is None and all(can_run(p, c) for p in fill_parts(config))
-    if config.get("backend") not in {b.name for b in installed()}:
-        return False
-    return check_config(config, call_shape(c)) is None
-
-
-_FALLBACKS: dict[tuple, Config] = {}
-_FALLBACKS_MAX = 4096
-
-
-def _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
-              sinks) -> Config:
-    """The default backend's config for a call whose own backend cannot run it: the default
-    of its kv bucket's top (one config per key, whatever length came first, as a graph
-    captured at one length replays at others). Cached by the call's host values, so a
-    server that keeps falling back (every capture, no host lengths) builds no shape."""
-    plain = type(max_kv_len) is int and type(causal) is bool and type(softcap) in (float, int) and \
-        type(window_size) is tuple
-    # the kv bucket as its exponent (kv_len_bucket without its checks: the key is all this costs)
-    key = (installed(), q.shape, q.dtype, k_cache.shape, v_cache.shape[-1], k_cache.dtype, page_table.shape[1],
-           (max(max_kv_len, 1) - 1).bit_length(), causal, window_size, softcap, sinks is None) if plain else None
-    config = _FALLBACKS.get(key) if plain else None
-    if config is None:
-        shape = call_shape(Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
-                                softcap, sinks))
-        config = _default(dataclasses.replace(shape, kv_len=max(kv_len_bucket(shape.kv_len), shape.q_len)))
-        if plain:
-            if len(_FALLBACKS) >= _FALLBACKS_MAX:
-                _FALLBACKS.clear()
-            _FALLBACKS[key] = config
-    return config
-
-
-@functools.cache
-def _has_cuda() -> bool:
-    return torch.cuda.is_available()  # ~0.5 us a call: asked once, as no capture can begin without it
-
-
-def _capturing() -> bool:
-    return _has_cuda() and torch.cuda.is_current_stream_capturing()
-
-
-def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             page_table: torch.Tensor, cache_seqlens: torch.Tensor, max_kv_len: int, causal: Any, window_size: Any,
-             softcap: Any, sinks: torch.Tensor | None, seq_lens_host: Any) -> torch.Tensor:
-    """Run a caller's call (Call's fields) with a plain config (the entry point,
-    tuner.integrations.decode_attention, resolves a by_fill one) on its backend; where that backend
-    cannot run this call (no host lengths for FlashInfer, or CUDA-graph capture, which would
-    freeze its plan and pages), the default backend's config for the call's shape runs
-    instead. An empty batch gives an empty output."""
-    if q.shape[0] == 0:
-        return q.new_empty(*q.shape[:3], v_cache.shape[-1])
-    backend = BACKENDS.get(config["backend"])
-    if backend is None or not (backend.runs_any_call or backend.runs(
-            q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
-            seq_lens_host)):
-        config = _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
-                           softcap, sinks)
-        backend = BACKENDS.get(config["backend"])
-        if backend is None:
-            raise RuntimeError(f"decode_attention: no backend can run here ({_unavailable()})")
-    return backend.call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
-                        softcap, sinks, seq_lens_host)
-
-
-def __getattr__(name: str) -> Any:
-    """tuner.ops.decode_attention.decode_attention, the DB-tuned entry point, as before it
-    moved to tuner.integrations.decode_attention (loaded on first use)."""
-    if name == "decode_attention":
-        from tuner.integrations.decode_attention import decode_attention
-
-        globals()[name] = decode_attention  # later reads find it directly
-        return decode_attention
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

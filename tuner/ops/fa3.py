@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tuner.workload.inputs import DecodeInputs
-from tuner.ops.base import TUNED, Config, Op  # noqa: F401 - TUNED: as it was, before base held it
+from tuner.ops.base import Config, Op
 from tuner.ops.rules import config_error, is_int, one_of
 from tuner.workload.shapes import DecodeShape, grid
 from tuner.workload.traffic import serving_grid
@@ -113,14 +113,3 @@ FA3 = Op(
 # measures; a call using one runs FA3's default unless a winner was tuned for exactly it
 EXTRAS = ("new_kv", "qv", "rotary", "score_mod", "only_qv", "attention_chunk", "sm_margin", "cache_leftpad",
           "cache_batch_idx", "q_descale", "ver")
-
-
-def __getattr__(name: str) -> Any:
-    """tuner.ops.fa3.flash_attn_with_kvcache, the drop-in, as before it moved to
-    tuner.integrations.fa3 (loaded on first use: importing the ops loads no runtime or DB)."""
-    if name == "flash_attn_with_kvcache":
-        from tuner.integrations import fa3 as integration
-
-        value = globals()[name] = getattr(integration, name)  # later reads find it directly
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

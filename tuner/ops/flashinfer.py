@@ -621,15 +621,3 @@ FLASHINFER = Op(
     device=lambda: "cuda",
     check=check_config,
 )
-
-
-def __getattr__(name: str) -> Any:
-    """tuner.ops.flashinfer.BatchDecodeWithPagedKVCacheWrapper and ...Prefill..., the
-    DB-tuned wrappers, as before they moved to tuner.integrations.flashinfer (loaded on
-    first use: importing the ops loads no runtime or DB)."""
-    if name in ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"):
-        from tuner.integrations import flashinfer as integration
-
-        value = globals()[name] = getattr(integration, name)  # later reads find it directly
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
