@@ -1,0 +1,130 @@
+"""What a user serves, as head configurations: the built-in model table, Hugging Face
+config.json files (hostile ones too), heads given by hand, tensor-parallel splits, and a
+grid applied to them."""
+
+import json
+
+import pytest
+
+from tuner.errors import TunerError
+from tuner.workload import DecodeShape
+from tuner.workload.models import (MODELS, Attention, apply_heads, attention_from_flags, model_attention, parse_tp,
+                                   per_gpu_heads)
+
+LLAMA_8B = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+            "sliding_window": None}
+GEMMA_2_9B = {"model_type": "gemma2", "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+              "hidden_size": 3584, "sliding_window": 4096, "attn_logit_softcapping": 50.0}
+
+
+def _config(tmp_path, data, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", " LLAMA-3.1-8B "])
+def test_a_built_in_model_is_found_by_its_hub_name(name):
+    assert model_attention(name) == (Attention(32, 8, 128),)
+
+
+def test_a_config_file_gives_the_same_heads_as_the_table(tmp_path):
+    assert model_attention(_config(tmp_path, LLAMA_8B)) == MODELS["llama-3.1-8b"]
+    assert model_attention(_config(tmp_path, GEMMA_2_9B)) == MODELS["gemma-2-9b"]
+    assert model_attention(str(tmp_path)) == MODELS["gemma-2-9b"]  # a directory holding config.json
+
+
+def test_interleaved_sliding_layers_give_two_static_keys_and_a_window_a_model_turns_off_gives_none(tmp_path):
+    full, sliding = model_attention(_config(tmp_path, GEMMA_2_9B))
+    assert (full.window_left, sliding.window_left) == (-1, 4095) and full.softcap == sliding.softcap == 50.0
+    qwen = {"model_type": "qwen2", "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
+            "sliding_window": 131072, "use_sliding_window": False}
+    assert model_attention(_config(tmp_path, qwen)) == (Attention(28, 4, 128),)
+    only_sliding = dict(LLAMA_8B, sliding_window=4096, layer_types=["sliding_attention"] * 4)
+    assert model_attention(_config(tmp_path, only_sliding)) == (Attention(32, 8, 128, 4095),)
+    mistral_v01 = dict(LLAMA_8B, model_type="mistral", sliding_window=4096)  # every layer slides
+    assert model_attention(_config(tmp_path, mistral_v01)) == (Attention(32, 8, 128, 4095),)
+
+
+def test_a_multimodal_config_is_read_for_its_text_model_and_gpt_oss_has_sinks(tmp_path):
+    assert model_attention(_config(tmp_path, {"model_type": "llava", "text_config": LLAMA_8B})) == MODELS["llama-3.1-8b"]
+    gpt_oss = {"model_type": "gpt_oss", "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+               "hidden_size": 2880, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]}
+    assert model_attention(_config(tmp_path, gpt_oss)) == MODELS["gpt-oss-20b"]
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"num_attention_heads": None}, "num_attention_heads must be an integer"),
+    ({"num_attention_heads": 10**40}, "num_attention_heads must be an integer"),
+    ({"num_attention_heads": True}, "num_attention_heads must be an integer"),
+    ({"num_attention_heads": "32"}, "num_attention_heads must be an integer"),
+    ({"num_key_value_heads": 64}, "num_key_value_heads must be an integer"),
+    ({"num_key_value_heads": 5}, "do not divide"),
+    ({"hidden_size": 3200}, "head_dim 100 is not one"),
+    ({"head_dim": 1e9}, "head_dim 1000000000.0 is not one"),
+    ({"sliding_window": -4}, "sliding_window must be an integer"),
+    ({"sliding_window": 2**60}, "sliding_window must be an integer"),
+    ({"attn_logit_softcapping": "50"}, "attn_logit_softcapping must be a number"),
+    ({"layer_types": ["sliding_attention", "chunked_attention"], "sliding_window": 8}, "layer_types holds"),
+    ({"kv_lora_rank": 512}, "latent attention"),
+])
+def test_a_bad_config_is_one_line_that_names_the_field(tmp_path, change, says):
+    data = {k: v for k, v in dict(LLAMA_8B, **change).items() if v is not None or k == "sliding_window"}
+    with pytest.raises(TunerError, match=says) as e:
+        model_attention(_config(tmp_path, data))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "not json", "{\"num_attention_heads\": " + "9" * 5000 + "}"])
+def test_a_config_that_is_no_json_object_is_one_line(tmp_path, text):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(TunerError) as e:
+        model_attention(str(tmp_path / "config.json"))
+    assert "\n" not in str(e.value)
+
+
+def test_an_unknown_model_name_lists_the_known_ones():
+    with pytest.raises(TunerError, match="unknown model 'llama-9-9b'.*llama-3.1-8b"):
+        model_attention("llama-9-9b")
+
+
+def test_tensor_parallel_sizes_split_the_heads_and_replicate_kv_heads_past_their_count():
+    llama_70b = MODELS["llama-3.1-70b"]
+    assert per_gpu_heads(llama_70b, parse_tp("1,2,8")) == [Attention(64, 8, 128), Attention(32, 4, 128),
+                                                            Attention(8, 1, 128)]
+    assert per_gpu_heads(MODELS["qwen3-30b-a3b"], (8,)) == [Attention(4, 1, 128)]  # 4 kv heads, each on 2 GPUs
+    assert per_gpu_heads(MODELS["gpt-oss-20b"], (1, 1)) == list(MODELS["gpt-oss-20b"])
+    with pytest.raises(TunerError, match="tp 8 does not divide the 28 query heads"):
+        per_gpu_heads(MODELS["qwen2.5-7b"], (8,))
+    with pytest.raises(TunerError, match="tp 3 neither divides the 8 kv heads"):
+        Attention(24, 8, 128).per_gpu(3)
+
+
+@pytest.mark.parametrize("text", ["", "0", "1,x", "1,128", "-2"])
+def test_a_bad_tp_list_is_one_line(text):
+    with pytest.raises(TunerError, match="--tp"):
+        parse_tp(text)
+
+
+def test_heads_by_hand():
+    assert attention_from_flags("48/8", 128) == Attention(48, 8, 128)
+    assert attention_from_flags("16/8", 256, window=4096, softcap=50.0, sinks=True) == Attention(16, 8, 256, 4095,
+                                                                                                 50.0, True)
+    for heads, dim, says in (("48", 128, "give query/kv heads"), ("48/7", 128, "must divide"),
+                             ("8/16", 128, "must divide"), ("48/8", 100, "--head-dim 100")):
+        with pytest.raises(TunerError, match=says):
+            attention_from_flags(heads, dim)
+    with pytest.raises(TunerError, match="--window 0"):
+        attention_from_flags("48/8", 128, window=0)
+
+
+def test_a_grid_applied_to_heads_keeps_its_batches_and_lengths_and_takes_their_static_keys():
+    grid = [DecodeShape(batch=1, kv_len=64, lengths="serving"), DecodeShape(batch=4, kv_len=1024, q_len=2)]
+    heads = [Attention(48, 8, 128), Attention(16, 8, 256, 4095, 50.0, True)]
+    shapes = apply_heads(grid, heads, dtype="float16", page_size=16)
+    assert [(s.batch, s.kv_len, s.q_len, s.lengths) for s in shapes] == [
+        (1, 64, 1, "serving"), (4, 1024, 2, "full")] * 2
+    assert {(s.num_q_heads, s.num_kv_heads, s.head_dim, s.window, s.softcap, s.sinks, s.dtype, s.page_size)
+            for s in shapes} == {(48, 8, 128, (-1, -1), 0.0, False, "float16", 16),
+                                 (16, 8, 256, (4095, 0), 50.0, True, "float16", 16)}
+    assert apply_heads(grid, heads * 2) == apply_heads(grid, heads)  # the same shape is measured once
