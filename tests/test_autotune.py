@@ -183,6 +183,63 @@ def test_tune_mode_stores_nothing_when_the_confirming_run_fails(db_path, monkeyp
     assert TuningDB(db_path).records() == []
 
 
+def _paired_results(monkeypatch, *wins):
+    """WallClockTimer.paired faked: each call in turn says whether the first rotation won
+    (10 us against 20 us) or lost (20 against 10)."""
+    from tuner.bench import Timing, WallClockTimer
+
+    results = iter(wins)
+
+    def paired(self, a, b):
+        fast, slow = Timing(10.0, 0.1, 5), Timing(20.0, 0.1, 5)
+        return (fast, slow) if next(results) else (slow, fast)
+    monkeypatch.setattr(WallClockTimer, "paired", paired)
+
+
+def test_tune_mode_stores_the_default_when_its_winner_loses_the_confirming_re_timing(db_path, monkeypatch):
+    """Tune mode stored a config that re-timed 2.9x slower than the default as a 1.84x winner:
+    one side-by-side timing on a loaded host decided it. A second one must agree."""
+    _paired_results(monkeypatch, True, False)  # wins the first side-by-side, loses the second
+    tuner.configure(db=db_path, mode="tune")
+    calls = []
+    fn = make_fn(calls, slow={32: 0.004, 64: 0.004})
+    fn(torch.ones(2), 4, 100)
+    assert run(fn, 4, 100, calls) == 32 and calls == [32]  # the default serves, and the key is not tuned again
+    tuner.configure(mode="off")
+    [record] = TuningDB(db_path).records()
+    assert record.config == record.default_config == {"block": 32}
+    assert record.method["confirmed"]["held"] is False and record.method["confirmed"]["config"] == {"block": 16}
+
+
+def test_tune_mode_stores_a_winner_that_holds_its_confirming_re_timing_and_says_so(db_path, monkeypatch):
+    _paired_results(monkeypatch, True, True)
+    tuner.configure(db=db_path, mode="tune")
+    fn = make_fn(slow={32: 0.004, 64: 0.004})
+    fn(torch.ones(2), 4, 100)
+    tuner.configure(mode="off")
+    [record] = TuningDB(db_path).records()
+    assert record.config == {"block": 16} and record.method["confirmed"]["held"] is True
+
+
+def test_tune_mode_stores_nothing_when_its_confirming_re_timing_fails(db_path, monkeypatch):
+    from tuner.bench import Timing, WallClockTimer
+
+    fast, slow = Timing(10.0, 0.1, 5), Timing(20.0, 0.1, 5)
+    results = iter([(fast, slow)])
+
+    def paired(self, a, b):
+        try:
+            return next(results)
+        except StopIteration:
+            raise torch.OutOfMemoryError("CUDA out of memory") from None
+    monkeypatch.setattr(WallClockTimer, "paired", paired)
+    tuner.configure(db=db_path, mode="tune")
+    fn = make_fn(slow={32: 0.004, 64: 0.004})
+    fn(torch.ones(2), 4, 100)
+    tuner.configure(mode="off")
+    assert TuningDB(db_path).records() == []
+
+
 def test_never_tunes_during_cuda_graph_capture(db_path, monkeypatch):
     tuner.configure(db=db_path, mode="tune")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

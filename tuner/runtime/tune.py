@@ -5,6 +5,7 @@ winner is everyone's."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -18,7 +19,7 @@ from tuner.errors import TunerError
 from tuner.ranks import Ranks
 from tuner.runtime.borrowing import Config, winner_gain
 from tuner.runtime.state import runtime
-from tuner.search.pipeline import measure
+from tuner.search.pipeline import Measured, confirm_again, measure
 
 
 def _output_of(out: Any) -> Any:
@@ -47,6 +48,7 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
     # every rank measures its own call; exhaustively, as tune mode always has (halving, the
     # sweeps' default, was measured on sweeps only)
     result = measure(trial, configs, default, timer, strategy="exhaustive")
+    confirmation = _confirm(result, trial, default, timer)
     winner, default_timing = result.winner, result.default_timing
     if ranks is not None:  # rank 0's choice, as an index into the configs every rank listed alike
         index = next((i for i, c in enumerate(configs) if winner and same_config(c, winner.config)), -1)
@@ -63,10 +65,32 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
     try:
         runtime.writable_db().save_winner(
             problem, current_environment(), winner.config, winner.timing,
-            default, default_timing, method=dict(timer.method, source="runtime", kv_len=kv_len),
+            default, default_timing, method=dict(timer.method, source="runtime", kv_len=kv_len, **confirmation),
         )
     except (TunerError, OSError) as e:  # the winner still serves this process
         warnings.warn(f"tuner: could not store the tuned config of {function.name}: {e}", stacklevel=5)
     runtime.store((problem.op, problem.static_key), problem.run_key, winner.config,
                   winner_gain(winner.timing.median_us, default_timing and default_timing.median_us))
     return winner.config
+
+
+def _confirm(result: Measured, trial: Trial, default: Config, timer: WallClockTimer) -> dict[str, Any]:
+    """A winner other than the default is re-checked and re-timed side by side with the
+    default once more, as a sweep's second trial does (tuner.search.pipeline.confirm_again):
+    one paired timing on a loaded host can crown a config that is slower. One that does not
+    loses gives way to the default, whose timing there is stored (the key is not tuned again);
+    one that fails to run leaves no winner. What the stored record's method says of it."""
+    winner = result.winner
+    if winner is None or result.default_timing is None or same_config(winner.config, default):
+        return {}
+    again = confirm_again(trial, winner.config, default, timer)
+    if again.held:
+        return {"confirmed": again.as_method(0)}
+    if again.error is not None:  # not a loss: nothing is stored, and the key is tuned again later
+        result.winner = None
+        return {}
+    refused = dict(again.as_method(0), config=winner.config)
+    default_timing = again.default or result.default_timing
+    result.winner = dataclasses.replace(winner, config=default, timing=default_timing)
+    result.default_timing = default_timing
+    return {"confirmed": refused}
