@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_cost import arguments, report  # noqa: E402
+from common.host_cost import arguments, report
 
-from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id  # noqa: E402
-from tuner.keys import attention_run_key  # noqa: E402
+from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.keys import attention_run_key
 
 WRITES = 200
 REPEATS = 7

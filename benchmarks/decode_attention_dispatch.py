@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from host_cost import arguments, ns_per_call, report
+from common.host_cost import arguments, ns_per_call, report
 
 CALLS = 5_000
 REPEATS = 9
@@ -25,7 +25,7 @@ REPEATS = 9
 def main() -> None:
     args = arguments(__doc__.splitlines()[0])
     import tuner.ops.decode_attention as da
-    from tuner.ops.decode_attention import decode_attention
+    from tuner.integrations.decode_attention import decode_attention
 
     da.triton_paged_decode = lambda q, *a, **k: q  # the kernel out of the way: tuner's own cost is left
     flashinfer = {"backend": "flashinfer", "use_tensor_cores": True, "flashinfer_backend": "fa2",

@@ -1,4 +1,4 @@
-"""Host cost of the FA3 drop-in per call: tuner.ops.fa3.flash_attn_with_kvcache around a
+"""Host cost of the FA3 drop-in per call: tuner.integrations.fa3.flash_attn_with_kvcache around a
 no-op kernel, called as SGLang's decode backend calls FA3, against the no-op called
 directly. The winner is in the DB, so every measured call is a memo hit.
 
@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from host_cost import arguments, ns_per_call, report
+from common.host_cost import arguments, ns_per_call, report
 
 CALLS = 20_000
 REPEATS = 15
@@ -24,17 +24,13 @@ def main() -> None:
     import tuner
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
     from tuner.keys import attention_run_key
+    from tuner.integrations.fa3 import flash_attn_with_kvcache
     from tuner.ops import fa3
 
     def noop(q, k_cache, v_cache, **kwargs):
         return q
 
-    # the kernel out of the way: what is left is tuner's own cost (kernel(), since the drop-in
-    # moved to tuner.integrations; _kernel() before)
-    if hasattr(fa3, "kernel"):
-        fa3.kernel = lambda: noop
-    else:
-        fa3._kernel = lambda: noop
+    fa3.kernel = lambda: noop  # the kernel out of the way: what is left is tuner's own cost
     batch, heads, kv_heads, dim, width = 32, 32, 8, 128, 4096
     q = torch.zeros(batch, heads, dim, dtype=torch.bfloat16)
     k = torch.zeros(batch * width, 1, kv_heads, dim, dtype=torch.bfloat16)
@@ -58,7 +54,7 @@ def main() -> None:
         kwargs = dict(page_table=table, cache_seqlens=lens, cu_seqlens_q=cu, max_seqlen_q=1, softmax_scale=0.1,
                       causal=True, window_size=(-1, -1), softcap=0.0, return_softmax_lse=False, num_splits=0,
                       out=out, ver=3, scheduler_metadata=None)
-        dropin = lambda: fa3.flash_attn_with_kvcache(q, k, k, **kwargs)  # noqa: E731
+        dropin = lambda: flash_attn_with_kvcache(q, k, k, **kwargs)  # noqa: E731
         bare = lambda: noop(q, k, k, **kwargs)  # noqa: E731
         dropin()
         results = {}

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from tuner.db import current_fingerprint
-from tuner.ops.flashinfer import BatchDecodeWithPagedKVCacheWrapper, library
+from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper
+from tuner.ops.flashinfer import library
 from tuner.ops.flashinfer_plan import paged_metadata
 
 HEADS, KV_HEADS, DIM = 32, 8, 128

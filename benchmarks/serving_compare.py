@@ -15,8 +15,8 @@ import argparse
 import math
 from pathlib import Path
 
-from case_runs import read_results
-from stats import geomean
+from common.case_runs import read_results
+from common.stats import geomean
 
 SLOWER = 0.98  # a case below this share of the default's speed is "slower by more than 2%"
 

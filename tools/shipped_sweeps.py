@@ -1,7 +1,7 @@
-"""Run the sweeps behind the shipped tunings: benchmarks/shapes/models_*.json, one process
+"""Run the sweeps behind the shipped tunings: tools/shapes/models_*.json, one process
 per GPU, each GPU taking every n-th head configuration, all writing one DB.
 
-    python benchmarks/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540 [--set serving]
+    python tools/shipped_sweeps.py --db $OUT/shipped.db --logs $OUT --seconds 540 [--set serving]
         [--search guided] [--ops decode_attention] [--heads 32/8,8/1] [--batches 3,8,24] [--profile]
 
 GPUs come from CUDA_VISIBLE_DEVICES (else every GPU torch sees). The sweeps are the CLI's

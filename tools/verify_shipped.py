@@ -5,7 +5,7 @@ rule, losing nowhere, its config checked and the default as the sweep checked it
 tuner.sweep._dense_pass), and store what that decides, with this
 machine's fingerprint, in a new DB. The shipped tunings are exported from that DB.
 
-    python benchmarks/verify_shipped.py --tunings sweep.tunings.json --db $OUT/verified.db \\
+    python tools/verify_shipped.py --tunings sweep.tunings.json --db $OUT/verified.db \\
         --out $OUT/verified.json --seconds 500
 
 --seed other than 0 re-times a serving winner on lengths drawn independently of the sweep's

@@ -4,7 +4,7 @@ FlashInfer config (a serving sweep leaves FlashInfer out, since a captured decod
 cannot hold its per-call plan, so nothing timed the re-ship's winners against it there).
 No GPU: it reads the re-ship's DB.
 
-    python benchmarks/merge_reship.py --shipped tuning_cache/h200.tunings.json.gz --reship serving.db \\
+    python tools/merge_reship.py --shipped tuning_cache/h200.tunings.json.gz --reship serving.db \\
         --out /tmp/merged.tunings.json.gz [--heads 16/4,16/2]
 
 --heads takes only those head configurations' records from the re-ship (a re-ship DB seeded

@@ -1,15 +1,15 @@
 """Attention shapes of common models at tensor-parallel sizes 1, 2, 4 and 8: the grids the
 shipped H200 tunings (tuning_cache/) were swept over.
 
-    python benchmarks/shapes/models.py            # writes benchmarks/shapes/models_*.json
+    python tools/shapes/models.py            # writes tools/shapes/models_*.json
 
 models_serving.json is issue 12's serving grid (every capture batch size x kv 32-128k on
-mixed-length batches, and MTP verify), for `benchmarks/shipped_sweeps.py --set serving`.
+mixed-length batches, and MTP verify), for `tools/shipped_sweeps.py --set serving`.
 
 Per GPU, a model's attention is (q heads / tp, max(1, kv heads / tp)) heads of dim 128
 (kv heads are replicated once tp exceeds them, as vLLM and SGLang do); a tp that does not
 divide the q heads is not a valid deployment and is left out. Models sharing a per-GPU head
-configuration share its tunings, so each is swept once (benchmarks/shipped_sweeps.py
+configuration share its tunings, so each is swept once (tools/shipped_sweeps.py
 splits them over the GPUs it is given).
 """
 
@@ -87,7 +87,7 @@ SWEEPS = (
     ("models_prefill.json", prefill_shapes, "fa3"),
     ("models_decode.json", decode_shapes, "fa3"),  # the FA3 drop-in's own winners
 )
-# the serving-true sweeps (issue 12): `benchmarks/shipped_sweeps.py --set serving`
+# the serving-true sweeps (issue 12): `tools/shipped_sweeps.py --set serving`
 SERVING_SWEEPS = (
     ("models_serving.json", serving_shapes, "decode_attention"),
     ("models_serving.json", serving_shapes, "fa3"),
