@@ -3,11 +3,11 @@ measurement) and TuningDB.save_measurements (a shape's together) into an SQLite 
 TUNER_BENCH_DB_URL, e.g. a PostgreSQL server), median and minimum us per measurement over
 repeated runs.
 
-    python benchmarks/db_write_cost.py [--label L] [--out benchmarks/results/issue12/db_write_cost_cpu.json]
+    python benchmarks/db_write_cost.py [--label L] [--out benchmarks/results/cpu/db_write_cost.json]
 
 A sweep stored every measurement as it was made, one transaction each; on the H200's host
-that cost 1.7-2.9 ms per write (cProfiles of serving-grid sweeps,
-benchmarks/results/h200/issue12/sweep_profile_*.txt). It now stores a shape's measurements
+that cost 1.7-2.9 ms per write (cProfiles of serving-grid sweeps;
+docs/decisions.md, "The DB"). It now stores a shape's measurements
 together once the shape is measured (a run cut short resumes from whole shapes).
 """
 
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_cost import arguments, report  # noqa: E402
+from common.host_cost import arguments, report
 
-from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id  # noqa: E402
-from tuner.keys import attention_run_key  # noqa: E402
+from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.keys import attention_run_key
 
 WRITES = 200
 REPEATS = 7

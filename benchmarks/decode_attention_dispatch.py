@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from host_cost import arguments, ns_per_call, report
+from common.host_cost import arguments, ns_per_call, report
 
 CALLS = 5_000
 REPEATS = 9

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from host_cost import arguments, ns_per_call, report
+from common.host_cost import arguments, ns_per_call, report
 
 CALLS = 20_000
 REPEATS = 15

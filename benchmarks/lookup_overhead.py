@@ -1,6 +1,6 @@
 """Hot-path cost of @tuner.autotune: decorated vs bare call, median ns per call.
 
-    python benchmarks/lookup_overhead.py [--out benchmarks/results/lookup_overhead_cpu.json]
+    python benchmarks/lookup_overhead.py [--out benchmarks/results/cpu/lookup_overhead.json]
 
 FA3-style keys (q dtype, q heads, kv heads, head dim; batch, q len, kv len) on a no-op
 kernel whose winner is in the DB, so every measured call is a memo hit; the winner is one
@@ -83,7 +83,7 @@ def per_call_ns(stmts: dict[str, str], globals_: dict) -> dict[str, list[float]]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/lookup_overhead_cpu.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu/lookup_overhead.json"))
     args = parser.parse_args()
 
     q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)

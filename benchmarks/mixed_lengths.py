@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 import torch
-from run_info import header
+from common.run_info import header
 
 import tuner
 from tuner.bench import CudaGraphTimer
 from tuner.db import current_fingerprint
-from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.integrations.decode_attention import decode_attention
+from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.reference import paged_decode_reference
 from tuner.keys import attention_run_key
 from tuner.runtime import lookup

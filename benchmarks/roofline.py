@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 import torch
-from case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
-from run_info import header
+from common.case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
+from common.run_info import header
+from common.stats import geomean
 from serving import MODELS, cases, shipped_heads
-from stats import geomean
 
 from tuner.bench import OK, CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import Trial, cold_l2_copies

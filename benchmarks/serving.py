@@ -45,19 +45,18 @@ import time
 import warnings
 from pathlib import Path
 
-import heads as head_configs
 import torch
-from case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
-from run_info import header
-from stats import geomean
+from common import heads as head_configs
+from common.case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
+from common.run_info import header
+from common.stats import geomean
 
 import tuner
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
-from tuner.integrations.decode_attention import declared_branch
-from tuner.workload import DecodeShape, make_decode_inputs
-from tuner.integrations.decode_attention import decode_attention
+from tuner.integrations.decode_attention import declared_branch, decode_attention
 from tuner.ops.decode_attention import BACKENDS, fill_branch
+from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths
 
@@ -89,9 +88,9 @@ POOLED = [n for c in CAPS for d in DISTRIBUTIONS for n in draw_lengths(d, 1024, 
 
 
 def shipped_heads() -> dict[str, dict]:
-    """Every head configuration the shipped tunings cover (benchmarks/shapes/models.py), and
-    the two unshipped ones of MODELS."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "shapes"))
+    """Every head configuration the shipped tunings cover (tools/shapes/models.py), and the
+    two unshipped ones of MODELS."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "shapes"))
     import models
 
     heads = {f"{deployments[0]} h{q}/{kv} (shipped)": dict(num_q_heads=q, num_kv_heads=kv, head_dim=d)

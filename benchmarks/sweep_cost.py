@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import heads as head_configs
+from common import heads as head_configs
 import torch
-from run_info import header
-from stats import geomean
+from common.run_info import header
+from common.stats import geomean
 
 from tuner import settings
 from tuner.bench import CudaGraphTimer, boundary_sync, measure_config, timer_for

@@ -1,11 +1,11 @@
 """The GPU benchmarks run end to end on the CPU at smoke size, so a run on the H200 (whose
-time is scarce) does not fail on the script."""
+time is scarce) does not fail on the script; the shipped-tunings release tools (tools/) do
+what they say on small DBs."""
 
 from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -17,13 +17,37 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def benchmark_module(name: str) -> ModuleType:
-    """benchmarks/NAME.py, imported as its scripts import each other (benchmarks/ on the path)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def script_module(folder: str, name: str) -> ModuleType:
+    """FOLDER/NAME.py, imported as its scripts import each other (FOLDER on the path)."""
+    sys.path.insert(0, str(ROOT / folder))
     try:
         return importlib.import_module(name)
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(ROOT / folder))
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """benchmarks/NAME.py (common.NAME: a helper of benchmarks/common/)."""
+    return script_module("benchmarks", name)
+
+
+def tool_module(name: str) -> ModuleType:
+    """tools/NAME.py."""
+    return script_module("tools", name)
+
+
+def test_every_benchmark_and_tool_answers_help_from_the_repository_root():
+    """The commands benchmarks/RESULTS.md and tuning_cache/README.md give run from the root:
+    each script finds its helpers (benchmarks/common/, tools/shapes/) wherever it lives."""
+    scripts = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "tools").glob("*.py"))
+    assert {p.name for p in scripts} >= {"serving.py", "roofline.py", "verify_shipped.py", "merge_reship.py",
+                                         "shipped_sweeps.py"}
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = {p: subprocess.Popen([sys.executable, str(p.relative_to(ROOT)), "--help"], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in scripts}
+    for path, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and "usage:" in out, f"{path.name}: {err[-2000:]}"
 
 
 def test_roofline_smoke(tmp_path):
@@ -70,51 +94,6 @@ def test_sweep_cost_sweeps_each_kv_bucket_of_a_windowed_key(tmp_path):
     assert status == {(1, 128): "measured", (2, 128): "measured", (1, 64): "measured", (2, 64): "measured"}
 
 
-def test_shipped_on_serving_compares_a_shipped_config_with_the_sweeps_timings(tmp_path):
-    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
-    from tuner.keys import attention_run_key
-
-    fp = (current_fingerprint_id(), current_fingerprint())
-    swept = Problem("decode_attention", '{"h":8}', attention_run_key(256, 1, 8192))
-    drop_in = Problem("fa3", '{"h":8}', attention_run_key(256, 1, 8192))
-    shipped_db, sweep_db = TuningDB(tmp_path / "shipped.db"), TuningDB(tmp_path / "sweep.db")
-    fa3 = lambda splits: {"backend": "fa3", "num_splits": splits}  # noqa: E731
-    record = dict(median_us=1.0, spread_us=0.1, samples=5, default_config=fa3(0), default_median_us=1.1,
-                  default_spread_us=0.1, method={})
-    # measured on full batches: decode_attention's Triton pick, the FA3 drop-in's 8 splits
-    shipped_db.save_record(swept, fp, {"backend": "triton", "splits": 1}, **record)
-    shipped_db.save_record(drop_in, fp, {"num_splits": 8}, **dict(record, default_config={"num_splits": 0}))
-    shipped = tmp_path / "x.tunings.json"
-    shipped.write_text(json.dumps(export_document(shipped_db)))
-    sweep_db.save_record(swept, fp, fa3(2), **dict(record, method={"lengths": "serving"}))
-    sweep_db.save_measurements(swept, fp, [
-        dict(config=c, kv_len=8192, status="ok", method={"lengths": "serving"}, median_us=us, spread_us=0.1, samples=5)
-        for c, us in ((fa3(0), 10.0), ({"backend": "triton", "splits": 1}, 20.0), (fa3(2), 8.0), (fa3(8), 12.5))])
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    summaries = []
-    defaults = tmp_path / "defaults.tunings.json.gz"  # compressed, as a .gz name says
-    for extra in ([], ["--op", "fa3", "--as-backend", "fa3", "--defaults-out", str(defaults)]):
-        out = tmp_path / "out.json"
-        result = subprocess.run([sys.executable, "shipped_on_serving.py", "--db", str(tmp_path / "sweep.db"),
-                                 "--shipped", str(shipped), "--out", str(out), *extra],
-                                cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-        summaries.append(json.loads(out.read_text())["summary"])
-    own, drop = summaries
-    assert own["compared"] == 1 and own["shipped_slower_than_default_by_2pct"] == 1
-    assert own["shipped_worst_over_default"] == 0.5 and own["winner_over_shipped_geomean"] == 2.5
-    # the drop-in's 8 splits against FA3's default, and the fastest FA3 config the sweep timed
-    assert drop["compared"] == 1 and drop["shipped_worst_over_default"] == 0.8
-    assert drop["winner_over_shipped_geomean"] == 12.5 / 8.0
-    # where it lost, the default is kept, at the default's own timing, in tuner's schema
-    from tuner.db.jsonio import load_document, parse_document
-
-    document = load_document(defaults)
-    [(problem, _, fields)] = parse_document(document)
-    assert problem == drop_in and fields["config"] == fields["default_config"] == {"num_splits": 0}
-    assert fields["median_us"] == fields["default_median_us"] == 10.0
-
-
 def test_serving_cases_with_octave_caps_reach_every_kv_bucket_at_large_batches():
     """The issue's caps (1k, 4k, 16k, 64k, 128k) never put a batch of 24 or more at kv 2k, 8k
     or 32k, the keys where shipped grid winners lost most; --caps octaves does."""
@@ -133,7 +112,7 @@ def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_pat
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
     from tuner.keys import attention_run_key
 
-    shipped_sweeps = benchmark_module("shipped_sweeps")
+    shipped_sweeps = tool_module("shipped_sweeps")
     db = tmp_path / "serving.db"
     assert shipped_sweeps.stored_winners(str(db)) is None and not db.exists()
     with TuningDB(db) as database:
@@ -152,7 +131,7 @@ def test_shipped_sweeps_stops_a_sweep_with_sigint_first(tmp_path):
     signal."""
     import signal
 
-    shipped_sweeps = benchmark_module("shipped_sweeps")
+    shipped_sweeps = tool_module("shipped_sweeps")
     assert shipped_sweeps.STOP_SIGNALS[0] == signal.SIGINT
     waits = ("import signal, sys, time\n"
              "if sys.argv[1] == 'ignore': signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
@@ -178,7 +157,7 @@ def test_a_profiled_sweep_keeps_its_exit_code_and_writes_its_profile(tmp_path):
     that failed (or was interrupted, 130) was logged as rc 0."""
     import pstats
 
-    shipped_sweeps = benchmark_module("shipped_sweeps")
+    shipped_sweeps = tool_module("shipped_sweeps")
     (tmp_path / "ends_with.py").write_text("import sys\nsum(range(1000))\nsys.exit(int(sys.argv[1]))\n")
     for code in (0, 3, 130):
         out = tmp_path / f"{code}.prof"
@@ -191,8 +170,8 @@ def test_a_profiled_sweep_keeps_its_exit_code_and_writes_its_profile(tmp_path):
 def test_shipped_sweeps_heads_keeps_only_the_named_head_configurations():
     """--heads 32/8,8/1 sweeps those head configurations' shapes of the serving grid and no
     other, every one of theirs (so a later run without --heads resumes the rest)."""
-    shipped_sweeps = benchmark_module("shipped_sweeps")
-    shapes = json.loads((ROOT / "benchmarks" / "shapes" / "models_serving.json").read_text())
+    shipped_sweeps = tool_module("shipped_sweeps")
+    shapes = json.loads((ROOT / "tools" / "shapes" / "models_serving.json").read_text())
     picked = shipped_sweeps.only_heads(shapes, "32/8,8/1")
     assert {(s["num_q_heads"], s["num_kv_heads"]) for s in picked} == {(32, 8), (8, 1)}
     assert len(picked) == sum((s["num_q_heads"], s["num_kv_heads"]) in {(32, 8), (8, 1)} for s in shapes)
@@ -206,7 +185,7 @@ def test_merge_reship_takes_the_reships_winners_but_keeps_shipped_flashinfer_one
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
     from tuner.keys import attention_run_key
 
-    merge_reship = benchmark_module("merge_reship")
+    merge_reship = tool_module("merge_reship")
     fp = (current_fingerprint_id(), current_fingerprint())
     default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
 
@@ -237,7 +216,7 @@ def test_merge_reship_replaces_a_shipped_winner_measured_on_another_host_of_the_
     from tuner.db import Problem, TuningDB, export_document, fingerprint_id
     from tuner.keys import attention_run_key
 
-    merge_reship = benchmark_module("merge_reship")
+    merge_reship = tool_module("merge_reship")
     problem = Problem("decode_attention", '{"h":8}', attention_run_key(1, 1, 1024))
     default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
     triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_stages": 2, "num_warps": 4}
@@ -263,7 +242,7 @@ def test_merge_reship_takes_only_the_named_heads_records(tmp_path):
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
     from tuner.keys import attention_run_key
 
-    merge_reship = benchmark_module("merge_reship")
+    merge_reship = tool_module("merge_reship")
     fp = (current_fingerprint_id(), current_fingerprint())
     default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
     triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_stages": 2, "num_warps": 4}
@@ -286,7 +265,7 @@ def test_merge_reship_takes_only_the_named_heads_records(tmp_path):
     assert heads(merged) == {(32, 8): triton, (16, 4): triton} and counts["swept"] == 1
     merged, counts = merge_reship.merge(shipped, reship, tmp_path / "all")
     assert heads(merged) == {(32, 8): default, (16, 4): triton} and counts["swept"] == 2
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "merge_reship.py"), "--shipped", "s.json",
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "merge_reship.py"), "--shipped", "s.json",
                           "--reship", "r.db", "--out", "o.json", "--heads", "16-4"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Q/KV pairs" in bad.stderr  # bad input: exit 2, as argparse's own
 
@@ -317,7 +296,7 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
             *trial, "--heads", "4/2", "--ops", "torch_split_decode", "--max-batch", "2", "--challengers-only",
             "--seconds", "120"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "verify_shipped.py", *args], cwd=ROOT / "benchmarks", env=env,
+    result = subprocess.run([sys.executable, "verify_shipped.py", *args], cwd=ROOT / "tools", env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -348,7 +327,7 @@ def test_verify_shipped_judges_a_dense_pass_record_by_its_rule_and_keeps_each_co
     args = ["--tunings", str(tmp_path / "sweep.tunings.json"), "--db", str(tmp_path / "verified.db"),
             "--out", str(out), "--second-trial", "--seconds", "120"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "verify_shipped.py", *args], cwd=ROOT / "benchmarks", env=env,
+    result = subprocess.run([sys.executable, "verify_shipped.py", *args], cwd=ROOT / "tools", env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     [row] = json.loads(out.read_text())["rows"]
@@ -392,37 +371,11 @@ def test_serving_compare_summarises_each_run_on_the_cases_all_of_them_hold(tmp_p
     assert "uniform: 1.210x of 1.210x, share 1.000, worst 1.210, 0 slower" in out[-1]
 
 
-def test_declared_choice_names_the_cases_whose_captured_part_this_checkout_changes(tmp_path, capsys, monkeypatch):
-    """A few-long declaration at batch 3 is mostly time in batches holding a long sequence:
-    a run that captured the dense part there is listed as now capturing the other."""
-    choice = benchmark_module("declared_choice")
-    serving = benchmark_module("serving")
-    from tuner.ops.decode_attention import by_fill
-    heads = {"Llama-3.1-8B tp1 (shipped)": serving.MODELS["Llama-3.1-8B tp1 (shipped)"]}
-    cases = serving.cases(False, heads, serving.CAP_SETS["issue"])
-    dense = {"backend": "triton_decode", "block_n": 128, "num_kv_splits": 16, "num_warps": 4, "num_stages": 3}
-    other = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
-    record = by_fill(dense, other)
-    rows = [dict(c, tuner={"graph_declared": dense}, tuner_record={"graph_declared": record},
-                 graph_declared={"tuner_speedup": 0.9, "oracle_speedup": 1.0})
-            for c in cases if c["batch"] in (2, 3) and c["cap"] == 16384]
-    assert {(r["batch"], r["distribution"]) for r in rows} >= {(3, "few_long"), (3, "uniform")}
-    run = tmp_path / "run.json"
-    run.write_text(json.dumps({"models": heads, "rows": rows}))
-    monkeypatch.setattr(sys, "argv", ["declared_choice.py", str(run)])
-    choice.main()
-    out = capsys.readouterr().out.splitlines()
-    changed = [json.loads(line) for line in out[:-1]]
-    assert {(c["case"]["batch"], c["case"]["distribution"]) for c in changed} == {(3, "few_long")}
-    assert changed[0]["now"] == "other" and changed[0]["dense_share"] < 0.5
-    assert out[-1].startswith(f"{len(rows)} cases captured a by_fill record; this checkout captures another part in 1")
-
-
 def test_a_resumed_run_keeps_the_rows_it_has_and_runs_only_the_cases_it_lacks(tmp_path):
     """serving.py's 420 s cut a run off 8 cases short, and there was no way to finish it."""
     import argparse
 
-    runs = benchmark_module("case_runs")
+    runs = benchmark_module("common.case_runs")
     cases = [dict(model="m", batch=b, cap=1024, distribution="uniform") for b in (1, 3, 8)]
     out = tmp_path / "run.json"
     out.write_text(json.dumps({"rows": [dict(cases[1], seconds=1.0, kept=True),
@@ -436,45 +389,6 @@ def test_a_resumed_run_keeps_the_rows_it_has_and_runs_only_the_cases_it_lacks(tm
     assert sorted(r["batch"] for r in rows) == [1, 3, 8] and [r for r in rows if r.get("kept")] == [
         dict(cases[1], seconds=1.0, kept=True)]
     assert runs.done_rows(argparse.Namespace(out=out, resume=False)) == []
-
-
-def test_record_parts_times_a_by_fill_records_configs_on_each_trial_batch_alone(tmp_path):
-    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
-    from tuner.workload import DecodeShape
-    from tuner.ops.decode_attention import by_fill
-
-    shape = DecodeShape(batch=4, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=16, dtype="float32")
-    triton = {"backend": "triton_decode", "block_n": 16, "num_kv_splits": 1, "num_warps": 4, "num_stages": 2}
-    db = TuningDB(tmp_path / "t.db")
-    db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
-                   (current_fingerprint_id(), current_fingerprint()), by_fill(dict(triton, num_kv_splits=2), triton),
-                   median_us=1.0, spread_us=0.0, samples=3, default_config=triton, default_median_us=2.0,
-                   default_spread_us=0.0, method={})
-    tunings = tmp_path / "t.tunings.json"
-    tunings.write_text(json.dumps(export_document(db)))
-    out = tmp_path / "parts.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "record_parts.py", "--smoke", "--heads", "4/2", "--batch", "4", "--kv", "64",
-                             "--tunings", str(tunings), "--out", str(out), "--draws", "1"],
-                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    doc = json.loads(out.read_text())
-    assert list(doc["configs"]) == ["default", "dense", "other"]
-    # batch 4 (one round of draws): three batches of the trial, three of the second trial, two of
-    # the dense trial, each alone
-    # and, with --draws 1, one more batch of each distribution
-    assert [r["batches"] for r in doc["rows"]] == ["trial"] * 3 + ["second trial"] * 3 + ["dense trial"] * 2 + [
-        "draw uniform", "draw long_tail", "draw few_long"]
-    # each batch says which part of the record runs it: the dense trial's the dense part
-    assert [r["runs"] for r in doc["rows"][6:8]] == ["dense", "dense"]
-    assert all(r["runs"] == ("dense" if r["fill"] >= 0.5 else "other") for r in doc["rows"])
-    drawn = doc["rows"][-3:]
-    expect = math.exp(sum(math.log(r["sweep"]["default"] / r["sweep"][r["runs"]]) for r in drawn) / 3)
-    assert doc["draws"]["all"]["batches"] == 3 and doc["draws"]["all"]["geomean"] == pytest.approx(expect)
-    assert doc["draws"]["uniform"]["batches"] == 1
-    assert all(r["fill"] >= 0.5 for r in doc["rows"][6:8])  # the dense trial's batches are dense
-    assert all(set(r[t]) == {"default", "dense", "other"} and min(r[t].values()) > 0
-               for r in doc["rows"] for t in ("sweep", "serving"))
 
 
 # one device call carries at most 64 MiB: the working tree and a staging part of the GPU

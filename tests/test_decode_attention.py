@@ -342,7 +342,7 @@ def _in_capture(monkeypatch):
 
 def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch):
     """An even-split config won dense batches and lost skewed ones of the same key on the H200
-    (serving_shipped_1d9cd51): a by_fill record runs it only where the host lengths sum to
+    (docs/decisions.md, "Dense pass"): a by_fill record runs it only where the host lengths sum to
     at least half of batch x the longest, and the other config everywhere else."""
     import numpy as np
 

@@ -336,9 +336,8 @@ def test_a_small_batchs_trial_draws_more_batches_of_each_distribution_each_its_o
     assert [draws_per_distribution(b) for b in (1, 2, 3, 4, 8, 256)] == [4, 2, 2, 1, 1, 1]
     draws = serving_draws(1, 65536, seed=0)
     assert len({d[0] for d in draws}) == 12  # twelve lengths, not three drawn four times
-    # the first round is the one trials drew before (batch 1 x kv 64k, seed 0: the lengths of
-    # benchmarks/results/h200/issue12/parts_b1_ea3ec29.json's trial rows); round j is the
-    # first round of the seed plus j strides
+    # the first round is the one trials drew before (batch 1 x kv 64k, seed 0: the lengths the
+    # H200's trials of that key ran); round j is the first round of the seed plus j strides
     assert [d[0] for d in draws[:3]] == [42437, 47949, 49725]
     for j in (1, 2, 3):
         assert draws[3 * j:3 * j + 3] == serving_draws(1, 65536, j * settings.TRIAL_DRAW_SEED_STRIDE)[:3]

@@ -2,7 +2,7 @@
 integrity intact, and a killed sweep resumes where it stopped.
 
 With TUNER_ROBUSTNESS_REPORT=path, each test adds what it tried to that JSON file
-(benchmarks/results/robustness.json is one such run)."""
+(benchmarks/results/cpu/robustness.json is one such run)."""
 
 import json
 import multiprocessing

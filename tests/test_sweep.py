@@ -1149,31 +1149,3 @@ def test_an_anchors_winner_off_its_dense_shortlist_is_handed_on_to_the_next_kv_l
                                            {"dense.name": "m", "other.name": "default"}]
     searched, _ = _dense_configs(db, 256)
     assert searched == {canonical_json({"dense.name": n, "other.name": "m"}) for n in ("m", "default", "a", "b")}
-
-
-def test_the_dense_guide_replay_searches_the_winner_and_hands_it_on_as_a_sweep_does(db_path, monkeypatch):
-    """benchmarks/dense_guide_replay.py over a DB whose anchors' dense passes searched every
-    candidate: replayed with across_kv, kv 256 searches its winner m beside kv 128's
-    leaders, and kv 512 finds m from kv 256's: the best of all at both."""
-    import sys
-    from pathlib import Path
-
-    from tuner import settings
-
-    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    sys.path.insert(0, benchmarks)
-    try:
-        import dense_guide_replay as replay
-    finally:
-        sys.path.remove(benchmarks)
-
-    monkeypatch.setattr(settings, "GUIDED_ACROSS_KV", False)
-    timer = FakeTimer()
-    sweep(handed_on_op(timer), HANDED_ON, TuningDB(db_path), timer=timer, strategy="guided")
-    found = sorted(replay.anchors(db_path, replay.DENSE, min_configs=5), key=replay._order)
-    assert [a.shape.kv_len for a in found] == [128, 256, 512]
-    off, on = (replay.replay(found, across, replay.DENSE, keep=2) for across in (False, True))
-    assert off["shortlisted"] == 0 and off["anchors"] == 3
-    assert on["shortlisted"] == 2 and on["configs_of_the_shortlisted"] == 10
-    assert on["configs_searched_there"] == 4 + 3  # m, default, a, b; then default, m, a
-    assert on["best_found_over_best_geomean"] == 1.0 and on["over_2pct"] == 0

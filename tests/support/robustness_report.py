@@ -1,5 +1,5 @@
 """What the robustness and property suites tried, written to $TUNER_ROBUSTNESS_REPORT (a
-JSON file) when that is set; benchmarks/results/robustness.json is one such run."""
+JSON file) when that is set; benchmarks/results/cpu/robustness.json is one such run."""
 
 import json
 import os
