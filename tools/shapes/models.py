@@ -18,23 +18,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tuner.workload.models import known_model
 from tuner.workload.traffic import CAPTURE_BATCHES, SERVING_KV
 
 HERE = Path(__file__).resolve().parent
 
-# name: (q heads, kv heads, head dim), from each model's config.json
-MODELS = {
-    "Llama-3.1-8B": (32, 8, 128),
-    "Llama-3.1-70B": (64, 8, 128),
-    "Qwen2.5-7B": (28, 4, 128),
-    "Qwen2.5-72B": (64, 8, 128),
-    "Qwen3-8B": (32, 8, 128),
-    "Qwen3-32B": (64, 8, 128),
-    "Qwen3-30B-A3B": (32, 4, 128),
-    "Mistral-7B-v0.3": (32, 8, 128),
-    "Mistral-Nemo-12B": (32, 8, 128),
-    "Mistral-Small-24B": (32, 8, 128),
-}
+# the models whose head configurations were shipped, by their names in tuner's model table
+# (tuner.workload.models): name -> (q heads, kv heads, head dim) of their one attention kind
+SHIPPED_MODELS = ("Llama-3.1-8B", "Llama-3.1-70B", "Qwen2.5-7B", "Qwen2.5-72B", "Qwen3-8B", "Qwen3-32B",
+                  "Qwen3-30B-A3B", "Mistral-7B-v0.3", "Mistral-Nemo-12B", "Mistral-Small-24B")
+MODELS = {name: (a.num_q_heads, a.num_kv_heads, a.head_dim)
+          for name in SHIPPED_MODELS for (a,) in [known_model(name)]}
 TP_SIZES = (1, 2, 4, 8)
 PAGE_SIZES = {"decode_attention": 1, "fa3": 1, "flashinfer": 16}  # SGLang/LightLLM page 1; vLLM 16
 
