@@ -1,4 +1,5 @@
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -547,13 +548,36 @@ def test_runtime_misses_are_listed_and_swept(tmp_path, db_path):
     [record] = TuningDB(db_path).records()  # lent to batch 2 only if it beat its default by 10%
     served = "nearest" if record.speedup and record.speedup >= 1.1 else "default"
     assert shown.exit_code == 0 and "1 missed keys" in shown.output and served in shown.output
-    swept = cli("sweep", "torch_split_decode", "--from-misses", "--db", db_path, "--repeats", "2")
+    [suggested] = [line.strip() for line in shown.output.splitlines() if line.strip().startswith("tuner sweep")]
+    assert suggested == f"tuner sweep torch_split_decode --from-misses --db {db_path}"
+    swept = cli(*shlex.split(suggested)[1:], "--repeats", "2")  # the command it suggests, as given
     assert swept.exit_code == 0, swept.output
     run_keys = {(r.problem.run_key.batch, r.problem.run_key.kv_len_bucket) for r in TuningDB(db_path).records()}
     assert run_keys == {(1, 256), (2, 512)}
     again = cli("show", "--misses", "--db", db_path)
     assert "0 missed keys" in again.output
     assert "no missed keys" in cli("sweep", "torch_split_decode", "--from-misses", "--db", db_path).output
+
+
+def test_show_misses_of_a_function_no_sweep_knows_suggests_tune_mode(db_path):
+    """`tuner sweep OP --from-misses` was suggested for every miss: for a user's own function
+    it fails, as sweeps know tuner's ops only."""
+    import tuner
+
+    tuner.configure(db=db_path, mode="lookup")
+
+    @tuner.autotune("my_softmax", configs=[{"rows": 1}, {"rows": 64}], default={"rows": 1},
+                    key=lambda n: (("float32", 64), n, 1, 64))
+    def softmax(n, *, config):
+        return config
+
+    softmax(8)
+    assert tuner.flush_misses() == 1
+    shown = cli("show", "--misses", "--db", db_path)
+    assert shown.exit_code == 0, shown.output
+    assert f"TUNER_MODE=tune TUNER_DB={db_path} python YOUR_PROGRAM.py" in shown.output
+    assert "tuner sweep" not in shown.output
+    assert "unknown op" in cli("sweep", "my_softmax", "--from-misses", "--db", db_path).output
 
 
 def test_a_grid_is_swept_for_every_static_key_the_runtime_missed(tmp_path, db_path):

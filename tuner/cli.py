@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import shlex
 import shutil
 import sys
 import tempfile
@@ -355,7 +356,7 @@ def show_command(
         _check_op(database, op)
         fp = current_fingerprint_id()
         if misses:
-            _show_misses(database, fp, op)
+            _show_misses(database, fp, op, db)
             return
         if all_environments:
             records = database.records(op=op)
@@ -425,7 +426,19 @@ def _check_op(database, op: str | None) -> None:
                          f"in {database.display_url}")
 
 
-def _show_misses(database, fp: str, op: str | None) -> None:
+def _tune_misses_command(op_name: str, db: Optional[str]) -> str:
+    """The command that tunes an op's misses: a sweep for tuner's ops; for a function of the
+    user's own (which no sweep can call), its program run once in tune mode."""
+    from tuner.ops import list_ops
+
+    where = "" if db is None else f" --db {shlex.quote(str(db))}"
+    if op_name in {o.name for o in list_ops()}:
+        return f"tuner sweep {op_name} --from-misses{where}"
+    env = "" if db is None else f" TUNER_DB={shlex.quote(str(db))}"
+    return f"TUNER_MODE=tune{env} python YOUR_PROGRAM.py (runs {op_name}'s missed calls, tuning each key once)"
+
+
+def _show_misses(database, fp: str, op: str | None, db: Optional[str] = None) -> None:
     from tuner.db import current_fingerprint
 
     rows = database.misses(fp, op=op, environment=current_fingerprint())
@@ -442,7 +455,9 @@ def _show_misses(database, fp: str, op: str | None) -> None:
     if rows:
         console.print(table)
     console.print(f"{len(rows)} missed keys without a winner in {escape(database.display_url)}"
-                  + ("; `tuner sweep OP --from-misses` tunes them" if rows else ""))
+                  + ("; to tune them:" if rows else ""))
+    for op_name in dict.fromkeys(problem.op for problem, *_ in rows):
+        console.print(f"  {escape(_tune_misses_command(op_name, db))}", soft_wrap=True)
 
 
 @app.command("report")
