@@ -30,7 +30,8 @@ from typing import Any
 
 from tuner import settings
 from tuner.db.location import DBError
-from tuner.db.store import Record, TuningDB
+from tuner.db.store import TuningDB
+from tuner.db.values import Record
 from tuner.keys import AttentionStaticKey
 
 KERNEL = "sgl_fa3_kvcache_ns:v1"
