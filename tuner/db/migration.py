@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import inspect, literal, select, text, type_coerce
+from sqlalchemy import Inspector, inspect, literal, select, text, type_coerce
 from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
@@ -76,10 +76,9 @@ def schema_state(session: Session, backend: str, display_url: str) -> tuple[str,
     return ("partial" if has_rows else "unfinished"), gaps
 
 
-def _gaps(inspector: object, tables: set[str], columns: dict[str, set[str]]) -> SchemaGaps:
+def _gaps(inspector: Inspector, tables: set[str], columns: dict[str, set[str]]) -> SchemaGaps:
     """The optional tables, columns and indexes (of tables present) missing."""
-    indexes = {t: {i["name"] for i in inspector.get_indexes(t)}  # type: ignore[attr-defined]
-               for t in OPTIONAL_INDEXES if t in tables}
+    indexes = {t: {i["name"] for i in inspector.get_indexes(t)} for t in OPTIONAL_INDEXES if t in tables}
     return SchemaGaps(
         tables=OPTIONAL_TABLES - tables,
         columns={(t, c) for t, optional in OPTIONAL_COLUMNS.items() if t in columns
