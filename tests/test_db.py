@@ -588,13 +588,13 @@ def test_prune_keeps_an_environment_a_writer_adds_while_it_runs(tmp_path):
     a server storing a winner under a new (applying) environment meanwhile lost it."""
     import threading
 
-    import tuner.db.store as store
+    import tuner.db.repair as repair
 
     path = tmp_path / "p.db"
     db = TuningDB(path)
     save(db, problem(batch=2), {"c": 2}, fp=OTHER)  # stale: prune removes it
     newer_driver = dict(FP[1], driver="999.1")
-    real_applies = store.applies
+    real_applies = repair.applies
     writer_done = threading.Event()
 
     def write_new_environment():
@@ -608,11 +608,11 @@ def test_prune_keeps_an_environment_a_writer_adds_while_it_runs(tmp_path):
             writer_done.wait(0.5)  # the writer blocks on prune's lock (fixed) or finishes (not)
         return real_applies(recorded, current)
 
-    store.applies = applies_while_a_writer_writes
+    repair.applies = applies_while_a_writer_writes
     try:
         removed = db.prune(FP[1])
     finally:
-        store.applies = real_applies
+        repair.applies = real_applies
     applies_while_a_writer_writes.started.join(10)
     assert set(removed) == {OTHER[0]}
     assert [r.config for r in TuningDB(path).records()] == [{"c": 1}]  # the writer's winner survived

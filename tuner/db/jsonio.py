@@ -24,7 +24,8 @@ from typing import Any
 
 from tuner.db import rows as check
 from tuner.db.fingerprint import fingerprint_id
-from tuner.db.store import Problem, Record, SaveResult, TuningDB
+from tuner.db.store import TuningDB
+from tuner.db.values import Problem, Record, SaveResult
 from tuner.errors import TunerError
 from tuner.jsonfile import read_json
 
@@ -189,7 +190,7 @@ def parse_document(data: Any) -> list[Row]:
 def newest_per_key(rows: list[Row]) -> list[Row]:
     """One row per (problem, environment): the newest measurement (created_at; a record
     without one is dated the oldest possible), between equally new ones the last. The same
-    rule as the DB's (tuner.db.store) and the shipped layer's."""
+    rule as the DB's (tuner.db.writes) and the shipped layer's."""
     oldest = datetime.min.replace(tzinfo=timezone.utc)
     chosen: dict[tuple[Problem, str], int] = {}
     for i, (problem, (fp, _), fields) in enumerate(rows):

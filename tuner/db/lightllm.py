@@ -1,7 +1,6 @@
 """tuner's FA3 winners as the kernel-config files LightLLM's FA3 wrapper reads, unmodified.
 
-What LightLLM loads (ModelTC/LightLLM, read at 87881ae: lightllm/utils/sgl_utils.py,
-lightllm/common/triton_utils/autotuner.py, lightllm/common/kernel_config.py):
+What LightLLM loads (ModelTC/LightLLM's sources; docs/decisions.md names the files and version read):
 - its FA3 decode wrapper is autotuned kernel `sgl_fa3_kvcache_ns:v1`; its autotuner reads
   lightllm/common/triton_utils/autotune_kernel_configs/triton_<triton version>/<device>/
   <kernel name>/, the device being torch.cuda.get_device_name() with spaces as "_";
@@ -30,7 +29,8 @@ from typing import Any
 
 from tuner import settings
 from tuner.db.location import DBError
-from tuner.db.store import Record, TuningDB
+from tuner.db.store import TuningDB
+from tuner.db.values import Record
 from tuner.keys import AttentionStaticKey
 
 KERNEL = "sgl_fa3_kvcache_ns:v1"

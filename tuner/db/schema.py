@@ -79,10 +79,8 @@ class Measurement(_Keyed, Base):
         UniqueConstraint(
             "op", "static_key", "batch", "max_q_len", "kv_len_bucket", "fingerprint_id", "config"
         ),
-        # one problem's rows, read on every stored shape a sweep passes: without an index on
-        # exactly these columns SQLite (no statistics) took the op's or the environment's
-        # index and scanned every row of it (12 ms a read in a 26k-row DB, 0.2 ms with it).
-        # Added after schema version 1: a DB opened for writing gains it
+        # one problem's rows, read on every stored shape a sweep passes, without a scan
+        # (docs/decisions.md, "The DB"). Added after schema version 1: a DB opened for writing gains it
         Index("ix_measurements_problem", "op", "static_key", "batch", "max_q_len", "kv_len_bucket",
               "fingerprint_id"),
     )

@@ -29,7 +29,7 @@ from tuner import settings
 from tuner.db.fingerprint import why_not
 from tuner.db.jsonio import load_document, parse_document
 from tuner.db.location import default_db_path
-from tuner.db.store import Problem, Timed
+from tuner.db.values import Problem, Timed
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 
