@@ -837,3 +837,18 @@ def test_a_failed_export_leaves_the_file_as_it_was_and_no_temporary_file(tmp_pat
     monkeypatch.setattr(os, "replace", full_disk)
     one_line_error(cli("export", "--out", target, "--db", db_path), "cannot write", "e.json", "No space left")
     assert target.read_text() == "before" and [p.name for p in out.iterdir()] == ["e.json"]
+
+
+def test_a_postgresql_url_without_its_driver_says_how_to_install_it(monkeypatch):
+    """`--db postgresql://...` failed with "No module named 'psycopg'" and no hint: the driver
+    was in the test extra only."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as where it is not installed
+    for url in ("postgresql://tuner@127.0.0.1:1/none", "postgresql+psycopg://tuner@127.0.0.1:1/none"):
+        one_line_error(cli("show", "--db", url), "tuner-attn[postgres]")
+
+
+def test_a_plain_postgresql_url_takes_the_driver_the_postgres_extra_installs():
+    from tuner.db import resolve_db_url
+
+    assert resolve_db_url("postgresql://u@h/db")[0].drivername == "postgresql+psycopg"
+    assert resolve_db_url("postgresql+psycopg2://u@h/db")[0].drivername == "postgresql+psycopg2"  # as given

@@ -53,9 +53,11 @@ def resolve_db_url(target: str | os.PathLike | None = None) -> tuple[URL, bool]:
         return URL.create("sqlite", database=database, query={**dict(parse_qsl(query)), "uri": "true"}), False
     if "://" in text:
         try:
-            return make_url(text), False
+            url = make_url(text)
         except (ArgumentError, ValueError):
             raise DBError(f"not a valid SQLAlchemy URL: {text!r}") from None
+        # a plain postgresql:// URL takes the driver tuner-attn[postgres] installs, not psycopg2
+        return (url.set(drivername="postgresql+psycopg") if url.drivername == "postgresql" else url), False
     path = Path(text).expanduser().resolve()
     return URL.create("sqlite", database=str(path)), is_default
 

@@ -27,6 +27,7 @@ from tuner.db.migration import SchemaGaps
 from tuner.db.schema import Measurement, Miss
 from tuner.db.values import MeasurementRow, MissRow, Problem, Record, SaveResult, Snapshot
 
+POSTGRES_HINT = "PostgreSQL needs its driver: pip install 'tuner-attn[postgres]'"
 WRITE_LOCK_TIMEOUT_S = 120.0
 _WRITE_OPTION = "tuner_write"  # an execution option: this connection's transaction will write
 T = TypeVar("T")
@@ -87,7 +88,10 @@ class TuningDB:
         self.url = url
         try:
             self.engine: Engine = create_engine(url)
-        except (SQLAlchemyError, ImportError, ValueError) as e:
+        except ImportError as e:  # the backend's driver is not installed
+            hint = f"; {POSTGRES_HINT}" if url.get_backend_name() == "postgresql" else ""
+            raise DBError(f"cannot open tuning DB {self.display_url}: {_short(e)}{hint}") from None
+        except (SQLAlchemyError, ValueError) as e:
             raise DBError(f"cannot open tuning DB {self.display_url}: {_short(e)}") from None
         # reads see one committed state: one SQLite transaction, a PostgreSQL snapshot
         # (its default, read committed, gives each statement its own)
