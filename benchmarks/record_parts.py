@@ -45,7 +45,7 @@ from tuner.ops.decode_attention import BY_FILL, fill_parts
 from tuner.workload.shapes import shape_from_keys
 from tuner.workload.traffic import DISTRIBUTIONS, dense_draws, draw_lengths, is_dense
 from tuner.workload.traffic import serving_draws as sweep_draws
-from tuner.ops.trial import build_trial
+from tuner.sweep.trials import build_trial
 
 
 def find_record(tunings: Path, heads: tuple[int, int], batch: int, kv: int) -> dict:
