@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from tuner import settings
 from tuner.db import Problem, TuningDB
@@ -21,7 +21,7 @@ def sweep(
     shapes: list[DecodeShape],
     db: TuningDB,
     *,
-    timer: object = None,
+    timer: Any = None,
     force: bool = False,
     min_gain: float = settings.MIN_GAIN,
     seed: int = 0,
