@@ -43,7 +43,7 @@ from tuner.ops import get_op
 from tuner.workload import DecodeShape
 from tuner.ops.decode_attention import backends_only
 from tuner.workload.traffic import serving_grid
-from tuner.ops.trial import build_trial
+from tuner.sweep.trials import build_trial
 from tuner.search.guided import is_anchor
 from tuner.search.pipeline import measure
 from tuner.sweep import candidate_configs, sweep

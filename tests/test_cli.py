@@ -45,9 +45,9 @@ def test_an_interrupted_sweep_shows_the_shapes_it_finished_and_the_same_command_
     """A sweep stopped by Ctrl-C (or a deadline's SIGINT) printed nothing of what it had
     finished: its table came at the end (a re-ship sweep's log on the H200 held only its
     header). Now it shows the finished shapes, says how to go on, and exits 130."""
-    import tuner.sweep
+    import tuner.sweep.measure
 
-    real, built = tuner.sweep.build_trial, []
+    real, built = tuner.sweep.measure.build_trial, []
 
     def interrupt_the_second(*args, **kwargs):
         built.append(args)
@@ -55,7 +55,7 @@ def test_an_interrupted_sweep_shows_the_shapes_it_finished_and_the_same_command_
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tuner.sweep, "build_trial", interrupt_the_second)
+    monkeypatch.setattr(tuner.sweep.measure, "build_trial", interrupt_the_second)
     result = sweep(db_path, tiny_shapes)
     assert result.exit_code == 130, result.output
     assert "winners" in result.stdout and "200" in result.stdout and "130" not in result.stdout.split("winners")[1]
@@ -66,7 +66,7 @@ def test_an_interrupted_sweep_shows_the_shapes_it_finished_and_the_same_command_
     again = sweep(db_path, tiny_shapes)
     assert again.exit_code == 0 and again.output.count("already in DB") == 1 and len(TuningDB(db_path).records()) == 2
     built.clear()  # --force measures everything again: running it again starts over, and says so
-    monkeypatch.setattr(tuner.sweep, "build_trial", interrupt_the_second)
+    monkeypatch.setattr(tuner.sweep.measure, "build_trial", interrupt_the_second)
     forced = sweep(db_path, tiny_shapes, "--force")
     assert forced.exit_code == 130 and "without --force resumes the rest (with it, it starts over)" in forced.stderr
 

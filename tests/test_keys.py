@@ -1,4 +1,5 @@
 import json
+import random
 
 import pytest
 import torch
@@ -9,9 +10,16 @@ from tuner.keys import (
     attention_run_key,
     attention_static_key,
     canonical_json,
+    kv_bucket_exponent,
+    kv_bucket_low,
     kv_len_bucket,
     nearest_run_key,
 )
+
+# kv lengths to hold the bucket spellings to: the edges (0, 1, 2, each power of two and
+# either side of it, up to 2**20) and a sample of 1..2**20
+KV_LENGTHS = sorted({0, 1, 2} | {2**k + d for k in range(1, 21) for d in (-1, 0, 1)}
+                    | set(random.Random(0).sample(range(1, 2**20 + 1), 300)))
 
 
 def tensors(q_heads=32, kv_heads=8, d=128, page=1, dtype=torch.bfloat16, dv=None):
@@ -106,6 +114,55 @@ def test_static_key_json_is_canonical_and_round_trips():
 def test_kv_len_bucket_is_the_next_power_of_two():
     assert [kv_len_bucket(n) for n in (0, 1, 2, 3, 4, 5, 512, 513, 1024)] == [1, 1, 2, 4, 4, 8, 512, 1024, 1024]
     assert kv_len_bucket(2**40) == 2**40 and kv_len_bucket(2**40 + 1) == 2**41
+
+
+def test_a_bucket_is_its_exponent_and_runs_from_its_first_length_to_its_top():
+    for n in KV_LENGTHS:
+        top, low = kv_len_bucket(n), kv_bucket_low(n)
+        assert top == 1 << kv_bucket_exponent(n), n
+        assert low <= max(n, 1) <= top and kv_len_bucket(low) == top, n
+        assert low == 1 or kv_len_bucket(low - 1) == top // 2, n  # the length before is the bucket below
+    assert [kv_bucket_low(n) for n in (0, 1, 2, 3, 4, 5, 1024, 1025)] == [1, 1, 2, 3, 3, 5, 513, 1025]
+
+
+def test_the_runtimes_memo_keys_bucket_as_the_helper_does(db_path):
+    """The memo keys of @autotune's wrapper and of ConfigLookup spell the bucket inline (a
+    call there would cost on every call); they must agree with kv_bucket_exponent."""
+    import tuner
+    from tuner.runtime import ConfigLookup
+
+    tuner.configure(db=db_path, mode="off")
+    lookup = ConfigLookup("toy-lookup", lambda static: static)
+
+    @tuner.autotune("toy", configs=[{"block": 16}], static_key=lambda batch, kv: "s",
+                    run_key=lambda batch, kv: (batch, 1, kv), default={"block": 16})
+    def fn(batch, kv, *, config):
+        return config
+
+    for n in KV_LENGTHS:
+        fn.tuner.memo.clear()
+        fn(1, n)
+        [memo_key] = fn.tuner.memo
+        assert memo_key[3] == kv_bucket_exponent(n), n
+        lookup.memo.clear()
+        lookup.get("s", 1, 1, n, {"block": 16})
+        [memo_key] = lookup.memo
+        assert memo_key[3] == kv_bucket_exponent(n), n
+
+
+def test_decode_attentions_fallback_key_buckets_as_the_helper_does(monkeypatch):
+    """decode_attention's fallback cache keys a call by its kv bucket, spelt inline for the
+    same reason; it must agree with kv_bucket_exponent."""
+    import tuner.ops.decode_attention as da
+
+    monkeypatch.setattr(da, "_FALLBACKS", {})
+    q, k, v = tensors(q_heads=4, kv_heads=2, d=32, page=16)
+    table, lengths = torch.zeros(4, 8, dtype=torch.int32), torch.ones(4, dtype=torch.int32)
+    for n in KV_LENGTHS:
+        da._FALLBACKS.clear()
+        da._fallback(q, k, v, table, lengths, n, True, (-1, -1), 0.0, None)
+        [fallback_key] = da._FALLBACKS
+        assert fallback_key[7] == kv_bucket_exponent(n), n  # the key's kv bucket
 
 
 def test_run_keys_differing_in_batch_or_q_never_collide_at_any_kv():

@@ -379,7 +379,7 @@ def test_a_serving_sweep_resumes_only_its_own_kind_of_measurement(db_path):
 
 
 def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
-    from tuner.ops.trial import build_trial
+    from tuner.sweep.trials import build_trial
     from tuner.workload.traffic import serving_draws
 
     op = get_op("torch_split_decode")
@@ -397,7 +397,7 @@ def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():
 def test_a_serving_batch_runs_as_a_call_of_it_does_at_its_own_longest_length():
     """Not at the bucket's top: FA3's split heuristic reads the page table's width and the
     Triton kernel plans its splits from the max length, as a server's call passes them."""
-    from tuner.ops.trial import build_trial
+    from tuner.sweep.trials import build_trial
     from tuner.workload.traffic import serving_draws
 
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **dict(SMALL, page_size=1))
@@ -411,7 +411,7 @@ def test_a_serving_batch_runs_as_a_call_of_it_does_at_its_own_longest_length():
 def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch):
     """decide() holds a winner to every batch of the mix: each part must be one batch's
     copies, and every run in exactly one part."""
-    import tuner.ops.trial as trial_module
+    import tuner.sweep.trials as trial_module
     from tuner.workload.traffic import serving_draws
 
     monkeypatch.setattr(trial_module, "cold_l2_copies", lambda nbytes, device: 2)

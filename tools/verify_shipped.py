@@ -57,7 +57,7 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.ops import get_op
     from tuner.workload.shapes import shape_from_keys
     from tuner.workload.traffic import draws_per_distribution
-    from tuner.ops.trial import build_second_trial, build_trial
+    from tuner.sweep.trials import build_second_trial, build_trial
     from tuner.bench import OK, Outcome
     from tuner.search.pipeline import confirm_again, measure
     from tuner.sweep import DENSE_RULE

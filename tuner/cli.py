@@ -229,30 +229,13 @@ def sweep_command(
         device = op.device()
         database = None
         if from_misses:
-            from tuner.db import current_fingerprint, current_fingerprint_id
-            from tuner.sweep import shape_from_miss
+            from tuner.sweep import plan_from_misses
 
             database = _open_db_to_sweep(db, force)
-            missed = database.misses(current_fingerprint_id(), op=op.name, environment=current_fingerprint())
-            if grid is not None:
-                from tuner.keys import attention_run_key
-                from tuner.workload.shapes import shape_from_keys
-
-                statics = list(dict.fromkeys(m.problem.static_key for m in missed))
-                runs = get_grid(op, grid)
-                per_static = [[dataclasses.replace(s, lengths=g.lengths) for g in runs
-                               if (s := shape_from_keys(static, attention_run_key(g.batch, g.q_len, g.kv_len)))
-                               is not None] for static in statics]
-                shapes = [s for group in per_static for s in group]
-                unbuilt = sum(not group for group in per_static)
-                if unbuilt:
-                    err.print(f"[yellow]warning:[/] {unbuilt} missed static keys are not attention shapes a sweep "
-                              "can build; left out", highlight=False)
-            else:
-                shapes = [s for s in (shape_from_miss(m) for m in missed) if s is not None]
-                if len(shapes) < len(missed):
-                    err.print(f"[yellow]warning:[/] {len(missed) - len(shapes)} missed keys are not attention "
-                              "shapes a sweep can build; left out", highlight=False)
+            plan = plan_from_misses(database, op, grid)
+            if plan.warning:
+                err.print(f"[yellow]warning:[/] {plan.warning}", highlight=False)
+            shapes = plan.shapes
             if not shapes:
                 console.print(f"no missed keys to tune for {op.name} (`tuner show --misses`)")
                 return

@@ -42,7 +42,7 @@ MIN_GAIN = 0.01
 MAX_PART_LOSS = 0.02
 CONFIRM_TRIES = 3
 # a serving shape's winner is confirmed once more on a second trial, of lengths drawn with
-# the sweep's seed plus this, one batch at the bucket's top (tuner.ops.trial.build_second_trial,
+# the sweep's seed plus this, one batch at the bucket's top (tuner.sweep.trials.build_second_trial,
 # tuner.search.pipeline.confirm_again), and where it does not
 # hold there the default stays: one draw per distribution crowned configs that lost on other
 # draws of the same bucket (H200, serving_shipped_043d49c: a Triton config 5.6% ahead on its

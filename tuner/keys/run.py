@@ -1,8 +1,11 @@
 """The run key of an attention call: (batch, max q len, kv length bucket), each its own field.
 
 Bucketing: a kv length L falls in the bucket ``kv_len_bucket(L)``, the smallest power of
-two >= L (0 and 1 both fall in bucket 1). A bucket is therefore an upper bound of every
-length in it, and lengths in different buckets never share one.
+two >= L (0 and 1 both fall in bucket 1); ``kv_bucket_exponent(L)`` is its log2 and
+``kv_bucket_low(L)`` its first length. A bucket is therefore an upper bound of every
+length in it, and lengths in different buckets never share one. These are the one
+spelling of a bucket, but for two hot paths that inline the exponent (the runtime's memo
+key, decode_attention's fallback key), which tests hold to it.
 
 Nearest neighbour, used when the DB holds no record for the exact run key of a call whose
 static key it does hold: among the records of that static key, take those with the
@@ -13,9 +16,8 @@ A neighbour farther than ``max_distance`` octaves in batch + kv is not used at a
 
 Borrowing (tuner.runtime.borrowing): a neighbour's config is used only when every neighbour at that
 smallest distance beat its own default by at least 10% (tuner.settings.BORROW_MIN_GAIN); else the
-call runs the default. Measured on an H200 (benchmarks/results/h200/mixed_lengths_*.json):
-split-KV configs tuned for one batch size often lose to the default one octave away, most
-of all where the neighbour's own gain was small.
+call runs the default: split-KV configs tuned for one batch size often lose to the default
+one octave away (docs/decisions.md, "Borrowing").
 """
 
 from __future__ import annotations
@@ -35,10 +37,19 @@ def _count(value: Any, arg: str, minimum: int) -> int:
     return count(value, arg, minimum, KV_BUCKET_MAX)
 
 
+def kv_bucket_exponent(kv_len: int) -> int:
+    """log2 of kv_len's bucket (0 for 0 and 1): the bit length of kv_len - 1."""
+    return max(_count(kv_len, "kv_len", 0) - 1, 0).bit_length()
+
+
 def kv_len_bucket(kv_len: int) -> int:
-    """Smallest power of two >= kv_len (1 for 0 and 1)."""
-    kv_len = _count(kv_len, "kv_len", 0)
-    return 1 << max(kv_len - 1, 0).bit_length()
+    """Smallest power of two >= kv_len (1 for 0 and 1): its bucket's top."""
+    return 1 << kv_bucket_exponent(kv_len)
+
+
+def kv_bucket_low(kv_len: int) -> int:
+    """The first length of kv_len's bucket: half its top, plus one (1 in bucket 1)."""
+    return kv_len_bucket(kv_len) // 2 + 1
 
 
 @dataclass(frozen=True, order=True)

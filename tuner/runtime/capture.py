@@ -27,7 +27,7 @@ from itertools import accumulate
 from typing import Iterable, Iterator
 
 from tuner.errors import TunerError
-from tuner.keys import kv_len_bucket
+from tuner.keys import kv_bucket_low, kv_len_bucket
 from tuner.runtime.state import runtime
 
 
@@ -50,8 +50,9 @@ def _summary(values: list[int]) -> tuple[list[int], list[int]]:
     counts: list[int] = []
     last = None
     for v, c in distinct:
-        top = kv_len_bucket(v)  # the bucket (top // 2, top]: its bins are top // 2 / SUMMARY_BINS wide
-        part = (top, -(-(v - top // 2) * SUMMARY_BINS // max(top // 2, 1)))
+        low, top = kv_bucket_low(v), kv_len_bucket(v)
+        width = top - low + 1  # the bucket's lengths, in SUMMARY_BINS bins
+        part = (top, -(-(v - low + 1) * SUMMARY_BINS // width))
         if part == last:
             lengths[-1] = v  # ascending: the bin's longest sample holds it
             counts[-1] += c

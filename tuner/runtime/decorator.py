@@ -14,7 +14,7 @@ import torch
 
 from tuner.db import Problem
 from tuner.errors import TunerError
-from tuner.keys import attention_run_key, canonical_json, kv_len_bucket
+from tuner.keys import attention_run_key, canonical_json, kv_bucket_exponent
 from tuner.ranks import current_ranks
 from tuner.runtime.borrowing import Config
 from tuner.runtime.capture import declared_kv_len
@@ -292,7 +292,7 @@ _COMBINED_KEY = "_static, _batch, _q_len, _kv_len = _key({call})"
 
 def _kv_bits(kv_len: Any) -> int:
     """The memo's kv bucket for integer-likes (numpy ints); a clear ValueError otherwise."""
-    return (kv_len_bucket(kv_len) - 1).bit_length()
+    return kv_bucket_exponent(kv_len)
 
 
 def _build(fn: Callable, state: AutotunedFunction, keys: dict[str, Callable], params: str, call: str,

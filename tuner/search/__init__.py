@@ -11,7 +11,7 @@ import pkgutil
 
 from tuner import settings
 from tuner.errors import TunerError
-from tuner.search.base import Step, Strategy
+from tuner.search.base import GuidesShapes, ShapeGuide, Step, Strategy
 
 DEFAULT_STRATEGY = settings.DEFAULT_STRATEGY
 
@@ -35,4 +35,4 @@ def get_strategy(name: str) -> Strategy:
         raise TunerError(f"unknown search strategy {name!r}; known: {', '.join(strategies())}") from None
 
 
-__all__ = ["DEFAULT_STRATEGY", "Step", "Strategy", "get_strategy", "strategies"]
+__all__ = ["DEFAULT_STRATEGY", "GuidesShapes", "ShapeGuide", "Step", "Strategy", "get_strategy", "strategies"]

@@ -167,6 +167,8 @@ class Guide:
 
 
 class Guided(Halving):
+    """Halving, with a Guide across a sweep's shapes (a tuner.search.base.GuidesShapes)."""
+
     name = "guided"
     description = "halving on power-of-two batches; other batches over their neighbours' leaders"
 

@@ -56,7 +56,7 @@ def _read_pages(inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
 def fresh_page_copies(inputs: DecodeInputs, count: int) -> list[DecodeInputs]:
     """count copies of inputs (the first one's page table unchanged), over one KV pool in
     which the pages each copy reads are its own. The pool is made beside inputs' caches (for
-    a moment both are held: callers leave room, tuner.ops.trial.too_big), which are then not
+    a moment both are held: callers leave room, tuner.sweep.trials.too_big), which are then not
     needed: drop inputs and use the copies."""
     if count <= 1:
         return [inputs]

@@ -8,6 +8,7 @@ import random
 from typing import Any, Callable
 
 from tuner import settings
+from tuner.keys import kv_bucket_low
 from tuner.workload.shapes import DecodeShape
 
 # SGLang's default CUDA-graph batch sizes (its --cuda-graph-bs): 1-8, 12, 16, then every 8 to 256
@@ -70,7 +71,7 @@ def is_dense(lengths_sum: int, batch: int, max_kv_len: int) -> bool:
 
 def _into_bucket(lens: list[int], kv_len: int, salt: str) -> list[int]:
     """lens with its longest moved into kv_len's bucket (above half its top) if it fell below."""
-    low = max(1, (1 << max(kv_len - 1, 0).bit_length()) // 2 + 1)  # the bucket's first length
+    low = kv_bucket_low(kv_len)
     longest = max(range(len(lens)), key=lens.__getitem__)
     if lens[longest] < low:
         lens[longest] = random.Random(f"longest/{salt}").randint(min(low, kv_len), kv_len)
@@ -118,7 +119,7 @@ def serving_draws(batch: int, kv_len: int, seed: int, reach_top: bool = False) -
     the first batch's longest at kv_len itself, the bucket's top, which a small batch's
     draws may all miss (batch 1's three lengths of seeds 0 and 1000003 at kv 64k: 37k-50k
     of a 33k-64k bucket)."""
-    low = max(1, (1 << max(kv_len - 1, 0).bit_length()) // 2 + 1)  # the bucket's first length
+    low = kv_bucket_low(kv_len)
     draws = []
     for j in range(draws_per_distribution(batch)):
         at = _draw_seed(seed, j)

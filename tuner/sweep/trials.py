@@ -1,17 +1,21 @@
-"""The trial builder of an op: a shape's inputs on a device, the reference output, copies
-that read fresh pages for a cold L2 (tuner.workload.rotation), and the op's tolerance."""
+"""A shape's trials (its inputs on a device, the reference output, copies that read fresh
+pages for a cold L2, the op's tolerance): the first, the second a winner must hold on, the dense pass's."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import os
+from typing import Any
 
 import torch
 
 from tuner import settings
+from tuner.bench import boundary_sync, one_line
 from tuner.bench.trial import Trial, cold_l2_copies
-from tuner.ops.base import Op
+from tuner.ops import Config, Op
+from tuner.search.pipeline import SecondTrial, confirm_again
+from tuner.workload import DecodeInputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.shapes import DecodeShape
 from tuner.workload.traffic import dense_draws, draws_per_distribution, serving_draws
@@ -46,10 +50,8 @@ def as_called(shape: DecodeShape, lens: list[int]) -> tuple[DecodeShape, int]:
     its longest sequence as the max length, a table as wide as that (the lengths' own
     bucket, same run key), not the bucket's top. FA3's default sizes its splits by the
     table's width and the Triton kernel caps its splits by the max length, so at the
-    bucket's top a batch may run other splits than its calls do. Measured on the H200: a
-    128-split Triton winner of batch 1 x kv 64k, 7% ahead of FA3's default on trials at
-    the top, ran at 0.95-0.97x of it on serving.py's calls of 54k-57k keys (that this is
-    the cause is not yet measured)."""
+    bucket's top a batch may run other splits than its calls do (docs/decisions.md,
+    "Second trials")."""
     longest = max(max(lens), shape.q_len, 1)
     unit = shape.page_size * TABLE_PAGES_ROUNDING
     return dataclasses.replace(shape, kv_len=longest), -(-longest // unit) * unit
@@ -63,7 +65,7 @@ def build_second_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -
 
 
 def build_dense_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0) -> Trial:
-    """The trial of a serving shape's dense pass (tuner.sweep): its dense batches alone
+    """The trial of a serving shape's dense pass (tuner.sweep.dense): its dense batches alone
     (tuner.workload.traffic.dense_draws, seed + settings.DENSE_TRIAL_SEED), each run as called."""
     return build_trial(op, shape, device, seed, draws=dense_draws(shape.batch, shape.kv_len,
                                                                   seed + settings.DENSE_TRIAL_SEED))
@@ -103,3 +105,21 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     return Trial(runs=runs, reference=references[0], tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len,
                  checks=[(i, ref) for i, ref in enumerate(references) if i > 0], precompile=precompile,
                  parts=parts)
+
+
+def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
+    """How many copies a cold-L2 rotation needs (tuner.bench.trial), by the bytes a call
+    reads (tuner.workload.rotation), not the bytes allocated."""
+    return cold_l2_copies(bytes_read(inputs), device, max_copies)
+
+
+def on_second_trial(op: Op, shape: DecodeShape, device: str, seed: int, config: Config, default: Config,
+                    timer: Any, min_gain: float, must_gain: bool = True) -> SecondTrial:
+    """config against the default on the shape's second trial (pipeline.confirm_again's
+    rule), built once the first is freed; one that cannot be built does not hold."""
+    try:
+        trial = build_second_trial(op, shape, device, seed)
+    except (RuntimeError, MemoryError) as e:
+        return SecondTrial(False, error=one_line(e))
+    boundary_sync(release=False)
+    return confirm_again(trial, config, default, timer, min_gain=min_gain, must_gain=must_gain)

@@ -1,0 +1,83 @@
+"""What a sweep measures: the shapes (of the runtime's misses; one per key) and each shape's candidate configs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tuner import settings
+from tuner.bench import with_default_first
+from tuner.db import MissRow, Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.keys import attention_run_key
+from tuner.ops import Config, Op, get_grid
+from tuner.workload import DecodeShape
+from tuner.workload.shapes import shape_from_keys
+
+
+def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:
+    """The default first (so it is always measured), then the rest of the space once each."""
+    return with_default_first(op.default(shape), op.configs(shape))
+
+
+def shape_from_miss(miss: MissRow) -> DecodeShape | None:
+    """The shape `tuner sweep --from-misses` measures for a missed key: at the top of its kv
+    bucket, on serving batches (DecodeShape.lengths) where its calls' lengths were mixed;
+    None when the key is not one a sweep can build."""
+    shape = shape_from_keys(miss.problem.static_key, miss.problem.run_key)
+    if shape is None or miss.lengths is None or miss.lengths.mean >= settings.MISS_MIXED_BELOW * miss.lengths.longest:
+        return shape
+    return dataclasses.replace(shape, lengths="serving")
+
+
+@dataclass(frozen=True)
+class MissPlan:
+    """The shapes to sweep for the runtime's misses, and how many missed keys (static keys,
+    with a grid) no sweep can build."""
+
+    shapes: list[DecodeShape]
+    left_out: int = 0
+    of_what: str = "keys"
+
+    @property
+    def warning(self) -> str | None:
+        """What to tell the user of the keys left out; None where none were."""
+        if not self.left_out:
+            return None
+        return f"{self.left_out} missed {self.of_what} are not attention shapes a sweep can build; left out"
+
+
+def plan_from_misses(db: TuningDB, op: Op, grid: str | None = None) -> MissPlan:
+    """The shapes `tuner sweep OP --from-misses` sweeps: each key op missed in this
+    environment (shape_from_miss), or with a grid, the grid's run keys (e.g. serving: every
+    capture batch size x kv bucket) for every static key it missed. TunerError for an unknown grid."""
+    missed = db.misses(current_fingerprint_id(), op=op.name, environment=current_fingerprint())
+    if grid is None:
+        shapes = [s for s in (shape_from_miss(m) for m in missed) if s is not None]
+        return MissPlan(shapes, len(missed) - len(shapes))
+    statics = list(dict.fromkeys(m.problem.static_key for m in missed))
+    runs = get_grid(op, grid)
+    per_static = [[dataclasses.replace(s, lengths=g.lengths) for g in runs
+                   if (s := shape_from_keys(static, attention_run_key(g.batch, g.q_len, g.kv_len))) is not None]
+                  for static in statics]
+    return MissPlan([s for group in per_static for s in group], sum(not group for group in per_static),
+                    "static keys")
+
+
+def problems_of(op: Op, shapes: list[DecodeShape]) -> list[Problem]:
+    """Each shape's key (op, static key, run key)."""
+    return [Problem(op.name, shape.static_key().to_json(), shape.run_key()) for shape in shapes]
+
+
+def chosen_per_key(shapes: list[DecodeShape], problems: list[Problem]) -> dict[Problem, DecodeShape]:
+    """The one shape swept of each key: shapes of one key share one record. A mixed-length one
+    is preferred to full batches, and the longest, at its kv bucket's top (a bucket bounds
+    its calls' lengths)."""
+
+    def preference(shape: DecodeShape) -> tuple[bool, int]:
+        return shape.lengths != "full", shape.kv_len
+
+    chosen: dict[Problem, DecodeShape] = {}
+    for shape, problem in zip(shapes, problems):
+        if problem not in chosen or preference(shape) > preference(chosen[problem]):
+            chosen[problem] = shape
+    return chosen
