@@ -153,7 +153,7 @@ def test_the_runtimes_memo_keys_bucket_as_the_helper_does(db_path):
 def test_decode_attentions_fallback_key_buckets_as_the_helper_does(monkeypatch):
     """decode_attention's fallback cache keys a call by its kv bucket, spelt inline for the
     same reason; it must agree with kv_bucket_exponent."""
-    import tuner.ops.decode_attention as da
+    import tuner.integrations.decode_attention as da
 
     monkeypatch.setattr(da, "_FALLBACKS", {})
     q, k, v = tensors(q_heads=4, kv_heads=2, d=32, page=16)

@@ -194,6 +194,7 @@ def sweep_command(
     max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
     min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=_finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = settings.MIN_GAIN,
     second_trial: Annotated[bool, typer.Option("--second-trial/--no-second-trial", help="Serving shapes: confirm each winner once more, side by side with the default, on a second batch of freshly drawn lengths, and keep the default where it does not hold (one draw of lengths can crown a config that loses on another).")] = True,
+    isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run the sweep in a worker process that a supervisor restarts after a CUDA fault, a crash or a config hung past $TUNER_CANDIDATE_TIMEOUT_S (default 600 s): the config that was running is stored as refused with its error, and nothing measured is lost. Not under torchrun.")] = True,
     dense_pass: Annotated[bool, typer.Option("--dense-pass/--no-dense-pass", help="Serving shapes of batch > 1 (decode_attention): once a winner is known, search a second config for dense batches (lengths summing to at least half of batch x the longest), kept only where it beats the winner on dense batches and loses to the default nowhere on a second trial; the winner serves the rest. Runs on stored winners that have had none (or whose second trial asked for a gain and refused it). Not in a distributed sweep.")] = True,
 ) -> None:
     """Benchmark every candidate config of OP over a grid of shapes; store the winners.
@@ -255,6 +256,11 @@ def sweep_command(
 
         ranks = ranks_from_launcher()  # under torchrun: share the work, agree on the winners
         leader = ranks is None or ranks.rank == 0
+        from tuner.sweep.guard import supervise, worker_flight
+
+        flight = worker_flight()
+        if isolate and ranks is None and flight is None and _INVOCATION is not None:
+            raise typer.Exit(supervise(_INVOCATION, database))
         total = sum(len(candidate_configs(op, s)) for s in shapes)
         if leader:
             shared = f" over {ranks.world} ranks" if ranks else ""
@@ -272,7 +278,7 @@ def sweep_command(
                 results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain,
                                 strategy=strategy,
                                 on_advance=lambda n, label: progress.update(task, advance=n, description=label),
-                                ranks=ranks, second_trial=second_trial, dense_pass=dense_pass)
+                                ranks=ranks, second_trial=second_trial, dense_pass=dense_pass, flight=flight)
             except SweepInterrupted as e:  # Ctrl-C, or a deadline's SIGINT: show what is done
                 interrupted, results = e, e.done
             progress.update(task, description=op.name)
@@ -738,8 +744,21 @@ def prune_command(
         console.print(table)
 
 
+# how this process was started, for a sweep's supervisor to start its worker alike (None
+# where the CLI is called in-process, as tests do: the sweep then runs in this process)
+_INVOCATION: list[str] | None = None
+
+
+def _invocation(argv: list[str] | None) -> list[str]:
+    program = sys.argv[0]
+    start = ["-m", "tuner"] if Path(program).name == "__main__.py" else [program]
+    return [sys.executable, *start, *(sys.argv[1:] if argv is None else argv)]
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console script: usage errors, like every other bad input, are one line and exit 2."""
+    global _INVOCATION
+    _INVOCATION = _invocation(argv)
     try:
         code = app(args=argv, prog_name="tuner", standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as e:

@@ -175,3 +175,19 @@ MAX_JSON_BYTES = 256 * 2**20
 # a batch's sequences, padded to the longest, and their scores): sequences go in chunks,
 # not one by one, since a sweep builds a reference per serving batch (three or more per shape)
 REFERENCE_CHUNK_BYTES = 1 << 30
+
+# A sweep's worker that runs one config this long without a result is taken for hung: its
+# supervisor kills it, refuses the config and goes on (a GPU candidate takes seconds).
+ENV_CANDIDATE_TIMEOUT = "TUNER_CANDIDATE_TIMEOUT_S"
+CANDIDATE_TIMEOUT_S = 600.0
+# A worker that dies this many times in a row outside any config is a fault of its own: stop.
+MAX_BLIND_RESTARTS = 2
+
+
+def candidate_timeout_s() -> float:
+    """$TUNER_CANDIDATE_TIMEOUT_S when it is a positive number, else CANDIDATE_TIMEOUT_S."""
+    try:
+        value = float(os.environ.get(ENV_CANDIDATE_TIMEOUT, ""))
+    except ValueError:
+        return CANDIDATE_TIMEOUT_S
+    return value if value > 0 else CANDIDATE_TIMEOUT_S

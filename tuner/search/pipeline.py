@@ -62,12 +62,14 @@ def measure(
     advance: Callable[[int], None] | None = None,
     decide_winner: bool = True,
     keep_default_if_confirm_fails: bool = False,
+    starting: Callable[[Step], None] | None = None,
 ) -> Measured:
     """Measure `configs` (the default first) on `trial` as `strategy` says and choose the
     winner. resume: a stored measurement to reuse instead (of its rung or a later one);
     record: store each new one; ranks (with gather): the first rung shared round robin, the
     later rungs and the choice on rank 0 only (decide_winner False: no choice here).
-    advance(n): n first-rung steps done, for a progress bar. keep_default_if_confirm_fails:
+    advance(n): n first-rung steps done, for a progress bar. starting(step): told before a
+    step's config runs (a sweep's flight recorder, tuner.sweep.flight). keep_default_if_confirm_fails:
     a side-by-side re-timing that fails (out of memory, say) keeps the default as the winner,
     for a sweep that moves on to its next shape; otherwise its error propagates (tune mode
     stores nothing then, and tries the key again)."""
@@ -82,6 +84,8 @@ def measure(
         if stored is not None and stored[1] >= step.rung:
             resumed.add(key)
             return stored[0]
+        if starting is not None:
+            starting(step)
         outcome = measure_config(trial.runs, step.config, reference=trial.reference, tolerance=trial.tolerance,
                                  timer=step.timer, checks=trial.checks)
         if record is not None:

@@ -12,6 +12,7 @@ from tuner.errors import TunerError
 from tuner.ops import Op
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, GuidesShapes, ShapeGuide, Strategy, get_strategy
+from tuner.sweep.flight import Flight
 from tuner.workload import DecodeShape
 
 
@@ -29,6 +30,7 @@ class SweepOptions:
     ranks: Ranks | None = None
     second_trial: bool = True
     dense_pass: bool = True
+    flight: Flight | None = None
 
 
 @dataclass(frozen=True)

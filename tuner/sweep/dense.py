@@ -42,7 +42,7 @@ def dense_pass(run: SweepRun, shape: DecodeShape, problem: Problem, winner: Conf
     baseline = op.by_fill(winner, winner)
     candidates = [baseline] + [op.by_fill(c, winner) for c in configs if not same_config(c, winner)]
     sink = MeasurementSink.resuming(run.db, problem, run.env, run.method, shape, DENSE_LENGTHS,
-                                    force=run.options.force)
+                                    force=run.options.force, flight=run.options.flight)
     try:
         trial = build_dense_trial(op, shape, run.device, run.options.seed)
     except (RuntimeError, MemoryError) as e:
@@ -52,7 +52,7 @@ def dense_pass(run: SweepRun, shape: DecodeShape, problem: Problem, winner: Conf
         # the progress bar counts the mixes' measurements: a dense pass only names itself
         result = measure(trial, candidates, baseline, run.timer, strategy=run.strategy,
                          min_gain=run.options.min_gain, resume=sink.resume, record=sink.add,
-                         advance=lambda n: run.advance(0, f"{label} (dense pass)"),
+                         starting=sink.starting, advance=lambda n: run.advance(0, f"{label} (dense pass)"),
                          keep_default_if_confirm_fails=True)
     del trial
     boundary_sync(release=False)
@@ -60,7 +60,7 @@ def dense_pass(run: SweepRun, shape: DecodeShape, problem: Problem, winner: Conf
         _teach(guide, op, shape, winner, baseline, configs, result)
     info: dict[str, Any] = dict(seed=run.options.seed + settings.DENSE_TRIAL_SEED, measured=result.measured,
                                 resumed=result.resumed, **rounds(shape))
-    if len(configs) < len(every):  # what a replay (benchmarks/dense_guide_replay.py) leaves out
+    if len(configs) < len(every):  # what the guide's shortlist left out
         info.update(shortlisted=len(configs), candidates=len(every))
     return _decide(run, shape, default, baseline, result, info)
 

@@ -10,6 +10,7 @@ from tuner.ops import Op
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY
 from tuner.sweep.context import SweepOptions, SweepRun
+from tuner.sweep.flight import Flight
 from tuner.sweep.measure import keep_stored, measure_shape
 from tuner.sweep.plan import candidate_configs, chosen_per_key, problems_of
 from tuner.sweep.results import DUPLICATE, ShapeResult, SweepInterrupted
@@ -31,6 +32,7 @@ def sweep(
     ranks: Ranks | None = None,
     second_trial: bool = True,
     dense_pass: bool = True,
+    flight: Flight | None = None,
 ) -> list[ShapeResult]:
     """Tune op over shapes into db, a result per shape in their order. on_advance(n, label)
     reports n configs done. force: measure again what db holds.
@@ -42,10 +44,11 @@ def sweep(
     shape's winner (not the default) must hold again on a second trial of freshly drawn
     lengths, else the default is stored. dense_pass: a serving shape of batch > 1 of an op
     with by_fill configs gets a second config for its dense batches (tuner.sweep.dense), as
-    does a stored winner that has had none; not in a distributed sweep."""
+    does a stored winner that has had none; not in a distributed sweep. flight: where a
+    supervisor reads what was in flight should this process die (tuner.sweep.guard)."""
     options = SweepOptions(timer=timer, force=force, min_gain=min_gain, seed=seed, strategy=strategy,
                            halving=halving, on_advance=on_advance, ranks=ranks, second_trial=second_trial,
-                           dense_pass=dense_pass)
+                           dense_pass=dense_pass, flight=flight)
     return sweep_with(op, shapes, db, options)
 
 

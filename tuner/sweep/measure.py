@@ -25,7 +25,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     options = run.options
     # stored as they come where other ranks read them
     sink = MeasurementSink.resuming(run.db, problem, run.env, run.method, shape, shape.lengths, force=options.force,
-                                    at_once=options.ranks is not None)
+                                    at_once=options.ranks is not None, flight=options.flight)
     try:
         trial = build_trial(run.op, shape, run.device, options.seed)
     except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed
@@ -36,7 +36,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     with sink:
         result = measure(
             trial, configs, configs[0], run.timer, strategy=run.strategy, min_gain=options.min_gain,
-            resume=sink.resume, record=sink.add, ranks=options.ranks,
+            resume=sink.resume, record=sink.add, starting=sink.starting, ranks=options.ranks,
             gather=lambda cs, mine: _all_outcomes(run, problem, cs, mine, shape),
             advance=lambda n: run.advance(n, label), keep_default_if_confirm_fails=True,
         )
@@ -45,7 +45,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     if run.guide is not None:  # from what every rank holds alike: the ranks' shortlists agree
         run.guide.record(shape, result.first_rung)
     default = configs[0]
-    winner, default_timing, info, note = _confirm(run, shape, problem, default, result, label)
+    winner, default_timing, info, note = _confirm(run, shape, problem, default, result, label, sink.method)
     if run.leader and winner is not None:
         run.db.save_winner(problem, run.env, winner.config, winner.timing, default, default_timing,
                            method=dict(sink.method, min_gain=options.min_gain,
@@ -61,7 +61,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
 
 
 def _confirm(run: SweepRun, shape: DecodeShape, problem: Problem, default: Config, result: Measured,
-             label: str) -> tuple[Outcome | None, Timing | None, dict[str, Any], str]:
+             label: str, method: dict[str, Any]) -> tuple[Outcome | None, Timing | None, dict[str, Any], str]:
     """The leader's winner, the default's timing, what the record's method says of them and a
     note: a serving winner must hold on a second trial (else the default stays), and may
     then get a dense pass."""
@@ -72,8 +72,13 @@ def _confirm(run: SweepRun, shape: DecodeShape, problem: Problem, default: Confi
     note = ""
     if run.options.second_trial and shape.lengths != "full" and not same_config(winner.config, default):
         seed = run.options.seed
+        flight = run.options.flight
+        if flight is not None:  # fresh lengths: a config that faults on them is refused for the shape
+            flight.running(problem, run.env, method, shape.kv_len, [], winner.config, label)
         checked = on_second_trial(run.op, shape, run.device, seed, winner.config, default, run.timer,
                                   run.options.min_gain)
+        if flight is not None:
+            flight.landed(problem, run.env, [])
         info["second_trial"] = checked.as_method(seed + settings.SECOND_TRIAL_SEED)
         if not checked.held:
             note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"

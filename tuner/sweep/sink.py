@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from types import TracebackType
@@ -13,6 +14,7 @@ from tuner.db import MeasurementRow, Problem, TuningDB
 from tuner.errors import TunerError
 from tuner.keys import Config, canonical_json
 from tuner.search import Step
+from tuner.sweep.flight import FAULT_EXIT, Flight, is_sticky_cuda_error
 from tuner.workload import DecodeShape
 from tuner.workload.traffic import draws_per_distribution
 
@@ -52,29 +54,42 @@ class MeasurementSink:
 
     def __init__(self, db: TuningDB, problem: Problem, env: Any, method: dict[str, Any], kv_len: int, *,
                  at_once: bool = False, clock: Callable[[], float] = time.monotonic,
-                 stored: dict[str, MeasurementRow] | None = None, label: str = "") -> None:
+                 stored: dict[str, MeasurementRow] | None = None, label: str = "",
+                 flight: Flight | None = None) -> None:
         self.db, self.problem, self.env, self.method, self.kv_len = db, problem, env, method, kv_len
-        self.at_once, self.clock, self.label = at_once, clock, label
+        self.at_once, self.clock, self.label, self.flight = at_once, clock, label, flight
         self.stored = stored or {}
         self.pending: list[dict[str, Any]] = []
         self._oldest: float | None = None
 
     @classmethod
     def resuming(cls, db: TuningDB, problem: Problem, env: Any, method: dict[str, Any], shape: DecodeShape,
-                 lengths: str, *, force: bool, at_once: bool = False) -> MeasurementSink:
+                 lengths: str, *, force: bool, at_once: bool = False, flight: Flight | None = None) -> MeasurementSink:
         """The sink of shape's trial of `lengths` (its method says so), holding the stored
         measurements of that kind of batch to resume (none with force)."""
         stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
                                    if timed_on(m.method, shape, lengths)}
         return cls(db, problem, env, dict(method, **batches_of(shape, lengths)), shape.kv_len, at_once=at_once,
-                   stored=stored, label=shape.label())
+                   stored=stored, label=shape.label(), flight=flight)
 
     def resume(self, config: Config) -> tuple[Outcome, int] | None:
         """config's stored outcome and rung, for the pipeline to reuse; None if none is stored."""
         row = self.stored.get(canonical_json(config))
         return (stored_outcome(row), row.rung) if row is not None else None
 
+    def starting(self, step: Step) -> None:
+        """Before step's config runs: the flight recorder's refusal, should it never return."""
+        if self.flight is not None:
+            self.flight.running(self.problem, self.env, dict(self.method, **step.timer.method), self.kv_len,
+                                self.pending, step.config, self.label)
+
     def add(self, step: Step, outcome: Outcome) -> None:
+        if self.flight is not None and is_sticky_cuda_error(outcome.error):
+            # the CUDA context is lost: every later config would fail alike. The supervisor
+            # stores what is pending and this config's refusal, and starts a fresh worker
+            self.flight.running(self.problem, self.env, dict(self.method, **step.timer.method), self.kv_len,
+                                self.pending, step.config, self.label, error=outcome.error)
+            os._exit(FAULT_EXIT)
         t = outcome.timing
         self.pending.append(dict(
             config=step.config, kv_len=self.kv_len, status=outcome.status,
@@ -89,6 +104,8 @@ class MeasurementSink:
             self._oldest = now
         if self.at_once or now - self._oldest >= settings.STORE_EVERY_S:
             self.store()
+        elif self.flight is not None:
+            self.flight.landed(self.problem, self.env, self.pending)
 
     def store(self) -> None:
         """Write what is pending, in one transaction; tried once (a write that fails is not
@@ -96,6 +113,8 @@ class MeasurementSink:
         measurements, self.pending, self._oldest = self.pending, [], None
         if measurements:
             self.db.save_measurements(self.problem, self.env, measurements)
+        if self.flight is not None:
+            self.flight.landed(self.problem, self.env, [])
 
     def __enter__(self) -> MeasurementSink:
         return self

@@ -1,0 +1,49 @@
+"""The tuner command with one more op, "faulty": torch_split_decode whose kernel, for the chunk
+named in $FAULTY_KILLS, prints a CUDA fault and kills its own process (as FA3's illegal memory
+access did); for $FAULTY_HANGS, never returns; for $FAULTY_STICKY, raises the error a lost CUDA
+context gives. Each measurement a process starts appends "pid chunk" to $FAULTY_LOG.
+
+    python tests/support/faulty_sweep.py sweep faulty --shapes S --db D
+"""
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+
+import tuner.ops
+import tuner.search.pipeline
+from tuner.cli import main
+from tuner.ops.torch_split import TORCH_SPLIT_DECODE
+
+def _chunk(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def run(inputs, config):
+    chunk = config["chunk"]
+    if chunk == _chunk("FAULTY_KILLS"):
+        print("CUDA error (flash_fwd_launch_template.h:175): an illegal memory access was encountered",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if chunk == _chunk("FAULTY_HANGS"):
+        time.sleep(3600)
+    if chunk == _chunk("FAULTY_STICKY"):
+        raise RuntimeError("CUDA error: unspecified launch failure")
+    return TORCH_SPLIT_DECODE.run(inputs, config)
+
+
+def logged(measure_config):
+    def measure(runs, config, **kwargs):
+        with open(os.environ["FAULTY_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {config['chunk']}\n")
+        return measure_config(runs, config, **kwargs)
+    return measure
+
+
+if os.environ.get("FAULTY_LOG"):
+    tuner.search.pipeline.measure_config = logged(tuner.search.pipeline.measure_config)
+tuner.ops._REGISTRY["faulty"] = dataclasses.replace(TORCH_SPLIT_DECODE, name="faulty", run=run)
+main()

@@ -1,0 +1,83 @@
+"""A sweep that nothing kills: a config whose kernel kills its process, hangs, or loses the
+CUDA context is refused with its error, the sweep goes on in a fresh worker, and nothing
+measured is lost."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.db import TuningDB
+
+FAULTY = Path(__file__).parent / "support" / "faulty_sweep.py"
+SHAPE = dict(batch=1, kv_len=200, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
+
+
+def _sweep(tmp_path, *extra, **faults):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps([SHAPE, dict(SHAPE, batch=2)]))
+    env = dict(os.environ, FAULTY_LOG=str(tmp_path / "runs.log"), TUNER_CANDIDATE_TIMEOUT_S="4",
+               **{f"FAULTY_{k.upper()}": str(v) for k, v in faults.items()})
+    env.pop("TUNER_SWEEP_FLIGHT", None)
+    return subprocess.run([sys.executable, str(FAULTY), "sweep", "faulty", "--shapes", str(shapes), "--db",
+                           str(tmp_path / "t.db"), "--repeats", "2", "--search", "exhaustive", *extra],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def _measured(tmp_path) -> list[tuple[str, int]]:
+    """(worker pid, chunk) of each measurement a worker started."""
+    return [(pid, int(chunk)) for pid, chunk in
+            (line.split() for line in (tmp_path / "runs.log").read_text().splitlines())]
+
+
+def _measurements(tmp_path):
+    db = TuningDB(tmp_path / "t.db")
+    try:
+        return {r.problem.run_key.batch: sorted(db.measurements(r.problem, r.fingerprint_id), key=lambda m: m.config["chunk"])
+                for r in db.records()}, db.records()
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("fault, says", [("kills", "illegal memory access"), ("hangs", "hung: no result after 4 s"),
+                                         ("sticky", "unspecified launch failure")])
+def test_a_config_that_kills_hangs_or_breaks_its_worker_is_refused_and_the_sweep_goes_on(tmp_path, fault, says):
+    done = _sweep(tmp_path, **{fault: 64})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("refused {'chunk': 64}") == 2, done.stderr  # once per shape
+    measurements, records = _measurements(tmp_path)
+    assert len(records) == 2 and all(r.config != {"chunk": 64} for r in records)
+    for batch in (1, 2):
+        by_chunk = {m.config["chunk"]: m for m in measurements[batch]}
+        assert set(by_chunk) == {0, 64, 128}
+        assert by_chunk[64].status == "error" and says in by_chunk[64].error
+        assert by_chunk[0].status == by_chunk[128].status == "ok"
+    # one worker per death, each starting where the last one died: every measurement the
+    # dead worker had made is stored, none is made again (an exhaustive search measures each
+    # config once per shape), and the refused config never runs again for its shape
+    measured = _measured(tmp_path)
+    assert len({pid for pid, _ in measured}) == 3
+    assert sorted(chunk for _, chunk in measured) == [0, 0, 64, 64, 128, 128]
+
+
+def test_a_sweep_without_faults_runs_in_one_worker_and_as_before(tmp_path):
+    done = _sweep(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "refused" not in done.stderr
+    assert len({pid for pid, _ in _measured(tmp_path)}) == 1
+    measurements, records = _measurements(tmp_path)
+    assert len(records) == 2 and all(m.status == "ok" for ms in measurements.values() for m in ms)
+
+
+def test_no_isolate_runs_in_this_process_and_a_fault_ends_the_sweep(tmp_path):
+    done = _sweep(tmp_path, "--no-isolate", kills=64)
+    assert done.returncode == -9 and "illegal memory access" in done.stderr
+
+
+def test_bad_input_is_answered_by_the_command_itself_with_no_worker(tmp_path):
+    done = subprocess.run([sys.executable, str(FAULTY), "sweep", "faulty", "--shapes", str(tmp_path / "none.json"),
+                           "--db", str(tmp_path / "t.db")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("error:") == 1 and "refused" not in done.stderr

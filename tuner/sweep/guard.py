@@ -1,0 +1,133 @@
+"""A sweep that nothing kills: the sweep runs in a worker process, and its supervisor (which
+touches no GPU) restarts it after a fault, a kill or a hang, first storing the refusal of the
+config that was running and every measurement the worker had not stored yet. The restarted
+worker resumes from the DB, so it never runs a refused config again for that shape."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner import settings
+from tuner.db import TuningDB
+from tuner.sweep.flight import Flight, problem_of, read_flight
+
+WORKER_ENV = "TUNER_SWEEP_FLIGHT"  # set in a worker: where its flight recorder writes
+FINAL_EXITS = (0, 2, 130)  # done, bad input, interrupted: the worker's answer, not a death
+
+
+def worker_flight() -> Flight | None:
+    """In a supervised worker, its flight recorder; else None."""
+    path = os.environ.get(WORKER_ENV)
+    return Flight(path) if path else None
+
+
+def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = None,
+              say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> int:
+    """Run `command` (a sweep) as a worker until it ends on its own: its exit code, or 1 once it
+    has died settings.MAX_BLIND_RESTARTS times in a row with no config in flight."""
+    timeout_s = timeout_s or settings.candidate_timeout_s()
+    blind = 0
+    with tempfile.TemporaryDirectory(prefix="tuner-flight-") as tmp:
+        path = Path(tmp) / "flight.json"
+        while True:
+            path.unlink(missing_ok=True)
+            code, tail, hung = _run_worker(command, path, timeout_s)
+            if code in FINAL_EXITS and not hung:
+                return code
+            reason = f"hung: no result after {timeout_s:g} s" if hung else _death(code, tail)
+            refused = _store_flight(db, read_flight(path), reason)
+            if refused is None:
+                blind += 1
+                if blind >= settings.MAX_BLIND_RESTARTS:
+                    say(f"error: the sweep's worker died {blind} times with no config in flight, last: {reason}")
+                    return 1
+                say(f"tuner: the sweep's worker died ({reason}); restarting it")
+                continue
+            blind = 0
+            say(f"tuner: refused {refused['config']} for {refused['label']}: {reason}; the sweep goes on")
+
+
+def _run_worker(command: list[str], flight_path: Path, timeout_s: float) -> tuple[int, list[str], bool]:
+    """(exit code, the last lines of its stderr, whether it was killed as hung). Its stderr is
+    passed through; Ctrl-C reaches it once, forwarded (it runs in a process group of its own)."""
+    worker = subprocess.Popen(command, env={**os.environ, WORKER_ENV: str(flight_path)}, stderr=subprocess.PIPE,
+                              text=True, errors="replace", preexec_fn=_worker_process)
+    tail: deque[str] = deque(maxlen=40)
+    reader = threading.Thread(target=_pass_through, args=(worker.stderr, tail), daemon=True)
+    reader.start()
+    # Ctrl-C (or a deadline's SIGINT to this process): the worker reports the shapes it
+    # finished and exits 130, which ends the supervision
+    previous = signal.signal(signal.SIGINT, lambda *_: worker.send_signal(signal.SIGINT))
+    hung = False
+    try:
+        while True:
+            try:
+                code = worker.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            state = read_flight(flight_path)
+            if state and state.get("running") and time.time() - float(state.get("started", time.time())) > timeout_s:
+                worker.kill()
+                hung = True
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    reader.join(timeout=5.0)
+    return code, list(tail), hung
+
+
+def _worker_process() -> None:
+    """In the worker, before it runs: a process group of its own (a terminal's Ctrl-C reaches
+    the supervisor, which forwards it once), and, on Linux, death with its supervisor (a
+    killed supervisor must not leave a sweep running)."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _pass_through(stream: Any, tail: deque[str]) -> None:
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        tail.append(line.rstrip("\n"))
+
+
+def _death(code: int, tail: list[str]) -> str:
+    """What killed the worker, in one line: its last error line, else its signal or exit code."""
+    for line in reversed(tail):
+        if "error" in line.lower():
+            return " ".join(line.split())[:300]
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _store_flight(db: TuningDB, state: dict[str, Any] | None, reason: str) -> dict[str, Any] | None:
+    """Store what a dead worker left: its unstored measurements and, where a config was
+    running, that config's refusal (the error it died of). The refusal, with its shape's label."""
+    if not state:
+        return None
+    running = state.get("running")
+    rows = list(state.get("pending") or [])
+    if running:
+        running = dict(running, error=running.get("error") or f"refused: {reason}")
+        rows.append(running)
+    if rows:
+        db.save_measurements(problem_of(state), tuple(state["environment"]), rows)
+    return dict(running, label=state.get("label", "")) if running else None
