@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.db import TuningDB
+from tuner.keys import AttentionStaticKey
 
 runner = CliRunner()
 
@@ -852,3 +853,44 @@ def test_a_plain_postgresql_url_takes_the_driver_the_postgres_extra_installs():
 
     assert resolve_db_url("postgresql://u@h/db")[0].drivername == "postgresql+psycopg"
     assert resolve_db_url("postgresql+psycopg2://u@h/db")[0].drivername == "postgresql+psycopg2"  # as given
+
+
+def test_a_grid_is_swept_at_your_models_heads_for_each_tp_and_layer_kind(tmp_path, db_path):
+    """The named grids use one head configuration; --model and --heads sweep them at yours."""
+    config = tmp_path / "config.json"  # small heads, so that the CPU sweep is quick
+    config.write_text(json.dumps({"model_type": "gemma2", "num_attention_heads": 8, "num_key_value_heads": 4,
+                                  "head_dim": 16, "sliding_window": 64, "attn_logit_softcapping": 30.0}))
+    shapes = tmp_path / "one.json"
+    shapes.write_text(json.dumps([dict(batch=1, kv_len=128, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                       dtype="float32")]))
+    done = sweep(db_path, shapes, "--model", config, "--tp", "1,4")
+    assert done.exit_code == 0, done.output
+    keys = {AttentionStaticKey.from_json(r.problem.static_key) for r in TuningDB(db_path).records()}
+    assert {(k.num_q_heads, k.num_kv_heads, k.head_dim_qk, k.window_left, bool(k.softcap)) for k in keys} == {
+        (8, 4, 16, -1, True), (8, 4, 16, 63, True), (2, 1, 16, -1, True), (2, 1, 16, 63, True)}
+    by_hand = sweep(tmp_path / "other.db", shapes, "--heads", "6/2", "--head-dim", "16", "--sinks")
+    assert by_hand.exit_code == 0, by_hand.output
+    [record] = TuningDB(tmp_path / "other.db").records()
+    key = AttentionStaticKey.from_json(record.problem.static_key)
+    assert (key.num_q_heads, key.num_kv_heads, key.head_dim_qk, key.sinks) == (6, 2, 16, True)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--model", "llama-9-9b"), "unknown model 'llama-9-9b'"),
+    (("--model", "qwen2.5-7b", "--tp", "8"), "tp 8 does not divide the 28 query heads"),
+    (("--model", "llama-3.1-8b", "--heads", "8/1"), "not both"),
+    (("--heads", "8/1", "--tp", "2"), "--tp splits a --model's heads"),
+    (("--window", "128",), "go with --heads"),
+    (("--heads", "8/3"), "must divide"),
+    (("--model", "llama-3.1-8b", "--dtype", "float64"), "--dtype must be"),
+    (("--model", "llama-3.1-8b", "--page-size", "3"), "--page-size must be"),
+])
+def test_bad_model_options_are_one_line(tmp_path, db_path, tiny_shapes, args, says):
+    one_line_error(sweep(db_path, tiny_shapes, *args), says)
+    assert not db_path.exists()  # nothing started
+
+
+def test_a_hostile_model_config_is_one_line(tmp_path, db_path, tiny_shapes):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_attention_heads": 2**70, "num_key_value_heads": 8}))
+    one_line_error(sweep(db_path, tiny_shapes, "--model", config), "num_attention_heads must be an integer")

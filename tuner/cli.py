@@ -165,6 +165,8 @@ def ops_command() -> None:
             op.description,
         )
     console.print(table)
+    console.print("each grid is swept at the heads of its shapes (most at 32/8 heads, head dim 128, "
+                  "bfloat16); `tuner sweep OP --grid G --model NAME` or `--heads Q/KV` sweeps it at yours")
 
 
 def _fmt_us(value: float | None) -> str:
@@ -175,6 +177,50 @@ def _fmt_config(config: dict | None) -> str:
     if not config:
         return "-"
     return escape(" ".join(f"{k}={v}" for k, v in config.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class _HeadsRequest:
+    """sweep's "your model" options: the heads every shape is swept at, if any are given."""
+
+    model: str | None
+    tp: str | None
+    heads: str | None
+    head_dim: int
+    window: int | None
+    softcap: float | None
+    sinks: bool
+    dtype: str | None
+    page_size: int | None
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.model, self.tp, self.heads, self.window, self.softcap, self.dtype,
+                                           self.page_size)) or self.sinks or self.head_dim != 128
+
+    def apply(self, shapes: list) -> list:
+        from tuner.workload.models import apply_heads, attention_from_flags, model_attention, parse_tp, per_gpu_heads
+
+        if self.model is not None and self.heads is not None:
+            raise TunerError("give --model or --heads, not both")
+        if self.tp is not None and self.model is None:
+            raise TunerError("--tp splits a --model's heads; with --heads give each GPU's own")
+        hand = self.head_dim != 128 or self.window is not None or self.softcap is not None or self.sinks
+        if hand and self.heads is None:
+            raise TunerError("--head-dim, --window, --softcap and --sinks go with --heads (a --model says its own)")
+        if self.dtype is not None and self.dtype not in ("bfloat16", "float16"):
+            raise TunerError(f"--dtype must be bfloat16 or float16, got {self.dtype!r:.40}")
+        if self.page_size is not None and not (1 <= self.page_size <= 1024 and not self.page_size & (self.page_size - 1)):
+            raise TunerError(f"--page-size must be a power of two in [1, 1024], got {self.page_size}")
+        if self.model is not None:
+            kinds = per_gpu_heads(model_attention(self.model), parse_tp(self.tp or "1"))
+        elif self.heads is not None:
+            kinds = [attention_from_flags(self.heads, self.head_dim, self.window, self.softcap, self.sinks)]
+        else:
+            kinds = None
+        if kinds is None:  # dtype or page size alone: the grid's own heads
+            return [dataclasses.replace(s, dtype=self.dtype or s.dtype, page_size=self.page_size or s.page_size)
+                    for s in shapes]
+        return apply_heads(shapes, kinds, dtype=self.dtype, page_size=self.page_size)
 
 
 @app.command("sweep")
@@ -194,6 +240,15 @@ def sweep_command(
     max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
     min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=_finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = settings.MIN_GAIN,
     second_trial: Annotated[bool, typer.Option("--second-trial/--no-second-trial", help="Serving shapes: confirm each winner once more, side by side with the default, on a second batch of freshly drawn lengths, and keep the default where it does not hold (one draw of lengths can crown a config that loses on another).")] = True,
+    model: Annotated[Optional[str], typer.Option("--model", rich_help_panel="Your model", help="Sweep the grid (or shapes file) at this model's attention heads: a name from the built-in table (e.g. llama-3.1-8b, qwen3-30b-a3b, gemma-2-9b, gpt-oss-20b; an unknown name lists them) or a Hugging Face config.json (or its directory), read offline. Models with sliding-window layers give a static key per layer kind.")] = None,
+    tp: Annotated[Optional[str], typer.Option("--tp", rich_help_panel="Your model", help="With --model: tensor-parallel sizes, e.g. 1,2,4,8; each gives its per-GPU heads (default 1).")] = None,
+    heads: Annotated[Optional[str], typer.Option("--heads", rich_help_panel="Your model", help="Instead of --model: per-GPU query/kv heads, e.g. 48/8.")] = None,
+    head_dim: Annotated[int, typer.Option("--head-dim", rich_help_panel="Your model", help="With --heads: the head dim.")] = 128,
+    window: Annotated[Optional[int], typer.Option("--window", rich_help_panel="Your model", help="With --heads: a sliding window of this many tokens.")] = None,
+    softcap: Annotated[Optional[float], typer.Option("--softcap", rich_help_panel="Your model", help="With --heads: the attention logit softcap.")] = None,
+    sinks: Annotated[bool, typer.Option("--sinks", rich_help_panel="Your model", help="With --heads: attention sinks.")] = False,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", rich_help_panel="Your model", help="The q/k/v dtype: bfloat16 or float16 (default: the grid's).")] = None,
+    page_size: Annotated[Optional[int], typer.Option("--page-size", rich_help_panel="Your model", help="The KV cache's page size: 1 for SGLang and LightLLM, 16 for vLLM (default: the grid's).")] = None,
     isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run the sweep in a worker process that a supervisor restarts after a CUDA fault, a crash or a config hung past $TUNER_CANDIDATE_TIMEOUT_S (default 600 s): the config that was running is stored as refused with its error, and nothing measured is lost. Not under torchrun.")] = True,
     dense_pass: Annotated[bool, typer.Option("--dense-pass/--no-dense-pass", help="Serving shapes of batch > 1 (decode_attention): once a winner is known, search a second config for dense batches (lengths summing to at least half of batch x the longest), kept only where it beats the winner on dense batches and loses to the default nowhere on a second trial; the winner serves the rest. Runs on stored winners that have had none (or whose second trial asked for a gain and refused it). Not in a distributed sweep.")] = True,
 ) -> None:
@@ -246,6 +301,11 @@ def sweep_command(
             shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
         if lengths is not None:
             shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
+        yours = _HeadsRequest(model, tp, heads, head_dim, window, softcap, sinks, dtype, page_size)
+        if yours.given():
+            if from_misses:
+                raise TunerError("--from-misses sweeps the static keys the runtime missed: give no --model or --heads")
+            shapes = yours.apply(shapes)
         database = database or _open_db_to_sweep(db, force)
         # CUDA-graph replay with a cold L2, timed by CUDA events, on a GPU; the wall clock on a CPU
         preset = settings.TIMERS["sweep-gpu" if device == "cuda" else "sweep-cpu"]

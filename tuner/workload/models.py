@@ -15,7 +15,7 @@ from tuner.jsonfile import read_json
 from tuner.workload.shapes import DecodeShape
 
 MAX_HEADS = 1024  # past any model's attention heads: a larger count is a typo or hostile input
-HEAD_DIMS = (64, 96, 128, 192, 256)  # what the decode kernels tuner sweeps take
+MAX_HEAD_DIM = 512  # head dims are multiples of 16 up to this (each op's rules say which it runs)
 MAX_WINDOW = 1 << 24
 MAX_TP = 64
 
@@ -98,6 +98,10 @@ def known_model(name: str) -> tuple[Attention, ...] | None:
     return MODELS.get(_model_key(name))
 
 
+def _is_head_dim(value: Any) -> bool:
+    return type(value) is int and 16 <= value <= MAX_HEAD_DIM and value % 16 == 0
+
+
 def _field(config: dict[str, Any], name: str, where: str, *, default: Any = None, low: int = 1,
            high: int = MAX_HEADS) -> int:
     value = config.get(name, default)
@@ -136,8 +140,8 @@ def attention_from_config(config: Any, where: str) -> tuple[Attention, ...]:
     head_dim = config.get("head_dim")
     if head_dim is None:
         head_dim = _field(config, "hidden_size", where, high=1 << 20) // heads
-    if type(head_dim) is not int or head_dim not in HEAD_DIMS:
-        raise TunerError(f"{where}: head_dim {head_dim!r:.40} is not one tuner sweeps ({', '.join(map(str, HEAD_DIMS))})")
+    if not _is_head_dim(head_dim):
+        raise TunerError(f"{where}: head_dim {head_dim!r:.40} is not a multiple of 16 in [16, {MAX_HEAD_DIM}]")
     softcap = config.get("attn_logit_softcapping") or 0.0
     if type(softcap) not in (int, float) or not 0 <= softcap <= 1e4:
         raise TunerError(f"{where}: attn_logit_softcapping must be a number in [0, 10000], it is {softcap!r:.40}")
@@ -176,8 +180,8 @@ def attention_from_flags(heads: str, head_dim: int, window: int | None = None, s
     q, kv = int(match[1]), int(match[2])
     if not 1 <= kv <= q <= MAX_HEADS or q % kv:
         raise TunerError(f"--heads {heads}: kv heads must divide query heads, both 1-{MAX_HEADS}")
-    if head_dim not in HEAD_DIMS:
-        raise TunerError(f"--head-dim {head_dim} is not one tuner sweeps ({', '.join(map(str, HEAD_DIMS))})")
+    if not _is_head_dim(head_dim):
+        raise TunerError(f"--head-dim {head_dim} is not a multiple of 16 in [16, {MAX_HEAD_DIM}]")
     if window is not None and not 1 <= window <= MAX_WINDOW:
         raise TunerError(f"--window {window}: a sliding window is 1-{MAX_WINDOW} tokens")
     if softcap is not None and not 0 < softcap <= 1e4:
