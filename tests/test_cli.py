@@ -1,4 +1,5 @@
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -894,3 +895,33 @@ def test_a_hostile_model_config_is_one_line(tmp_path, db_path, tiny_shapes):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"num_attention_heads": 2**70, "num_key_value_heads": 8}))
     one_line_error(sweep(db_path, tiny_shapes, "--model", config), "num_attention_heads must be an integer")
+
+
+def test_a_sweep_logged_to_a_file_prints_progress_lines(db_path, tiny_shapes, monkeypatch):
+    """A sweep's log (not a terminal) held only its header line for 480 s: no progress, no
+    estimate."""
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "PROGRESS_EVERY_S", 0.02)
+    done = sweep(db_path, tiny_shapes, "--repeats", 20)
+    assert done.exit_code == 0, done.output
+    lines = [line for line in done.output.splitlines() if line.startswith("progress: shape ")]
+    assert lines, done.output
+    assert " measurements, " in lines[-1] and " elapsed" in lines[-1]
+    assert any(" left" in line for line in lines)
+
+
+def test_the_sweep_table_in_a_log_keeps_its_notes_whole_with_long_timings(monkeypatch):
+    """Rich lays a table out on 80 columns where the output is not a terminal: with timings
+    of 10 ms and more, "already in DB" wrapped, and a resumed run's log no longer said it."""
+    from rich.console import Console
+
+    import tuner.cli as cli_module
+    from tuner.sweep import ShapeResult
+    from tuner.workload import DecodeShape
+
+    shape = DecodeShape(batch=16, kv_len=8192, num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")
+    skipped = ShapeResult(shape, "skipped", {"chunk": 128, "block": 123456}, 123456.7, 234567.8, 0, 0, 0, note="")
+    monkeypatch.setattr(cli_module, "console", Console(width=80, record=True, file=open(os.devnull, "w")))
+    cli_module._print_wide(cli_module._sweep_table("torch_split_decode", [skipped]))
+    assert "already in DB" in cli_module.console.export_text()

@@ -11,6 +11,8 @@ import shlex
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Iterator, Optional
@@ -329,7 +331,8 @@ def sweep_command(
         from tuner.sweep import SweepInterrupted
 
         interrupted = None
-        with Progress(
+        log = _ProgressLog(len(shapes), total, console, enabled=leader and not console.is_terminal)
+        with log, Progress(
             TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, disable=not leader,
         ) as progress:
@@ -337,21 +340,22 @@ def sweep_command(
             try:
                 results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain,
                                 strategy=strategy,
-                                on_advance=lambda n, label: progress.update(task, advance=n, description=label),
+                                on_advance=lambda n, label: (progress.update(task, advance=n, description=label),
+                                                             log.advance(n, label)),
                                 ranks=ranks, second_trial=second_trial, dense_pass=dense_pass, flight=flight)
             except SweepInterrupted as e:  # Ctrl-C, or a deadline's SIGINT: show what is done
                 interrupted, results = e, e.done
             progress.update(task, description=op.name)
         if interrupted is not None:
             if leader and results:
-                console.print(_sweep_table(op.name, results))
+                _print_wide(_sweep_table(op.name, results))
             resume = ("the same command without --force resumes the rest (with it, it starts over)" if force
                       else "the same command resumes the rest")
             err.print(f"[yellow]interrupted[/] after {len(results)} of {interrupted.total} shapes; what was "
                       f"measured is stored, and {resume}", highlight=False, soft_wrap=True)
             raise typer.Exit(130)
         if leader:
-            console.print(_sweep_table(op.name, results))
+            _print_wide(_sweep_table(op.name, results))
             if any(r.status == "skipped" for r in results):
                 console.print("skipped shapes already have a winner in the DB (see `tuner show`; --force measures again)")
         if ranks is not None:
@@ -359,6 +363,63 @@ def sweep_command(
             digest = hashlib.sha256(winners.encode()).hexdigest()[:16]
             console.print(f"rank {ranks.rank}/{ranks.world}: {sum(r.winner is not None for r in results)} winners, "
                           f"measured {sum(r.measured for r in results)} here, winners digest {digest}")
+
+
+class _ProgressLog:
+    """Where the output is not a terminal (a log file), a progress line at least every
+    settings.PROGRESS_EVERY_S: shapes begun, measurements done, time elapsed and an estimate
+    of what is left (a progress bar draws nothing there)."""
+
+    def __init__(self, shapes: int, total: int, out: Console, *, enabled: bool) -> None:
+        self.shapes, self.total, self.out, self.enabled = shapes, total, out, enabled
+        self.done, self.labels = 0, []
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def advance(self, n: int, label: str) -> None:
+        self.done += n
+        if not self.labels or self.labels[-1] != label:
+            self.labels.append(label)
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        left = f", about {_duration(elapsed * (self.total - self.done) / self.done)} left" if self.done else ""
+        shape = f" ({self.labels[-1]})" if self.labels else ""
+        return (f"progress: shape {min(len(self.labels), self.shapes)} of {self.shapes}{shape}, {self.done} of "
+                f"{self.total} measurements, {_duration(elapsed)} elapsed{left}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(settings.PROGRESS_EVERY_S):
+            self.out.print(self.line(), highlight=False, soft_wrap=True, markup=False)
+            self.out.file.flush()
+
+    def __enter__(self) -> "_ProgressLog":
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _print_wide(table: Table) -> None:
+    """A table on the terminal's width, or, in a log, on one wide enough that its rows do not
+    wrap (rich takes 80 columns where the output is not a terminal)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    width = console.width
+    console.width = max(width, 160)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 def _sweep_table(op_name: str, results: list) -> Table:

@@ -191,3 +191,7 @@ def candidate_timeout_s() -> float:
     except ValueError:
         return CANDIDATE_TIMEOUT_S
     return value if value > 0 else CANDIDATE_TIMEOUT_S
+
+# a sweep whose output is not a terminal prints a progress line this often (a log shows the
+# sweep is alive, and about how long it has left)
+PROGRESS_EVERY_S = 30.0
