@@ -81,8 +81,8 @@ GUIDED_KEEP = 8
 # ... and, for each anchor's fastest this many, the candidate whose split count is scaled by
 # anchor batch / shape batch: batch x splits fills the GPU, where the split count alone does not
 GUIDED_SCALED = 3
-# an anchor's dense pass is shortlisted from its batch's anchor at another kv length, where one
-# is recorded: most of the gain for a tenth of the measurements (the mix stays exhaustive)
+# an anchor's dense pass is shortlisted from its batch's anchor at another kv length where one is
+# recorded (tuner.search.guided.Guide): most of the gain for a tenth of the measurements
 GUIDED_ACROSS_KV = True
 # ... from an anchor at most this many octaves of kv length away (a serving grid's next
 # bucket is one): split counts follow the length, and scaled_splits scales them by batch only
@@ -96,6 +96,7 @@ STORE_EVERY_S = 5.0
 # a missed key whose calls' mean kv length was below this share of their longest was called
 # with mixed lengths: `tuner sweep --from-misses` measures it on serving batches
 MISS_MIXED_BELOW = 0.9
+
 
 # -- timers ----------------------------------------------------------------------------------
 

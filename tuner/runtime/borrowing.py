@@ -6,8 +6,8 @@ The rule: among the winners of the call's static key, those at the nearest run k
 settings.MAX_DISTANCE away) are the neighbours; one is borrowed only if every neighbour at
 that distance beat its own default by settings.BORROW_MIN_GAIN. A config tuned for one
 batch size can lose to the default an octave away, most of all where its own gain was
-small (docs/decisions.md, "Borrowing"). A config the call cannot
-run (`accepts` says so) serves no call.
+small (docs/decisions.md, "Borrowing"). A config the call cannot run (`accepts` says so)
+serves no call.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ from tuner.runtime.state import runtime
 
 FILL_DRAWS = 64  # the batches DeclaredLengths.fill_share draws
 # sample lengths are kept as distinct values with counts, so a new batch size costs one pass
-# over them, not over every sample of a long trace. Past this
-# many distinct values, each kv bucket's range is cut into SUMMARY_BINS equal parts held by
-# their longest sample: a bucket never mixes with another, and the key stays in its bucket.
+# over them, not over every sample of a long trace. Past this many distinct values, each kv
+# bucket's range is cut into SUMMARY_BINS equal parts held by their longest sample: a bucket
+# never mixes with another, and the key stays in its bucket.
 MAX_DISTINCT = 4096
 SUMMARY_BINS = 128
 
