@@ -19,8 +19,8 @@ from tuner.bench.timing import Timing
 def boundary_sync(release: bool = True) -> None:
     """Quiesce before and after a tuning burst: every rank and stream is idle and (release)
     freed memory is returned, so one burst's leftovers cannot skew the next. A sweep moving
-    between shapes skips the release: a collection costs ~0.1 s in a process holding a DB
-    session and the kernel libraries (measured: a fifth of a serving-grid sweep), while
+    between shapes skips the release: a garbage collection is slow in a process holding a
+    DB session and the kernel libraries (docs/decisions.md, "Timing method"), while
     its trial's memory is freed by reference counting and stays in PyTorch's cache for
     the next (tuner.ops.trial.too_big counts it as free)."""
     dist = torch.distributed if torch.distributed.is_available() else None
@@ -130,8 +130,7 @@ def decide(
     challenger that wins on the mix must also not lose to the default on any one batch by
     more than settings.MAX_PART_LOSS, timed side by side on that batch alone; one that does
     gives way to the next fastest (settings.CONFIRM_TRIES challengers in all), else the
-    default stays. Measured on the H200: a winner of the mix's mean ran at 0.78x of FA3's
-    default on the batches of one distribution.
+    default stays: the mix's mean can hide a large loss on one distribution's batches.
     """
     ok = [o for o in outcomes if o.status == OK and o.timing is not None]
     if not ok:

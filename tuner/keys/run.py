@@ -17,7 +17,8 @@ A neighbour farther than ``max_distance`` octaves in batch + kv is not used at a
 Borrowing (tuner.runtime.borrowing): a neighbour's config is used only when every neighbour at that
 smallest distance beat its own default by at least 10% (tuner.settings.BORROW_MIN_GAIN); else the
 call runs the default: split-KV configs tuned for one batch size often lose to the default
-one octave away (docs/decisions.md, "Borrowing").
+one octave away, most of all where the neighbour's own gain was small (docs/decisions.md,
+"Borrowing").
 """
 
 from __future__ import annotations
@@ -70,10 +71,8 @@ def visible_kv_len(max_kv_len: int, max_q_len: int, window_left: int) -> int:
     each query caps them at window_left + max_q_len, however long the sequences are (the
     queries are the last tokens: no key lies to their right). What a call reads (kernels
     plan splits by it); run keys bucket the longest sequence instead, since of a mixed batch
-    past the window the shorter sequences read less (measured, H200: one record of a
-    window-4095 key for every length past the window ran at 0.48-0.56x of FA3's default on
-    batches of caps 4k-16k when swept at 128k, and missed 1.13-1.65x at 16k-128k when swept
-    at 4k)."""
+    past the window the shorter sequences read less, and one record for every length past
+    the window fit none of them (docs/decisions.md, "kv buckets and run keys")."""
     return max_kv_len if window_left < 0 else min(max_kv_len, window_left + max_q_len)
 
 

@@ -64,16 +64,15 @@ CPU_SPLITS = (1, 2, 4, 8)
 CPU_TOKENS_PER_SPLIT = (32,)
 # CUDA: larger blocks (16 is left out as too small for a GPU's tensor cores); split counts
 # come from _cuda_splits. (block_n, num_warps, num_stages): the eight that won a shape of
-# the H200's shipped and serving sweeps; the other four of the 3 x 2 x 2 never did
-# (docs/decisions.md, "Triton kernel").
+# the shipped and serving sweeps; the other four of the 3 x 2 x 2 never did
+# (docs/decisions.md, "The Triton kernel's config space").
 CUDA_BLOCK_NS = (32, 64, 128)
 CUDA_KERNEL_SHAPES = ((32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3), (64, 8, 2), (64, 8, 3),
                       (128, 4, 2), (128, 4, 3))
 CUDA_MAX_SPLITS = 128
 CUDA_WAVES = 4
-# splits from each sequence's own length (tokens_per_split), at most CUDA_MAX_SPLITS, with
-# the three kernel shapes that won most. On the H200 (benchmarks/results/h200/issue13) 512
-# won most often and 8192 never, in 599 cases: 256 takes 8192's place.
+# splits from each sequence's own length (tokens_per_split), at most CUDA_MAX_SPLITS, at the
+# token counts that won, with the three kernel shapes that won most (docs/decisions.md)
 CUDA_TOKENS_PER_SPLIT = (256, 512, 2048)
 CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 # the persistent schedule's programs (tokens_per_split > 0): per SM on a GPU; the interpreter
@@ -83,8 +82,7 @@ INTERPRETED_PROGRAMS = 3
 PART_MAX_BYTES = 256 * 2**20  # partial results of the splits, at most
 # the merge reads every split's partial output at once where they fit this many floats (a
 # hundred splits of head dim 256: one round trip to memory, not one per chunk), else in chunks.
-# 128 x 256 is at the edge: compiled for sm_90 in 4 warps it takes 255 registers and spills
-# 48 bytes (128 x 128: 160), as an earlier merge that read every split at once did
+# 128 x 256 is at the edge of a program's registers (docs/decisions.md, MERGE_TILE)
 MERGE_TILE = 128 * 256
 MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension: the even split's splits
 MAX_BLOCK_M = 64  # rows (query token x q head) per stage-1 program; more go to more programs

@@ -6,8 +6,8 @@ The rule: among the winners of the call's static key, those at the nearest run k
 settings.MAX_DISTANCE away) are the neighbours; one is borrowed only if every neighbour at
 that distance beat its own default by settings.BORROW_MIN_GAIN. A config tuned for one
 batch size can lose to the default an octave away, most of all where its own gain was
-small (measured: benchmarks/results/h200/mixed_lengths_*.json). A config the call cannot
-run (`accepts` says so) serves no call.
+small (docs/decisions.md, "Borrowing"). A config the call cannot run (`accepts` says so)
+serves no call.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
     (or the call's own bucket, if lower) up to the call's own; none (the default) if the
     winners differ or any of those buckets has none, since an unmeasured length may be
     where it loses. How it was found is "exact" when the call's own key has a winner, else
-    "default". Measured on the H200: the 128k bucket's winner frozen for all lengths ran at
-    0.46x of FA3's default on short batches (benchmarks/results/h200/issue12/serving_other_2734bd6.json.xz).
+    "default". The bound's winner frozen for all lengths can run at half the default's speed
+    on short batches (docs/decisions.md, "The frozen rule for CUDA graphs").
     captured(config): the config a capture runs of a stored one (decode_attention's by_fill
     records run their config for any batch there); the winners are compared, and the one
     chosen returned, as captured."""

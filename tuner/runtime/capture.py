@@ -33,9 +33,9 @@ from tuner.runtime.state import runtime
 
 FILL_DRAWS = 64  # the batches DeclaredLengths.fill_share draws
 # sample lengths are kept as distinct values with counts, so a new batch size costs one pass
-# over them, not over every sample (a trace of 10**6 took ~0.5 s a batch size). Past this
-# many distinct values, each kv bucket's range is cut into SUMMARY_BINS equal parts held by
-# their longest sample: a bucket never mixes with another, and the key stays in its bucket.
+# over them, not over every sample of a long trace. Past this many distinct values, each kv
+# bucket's range is cut into SUMMARY_BINS equal parts held by their longest sample: a bucket
+# never mixes with another, and the key stays in its bucket.
 MAX_DISTINCT = 4096
 SUMMARY_BINS = 128
 
@@ -130,7 +130,7 @@ class DeclaredLengths:
         FILL_DRAWS batches drawn alike each time; None where the declaration says nothing of
         each sequence's length (unknown, or an int). Unweighted, a few long among many short
         at batch 3 read as dense (two batches in three hold no long one) and captured a
-        config that ran 0.83x of FA3's default on the batches that do."""
+        config that lost on the batches that do (docs/decisions.md, DECLARED_DENSE_SHARE)."""
         if not self.per_sequence:
             return None
         share = self._fill_shares.get((batch, fill))

@@ -1,7 +1,7 @@
 """Whether a CUDA-graph capture may be on, for the price of a list read: a count of the
 captures begun through torch.cuda.CUDAGraph (torch.cuda.graph, make_graphed_callables,
 torch.compile's CUDA graphs) and not yet ended. The hot path asks the stream's capture
-status (about 1.5 us of host time on the H200 host) only while the count is not zero.
+status, which costs more host time than the rest of a lookup, only while the count is not zero.
 A capture begun another way (cudaStreamBeginCapture outside torch's class), or begun
 before the watch was installed (autotune() installs it where CUDA is), is not seen."""
 

@@ -2,10 +2,10 @@
 
 A call reads only part of what is allocated: a sliding window reads its last keys, short
 sequences in a wide page table read their own pages. A rotation of whole-cache copies sized
-by allocation then times a hot L2 (a window-4095 winner looked 1.29x against 1.07x on fresh
-pages). Here the copies share one KV pool, and each copy's page table points the pages its
-call reads at pages no other copy reads, holding the same values: every copy gives the same
-output, and a rotation of n copies reads n times the bytes of one call from memory.
+by allocation then times a hot L2, which flatters a windowed config (docs/decisions.md,
+"Timing method"). Here the copies share one KV pool, and each copy's page table points the
+pages its call reads at pages no other copy reads, holding the same values: every copy gives
+the same output, and a rotation of n copies reads n times the bytes of one call from memory.
 """
 
 from __future__ import annotations

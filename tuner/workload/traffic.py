@@ -15,7 +15,7 @@ from tuner.workload.shapes import DecodeShape
 CAPTURE_BATCHES: tuple[int, ...] = tuple(range(1, 9)) + (12, 16) + tuple(range(24, 257, 8))
 MIN_LEN = 16  # a sequence in decode holds at least its prompt
 # the kv buckets of a serving grid, 32-128k: below 1k too, since a batch of a few short
-# sequences is where FA3's default loses most (1.9-2.6x at 21-44 keys, batch 1, on the H200)
+# sequences is where FA3's default loses most (docs/decisions.md, "kv buckets and run keys")
 SERVING_KV = tuple(2**i for i in range(5, 18))
 
 
@@ -117,8 +117,7 @@ def serving_draws(batch: int, kv_len: int, seed: int, reach_top: bool = False) -
     if it fell below, so the call keys where the shape does; all of that
     draws_per_distribution(batch) times, the first round with the seed itself. reach_top:
     the first batch's longest at kv_len itself, the bucket's top, which a small batch's
-    draws may all miss (batch 1's three lengths of seeds 0 and 1000003 at kv 64k: 37k-50k
-    of a 33k-64k bucket)."""
+    draws may all miss."""
     low = kv_bucket_low(kv_len)
     draws = []
     for j in range(draws_per_distribution(batch)):
