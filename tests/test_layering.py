@@ -149,12 +149,6 @@ def test_pyproject_packages_every_subpackage_and_the_shipped_tunings():
     assert project["package-data"]["tuner.shipped"] == list(SHIPPED_GLOBS)  # what the layer reads, wheels carry
 
 
-# Files whose comments the lead cleans of commit ids and result file names in another branch of
-# issue 35; empty this list once that has landed.
-NOT_YET_CLEANED = (
-    "db/", "integrations/", "sweep.py", "cli.py", "ops/trial.py", "ops/decode_attention.py",
-    "ops/__init__.py", "bench/timer.py", "bench/cuda_timer.py", "search/guided.py", "search/base.py",
-)
 # A commit id: 7-12 hex digits (git's short form) or 40, with both a letter and a digit,
 # standing alone or ending a file name (serving_other_2734bd6). Not one: a fingerprint id
 # (16 digits), a digest (64), a hex constant (0x74756E72: after an "x").
@@ -186,8 +180,6 @@ def test_no_comment_or_string_names_a_commit_or_a_result_file():
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
-        if name.startswith(NOT_YET_CLEANED):
-            continue
         for first_line, text in comments_and_strings(path):
             named = [*COMMIT_ID.finditer(text), *RESULTS_DIR.finditer(text)]
             named += [m for m in FILE_NAME.finditer(text)

@@ -2,7 +2,7 @@
 sweep's winner again (each checked against the torch reference), re-time them side by side
 (the sweep's own winner rule, tuner.bench.decide; a record of a sweep's dense pass by its
 rule, losing nowhere, its config checked and the default as the sweep checked it:
-tuner.sweep._dense_pass), and store what that decides, with this
+tuner.sweep.dense), and store what that decides, with this
 machine's fingerprint, in a new DB. The shipped tunings are exported from that DB.
 
     python tools/verify_shipped.py --tunings sweep.tunings.json --db $OUT/verified.db \\
@@ -88,7 +88,7 @@ def worker(args: argparse.Namespace) -> None:
             trial = (build_second_trial(op, shape, device, seed=args.seed) if args.second_trial
                      else build_trial(op, shape, device, seed=args.seed))
             dense_record = (r["method"].get("dense_pass") or {}).get("kept") is False and len(configs) == 2
-            # the dense pass's rule (tuner.sweep._dense_pass): its dense part's gain was
+            # the dense pass's rule (tuner.sweep.dense): its dense part's gain was
             # established on dense batches, which a mix dilutes; it must lose nowhere
             checked = confirm_again(trial, r["config"], default, timer, must_gain=False) if dense_record else None
             by_dense_rule = checked is not None and checked.default is not None  # else the winner rule says how it failed
@@ -141,7 +141,7 @@ def main() -> None:
                     help="the trials' seed: 0 re-times on the sweep's own draws of lengths; another (e.g. "
                          "1000003, the sweep's second trial) on lengths drawn independently of them")
     ap.add_argument("--second-trial", action="store_true",
-                    help="re-time on the sweep's second trial of each shape (tuner.ops.trial.build_second_trial: "
+                    help="re-time on the sweep's second trial of each shape (tuner.sweep.trials.build_second_trial: "
                          "lengths of the seed plus settings.SECOND_TRIAL_SEED, one batch at the bucket's top)")
     ap.add_argument("--max-batch", type=int, default=None, help="only records of batch sizes up to this")
     ap.add_argument("--heads", default=None, help="only these head configurations, Q/KV comma-separated")

@@ -121,7 +121,7 @@ TIMERS = {
     "sweep-cpu": TimerPreset(warmup=2, repeats=15, min_repeats=5, max_seconds=2.0),
     # tune mode, inside a serving process: short, on wall-clock time
     "runtime": TimerPreset(warmup=1, repeats=7, min_repeats=3, max_seconds=0.5),
-    # re-checking winners before they ship (benchmarks/verify_shipped.py)
+    # re-checking winners before they ship (tools/verify_shipped.py)
     "verify-gpu": TimerPreset(warmup=3, repeats=30, min_sample_us=200.0),
     "verify-cpu": TimerPreset(warmup=1, repeats=5, min_repeats=5, max_seconds=2.0),
 }

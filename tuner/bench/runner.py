@@ -22,7 +22,7 @@ def boundary_sync(release: bool = True) -> None:
     between shapes skips the release: a garbage collection is slow in a process holding a
     DB session and the kernel libraries (docs/decisions.md, "Timing method"), while
     its trial's memory is freed by reference counting and stays in PyTorch's cache for
-    the next (tuner.ops.trial.too_big counts it as free)."""
+    the next (tuner.sweep.trials.too_big counts it as free)."""
     dist = torch.distributed if torch.distributed.is_available() else None
     group = dist is not None and dist.is_initialized()
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
