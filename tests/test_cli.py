@@ -925,3 +925,33 @@ def test_the_sweep_table_in_a_log_keeps_its_notes_whole_with_long_timings(monkey
     monkeypatch.setattr(cli_module, "console", Console(width=80, record=True, file=open(os.devnull, "w")))
     cli_module._print_wide(cli_module._sweep_table("torch_split_decode", [skipped]))
     assert "already in DB" in cli_module.console.export_text()
+
+
+def test_plan_says_the_shapes_and_candidates_and_runs_nothing(tmp_path, db_path, tiny_shapes):
+    done = sweep(db_path, tiny_shapes, "--plan", "--heads", "8/2", "--head-dim", "16")
+    assert done.exit_code == 0, done.output
+    assert "h8/2 d16" in done.output and "2 shapes, 6 candidate configs" in done.output
+    assert "no time estimate off a GPU" in done.output and "Nothing was run" in done.output
+    assert not db_path.exists()
+
+
+def test_a_plan_with_no_shapes_is_one_line(tmp_path, db_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    done = sweep(db_path, empty, "--plan")
+    one_line_error(done)
+    assert not db_path.exists()
+
+
+def test_the_plans_gpu_estimate_follows_the_search():
+    from tuner.ops import get_op
+    from tuner.sweep.plan import SweepPlan
+    from tuner.workload import DecodeShape
+
+    op = get_op("torch_split_decode")
+    shapes = [DecodeShape(batch=1, kv_len=200, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4)]
+    exhaustive = SweepPlan.of(op, shapes, "exhaustive", "cuda")
+    assert exhaustive.candidates == 3 and exhaustive.estimate_s == pytest.approx(3 * 0.0204)
+    assert SweepPlan.of(op, shapes, "guided", "cuda").estimate_s < exhaustive.estimate_s
+    assert SweepPlan.of(op, shapes, "my_search", "cuda").estimate_s == exhaustive.estimate_s
+    assert SweepPlan.of(op, shapes, "guided", "cpu").estimate_s is None

@@ -251,6 +251,7 @@ def sweep_command(
     sinks: Annotated[bool, typer.Option("--sinks", rich_help_panel="Your model", help="With --heads: attention sinks.")] = False,
     dtype: Annotated[Optional[str], typer.Option("--dtype", rich_help_panel="Your model", help="The q/k/v dtype: bfloat16 or float16 (default: the grid's).")] = None,
     page_size: Annotated[Optional[int], typer.Option("--page-size", rich_help_panel="Your model", help="The KV cache's page size: 1 for SGLang and LightLLM, 16 for vLLM (default: the grid's).")] = None,
+    plan: Annotated[bool, typer.Option("--plan", help="Say what the sweep would do and stop: its shapes by static key, their candidate configs, and the estimated GPU time; nothing runs and no DB is written.")] = False,
     isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run the sweep in a worker process that a supervisor restarts after a CUDA fault, a crash or a config hung past $TUNER_CANDIDATE_TIMEOUT_S (default 600 s): the config that was running is stored as refused with its error, and nothing measured is lost. Not under torchrun.")] = True,
     dense_pass: Annotated[bool, typer.Option("--dense-pass/--no-dense-pass", help="Serving shapes of batch > 1 (decode_attention): once a winner is known, search a second config for dense batches (lengths summing to at least half of batch x the longest), kept only where it beats the winner on dense batches and loses to the default nowhere on a second trial; the winner serves the rest. Runs on stored winners that have had none (or whose second trial asked for a gain and refused it). Not in a distributed sweep.")] = True,
 ) -> None:
@@ -308,6 +309,9 @@ def sweep_command(
             if from_misses:
                 raise TunerError("--from-misses sweeps the static keys the runtime missed: give no --model or --heads")
             shapes = yours.apply(shapes)
+        if plan:
+            _print_plan(op, shapes, strategy, device)
+            return
         database = database or _open_db_to_sweep(db, force)
         # CUDA-graph replay with a cold L2, timed by CUDA events, on a GPU; the wall clock on a CPU
         preset = settings.TIMERS["sweep-gpu" if device == "cuda" else "sweep-cpu"]
@@ -406,6 +410,30 @@ class _ProgressLog:
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
+    """sweep --plan: the shapes by static key, their candidates and the estimated GPU time."""
+    from tuner.sweep.plan import SweepPlan
+
+    if not shapes:
+        raise TunerError("the plan holds no shapes: give a grid, a shapes file or misses that have some")
+    plan = SweepPlan.of(op, shapes, strategy, device)
+    table = Table(title=f"plan: {op.name}, {strategy} search, on {device}")
+    for col in ("static key", "shapes", "batches", "kv", "lengths"):
+        table.add_column(col, justify="right" if col == "shapes" else "left")
+    for key, group in plan.by_static_key().items():
+        batches, kvs = sorted({s.batch for s in group}), sorted({s.kv_len for s in group})
+        table.add_row(escape(key), str(len(group)), f"{batches[0]}-{batches[-1]}", f"{kvs[0]:,}-{kvs[-1]:,}",
+                      ", ".join(sorted({s.lengths for s in group})))
+    _print_wide(table)
+    if plan.estimate_s is None:
+        estimate = "no time estimate off a GPU (it depends on the op and the machine)"
+    else:
+        estimate = (f"about {_duration(plan.estimate_s)} of GPU time at an H200's measured pace with Triton's "
+                    "cache warm (a fresh machine compiles its Triton candidates first)")
+    console.print(f"{len(shapes)} shapes, {plan.candidates} candidate configs; {estimate}. Nothing was run.",
+                  soft_wrap=True, highlight=False)
 
 
 def _print_wide(table: Table) -> None:

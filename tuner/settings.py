@@ -165,3 +165,7 @@ def candidate_timeout_s() -> float:
 # a sweep whose output is not a terminal prints a progress line this often (a log shows the
 # sweep is alive, and about how long it has left)
 PROGRESS_EVERY_S = 30.0
+
+# `tuner sweep --plan`'s estimate: GPU seconds per candidate config of a shape, by search, on
+# an H200 with Triton's cache warm (docs/decisions.md, "Search"); another search: exhaustive's
+PLAN_S_PER_CANDIDATE_GPU = {"exhaustive": 0.0204, "halving": 0.0094, "guided": 0.008}

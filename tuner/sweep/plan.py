@@ -81,3 +81,27 @@ def chosen_per_key(shapes: list[DecodeShape], problems: list[Problem]) -> dict[P
         if problem not in chosen or preference(shape) > preference(chosen[problem]):
             chosen[problem] = shape
     return chosen
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What `tuner sweep --plan` says before anything runs: the shapes by static key, their
+    candidate configs (every shape's, once: what the progress bar counts) and the estimated
+    GPU time."""
+
+    shapes: list[DecodeShape]
+    candidates: int
+    estimate_s: float | None  # None off a GPU: the time depends on the op and the machine
+
+    @classmethod
+    def of(cls, op: Op, shapes: list[DecodeShape], strategy: str, device: str) -> "SweepPlan":
+        candidates = sum(len(candidate_configs(op, s)) for s in shapes)
+        rates = settings.PLAN_S_PER_CANDIDATE_GPU
+        estimate = candidates * rates.get(strategy, rates["exhaustive"]) if device == "cuda" else None
+        return cls(shapes, candidates, estimate)
+
+    def by_static_key(self) -> dict[str, list[DecodeShape]]:
+        keys: dict[str, list[DecodeShape]] = {}
+        for shape in self.shapes:
+            keys.setdefault(shape.static_label(), []).append(shape)
+        return keys
