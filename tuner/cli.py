@@ -251,7 +251,7 @@ def sweep_command(
     sinks: Annotated[bool, typer.Option("--sinks", rich_help_panel="Your model", help="With --heads: attention sinks.")] = False,
     dtype: Annotated[Optional[str], typer.Option("--dtype", rich_help_panel="Your model", help="The q/k/v dtype: bfloat16 or float16 (default: the grid's).")] = None,
     page_size: Annotated[Optional[int], typer.Option("--page-size", rich_help_panel="Your model", help="The KV cache's page size: 1 for SGLang and LightLLM, 16 for vLLM (default: the grid's).")] = None,
-    plan: Annotated[bool, typer.Option("--plan", help="Say what the sweep would do and stop: its shapes by static key, their candidate configs, and the estimated GPU time; nothing runs and no DB is written.")] = False,
+    plan_only: Annotated[bool, typer.Option("--plan", help="Say what the sweep would do and stop: its shapes by static key, their candidate configs, and the estimated GPU time; nothing runs and no DB is written.")] = False,
     isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run the sweep in a worker process that a supervisor restarts after a CUDA fault, a crash or a config hung past $TUNER_CANDIDATE_TIMEOUT_S (default 600 s): the config that was running is stored as refused with its error, and nothing measured is lost. Not under torchrun.")] = True,
     dense_pass: Annotated[bool, typer.Option("--dense-pass/--no-dense-pass", help="Serving shapes of batch > 1 (decode_attention): once a winner is known, search a second config for dense batches (lengths summing to at least half of batch x the longest), kept only where it beats the winner on dense batches and loses to the default nowhere on a second trial; the winner serves the rest. Runs on stored winners that have had none (or whose second trial asked for a gain and refused it). Not in a distributed sweep.")] = True,
 ) -> None:
@@ -261,9 +261,7 @@ def sweep_command(
     """
     with _user_errors(), contextlib.ExitStack() as scope:
         from tuner.bench import timer_for
-        from tuner.ops import get_grid, get_op
-        from tuner.workload import load_shapes
-        from tuner.sweep import sweep
+        from tuner.ops import get_op
 
         op = get_op(op_name)
         if backends is not None:
@@ -275,99 +273,113 @@ def sweep_command(
         from tuner.search import get_strategy
 
         strategy = get_strategy("halving" if halving else search).name
-        from tuner.workload.shapes import LENGTHS
-
-        if lengths is not None and lengths not in LENGTHS:
-            raise TunerError(f"--lengths must be one of {', '.join(LENGTHS)}, got {lengths!r:.40}")
-        if shapes_file is not None and (grid is not None or from_misses):
-            raise TunerError("give one of --grid, --shapes, --from-misses (--grid with --from-misses: the grid's run "
-                             "keys for the missed static keys)")
         why = op.unavailable()
         if why is not None:
             raise TunerError(f"op {op.name} cannot run here: {why}")
-        device = op.device()
-        database = None
-        if from_misses:
-            from tuner.sweep import plan_from_misses
-
-            database = _open_db_to_sweep(db, force)
-            plan = plan_from_misses(database, op, grid)
-            if plan.warning:
-                err.print(f"[yellow]warning:[/] {plan.warning}", highlight=False)
-            shapes = plan.shapes
-            if not shapes:
-                console.print(f"no missed keys to tune for {op.name} (`tuner show --misses`)")
-                return
-        elif shapes_file is not None:
-            shapes = load_shapes(shapes_file)
-        else:
-            shapes = get_grid(op, grid or ("decode" if device == "cuda" else "cpu-small"))
-        if lengths is not None:
-            shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
         yours = _HeadsRequest(model, tp, heads, head_dim, window, softcap, sinks, dtype, page_size)
-        if yours.given():
-            if from_misses:
-                raise TunerError("--from-misses sweeps the static keys the runtime missed: give no --model or --heads")
-            shapes = yours.apply(shapes)
-        if plan:
-            _print_plan(op, shapes, strategy, device)
+        shapes, database = _shapes_to_sweep(op, grid, shapes_file, from_misses, lengths, yours, db, force)
+        if shapes is None:
+            return
+        if plan_only:
+            _print_plan(op, shapes, strategy, op.device())
             return
         database = database or _open_db_to_sweep(db, force)
         # CUDA-graph replay with a cold L2, timed by CUDA events, on a GPU; the wall clock on a CPU
-        preset = settings.TIMERS["sweep-gpu" if device == "cuda" else "sweep-cpu"]
+        preset = settings.TIMERS["sweep-gpu" if op.device() == "cuda" else "sweep-cpu"]
         timer = timer_for(dataclasses.replace(preset, warmup=warmup, repeats=repeats, max_seconds=max_seconds),
-                          device)
+                          op.device())
         from tuner.ranks import ranks_from_launcher
-        from tuner.sweep import candidate_configs
-
-        ranks = ranks_from_launcher()  # under torchrun: share the work, agree on the winners
-        leader = ranks is None or ranks.rank == 0
         from tuner.sweep.guard import supervise, worker_flight
 
+        ranks = ranks_from_launcher()  # under torchrun: share the work, agree on the winners
         flight = worker_flight()
         if isolate and ranks is None and flight is None and _INVOCATION is not None:
             raise typer.Exit(supervise(_INVOCATION, database))
-        total = sum(len(candidate_configs(op, s)) for s in shapes)
-        if leader:
-            shared = f" over {ranks.world} ranks" if ranks else ""
-            console.print(f"sweeping [bold]{op.name}[/] on {device}{shared}: {len(shapes)} shapes, {total} "
-                          f"measurements -> {escape(database.display_url)}")
-        from tuner.sweep import SweepInterrupted
+        _run_sweep(op, shapes, database, ranks, force=force,
+                   sweep_options=dict(timer=timer, force=force, min_gain=min_gain, strategy=strategy, ranks=ranks,
+                                      second_trial=second_trial, dense_pass=dense_pass, flight=flight))
 
-        interrupted = None
-        log = _ProgressLog(len(shapes), total, console, enabled=leader and not console.is_terminal)
-        with log, Progress(
-            TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, disable=not leader,
-        ) as progress:
-            task = progress.add_task(op.name, total=total)
-            try:
-                results = sweep(op, shapes, database, timer=timer, force=force, min_gain=min_gain,
-                                strategy=strategy,
-                                on_advance=lambda n, label: (progress.update(task, advance=n, description=label),
-                                                             log.advance(n, label)),
-                                ranks=ranks, second_trial=second_trial, dense_pass=dense_pass, flight=flight)
-            except SweepInterrupted as e:  # Ctrl-C, or a deadline's SIGINT: show what is done
-                interrupted, results = e, e.done
-            progress.update(task, description=op.name)
-        if interrupted is not None:
-            if leader and results:
-                _print_wide(_sweep_table(op.name, results))
-            resume = ("the same command without --force resumes the rest (with it, it starts over)" if force
-                      else "the same command resumes the rest")
-            err.print(f"[yellow]interrupted[/] after {len(results)} of {interrupted.total} shapes; what was "
-                      f"measured is stored, and {resume}", highlight=False, soft_wrap=True)
-            raise typer.Exit(130)
-        if leader:
+
+def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses: bool, lengths: str | None,
+                     yours: "_HeadsRequest", db: Optional[str], force: bool) -> tuple[list | None, object]:
+    """The shapes a sweep measures (None: no misses to tune), and the DB where reading the
+    misses opened it."""
+    from tuner.ops import get_grid
+    from tuner.workload import load_shapes
+    from tuner.workload.shapes import LENGTHS
+
+    if lengths is not None and lengths not in LENGTHS:
+        raise TunerError(f"--lengths must be one of {', '.join(LENGTHS)}, got {lengths!r:.40}")
+    if shapes_file is not None and (grid is not None or from_misses):
+        raise TunerError("give one of --grid, --shapes, --from-misses (--grid with --from-misses: the grid's run "
+                         "keys for the missed static keys)")
+    if from_misses and yours.given():
+        raise TunerError("--from-misses sweeps the static keys the runtime missed: give no --model or --heads")
+    database = None
+    if from_misses:
+        from tuner.sweep import plan_from_misses
+
+        database = _open_db_to_sweep(db, force)
+        missed = plan_from_misses(database, op, grid)
+        if missed.warning:
+            err.print(f"[yellow]warning:[/] {missed.warning}", highlight=False)
+        if not missed.shapes:
+            console.print(f"no missed keys to tune for {op.name} (`tuner show --misses`)")
+            return None, database
+        shapes = missed.shapes
+    elif shapes_file is not None:
+        shapes = load_shapes(shapes_file)
+    else:
+        shapes = get_grid(op, grid or ("decode" if op.device() == "cuda" else "cpu-small"))
+    if lengths is not None:
+        shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
+    return (yours.apply(shapes) if yours.given() else shapes), database
+
+
+def _run_sweep(op, shapes: list, database, ranks, *, force: bool, sweep_options: dict) -> None:
+    """Sweep with a progress bar (and progress lines in a log), then the table of winners;
+    exit 130 with what was finished where it is interrupted."""
+    from tuner.sweep import SweepInterrupted, candidate_configs, sweep
+
+    leader = ranks is None or ranks.rank == 0
+    total = sum(len(candidate_configs(op, s)) for s in shapes)
+    if leader:
+        shared = f" over {ranks.world} ranks" if ranks else ""
+        console.print(f"sweeping [bold]{op.name}[/] on {op.device()}{shared}: {len(shapes)} shapes, {total} "
+                      f"measurements -> {escape(database.display_url)}")
+    interrupted = None
+    log = _ProgressLog(len(shapes), total, console, enabled=leader and not console.is_terminal)
+    with log, Progress(
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, disable=not leader,
+    ) as progress:
+        task = progress.add_task(op.name, total=total)
+
+        def advance(n: int, label: str) -> None:
+            progress.update(task, advance=n, description=label)
+            log.advance(n, label)
+        try:
+            results = sweep(op, shapes, database, on_advance=advance, **sweep_options)
+        except SweepInterrupted as e:  # Ctrl-C, or a deadline's SIGINT: show what is done
+            interrupted, results = e, e.done
+        progress.update(task, description=op.name)
+    if interrupted is not None:
+        if leader and results:
             _print_wide(_sweep_table(op.name, results))
-            if any(r.status == "skipped" for r in results):
-                console.print("skipped shapes already have a winner in the DB (see `tuner show`; --force measures again)")
-        if ranks is not None:
-            winners = json.dumps([r.winner for r in results], sort_keys=True)
-            digest = hashlib.sha256(winners.encode()).hexdigest()[:16]
-            console.print(f"rank {ranks.rank}/{ranks.world}: {sum(r.winner is not None for r in results)} winners, "
-                          f"measured {sum(r.measured for r in results)} here, winners digest {digest}")
-
+        resume = ("the same command without --force resumes the rest (with it, it starts over)" if force
+                  else "the same command resumes the rest")
+        err.print(f"[yellow]interrupted[/] after {len(results)} of {interrupted.total} shapes; what was "
+                  f"measured is stored, and {resume}", highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
+    if leader:
+        _print_wide(_sweep_table(op.name, results))
+        if any(r.status == "skipped" for r in results):
+            console.print("skipped shapes already have a winner in the DB (see `tuner show`; --force measures again)")
+    if ranks is not None:
+        winners = json.dumps([r.winner for r in results], sort_keys=True)
+        digest = hashlib.sha256(winners.encode()).hexdigest()[:16]
+        console.print(f"rank {ranks.rank}/{ranks.world}: {sum(r.winner is not None for r in results)} winners, "
+                      f"measured {sum(r.measured for r in results)} here, winners digest {digest}")
 
 class _ProgressLog:
     """Where the output is not a terminal (a log file), a progress line at least every
@@ -893,21 +905,22 @@ def prune_command(
         console.print(table)
 
 
-# how this process was started, for a sweep's supervisor to start its worker alike (None
-# where the CLI is called in-process, as tests do: the sweep then runs in this process)
+# how this process was started, for a sweep's supervisor to start its worker alike: set only
+# while main() runs as the console script (from sys.argv); None where the CLI is called
+# in-process (with an argv, as tests do), and the sweep then runs in this process
 _INVOCATION: list[str] | None = None
 
 
-def _invocation(argv: list[str] | None) -> list[str]:
+def _invocation() -> list[str]:
     program = sys.argv[0]
     start = ["-m", "tuner"] if Path(program).name == "__main__.py" else [program]
-    return [sys.executable, *start, *(sys.argv[1:] if argv is None else argv)]
+    return [sys.executable, *start, *sys.argv[1:]]
 
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: usage errors, like every other bad input, are one line and exit 2."""
     global _INVOCATION
-    _INVOCATION = _invocation(argv)
+    _INVOCATION = _invocation() if argv is None else None
     try:
         code = app(args=argv, prog_name="tuner", standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as e:

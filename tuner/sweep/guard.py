@@ -90,6 +90,9 @@ def _worker_process() -> None:
     the supervisor, which forwards it once), and, on Linux, death with its supervisor (a
     killed supervisor must not leave a sweep running)."""
     os.setsid()
+    # a supervisor started with SIGINT ignored (a background job) would pass that on, and the
+    # Ctrl-C it forwards would never stop the worker
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         import ctypes
 
