@@ -417,6 +417,8 @@ class _ProgressLog:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()  # no line after the sweep's own output
 
 
 def _duration(seconds: float) -> str:
@@ -454,12 +456,7 @@ def _print_wide(table: Table) -> None:
     if console.is_terminal:
         console.print(table)
         return
-    width = console.width
-    console.width = max(width, 160)
-    try:
-        console.print(table)
-    finally:
-        console.width = width
+    Console(file=console.file, width=max(console.width, 160), no_color=True).print(table)
 
 
 def _sweep_table(op_name: str, results: list) -> Table:
