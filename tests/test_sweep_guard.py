@@ -81,3 +81,17 @@ def test_bad_input_is_answered_by_the_command_itself_with_no_worker(tmp_path):
     done = subprocess.run([sys.executable, str(FAULTY), "sweep", "faulty", "--shapes", str(tmp_path / "none.json"),
                            "--db", str(tmp_path / "t.db")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("error:") == 1 and "refused" not in done.stderr
+
+
+def test_a_forced_sweep_restarted_after_a_fault_resumes_its_own_run_and_measures_again_the_rest(tmp_path):
+    """--force re-measures what the DB holds: a restarted worker that took --force as given
+    would measure everything again, hit the faulting config again and never end; one that
+    dropped it would resume what the DB held before the run."""
+    assert _sweep(tmp_path).returncode == 0  # winners and measurements from before
+    (tmp_path / "runs.log").unlink()
+    done = _sweep(tmp_path, "--force", kills=64)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("refused {'chunk': 64}") == 2
+    measured = _measured(tmp_path)
+    assert len({pid for pid, _ in measured}) == 3
+    assert sorted(chunk for _, chunk in measured) == [0, 0, 64, 64, 128, 128]  # all again, each once

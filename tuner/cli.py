@@ -289,7 +289,7 @@ def sweep_command(
         timer = timer_for(dataclasses.replace(preset, warmup=warmup, repeats=repeats, max_seconds=max_seconds),
                           op.device())
         from tuner.ranks import ranks_from_launcher
-        from tuner.sweep.guard import supervise, worker_flight
+        from tuner.sweep.guard import supervise, worker_flight, worker_run
 
         ranks = ranks_from_launcher()  # under torchrun: share the work, agree on the winners
         flight = worker_flight()
@@ -297,7 +297,8 @@ def sweep_command(
             raise typer.Exit(supervise(_INVOCATION, database))
         _run_sweep(op, shapes, database, ranks, force=force,
                    sweep_options=dict(timer=timer, force=force, min_gain=min_gain, strategy=strategy, ranks=ranks,
-                                      second_trial=second_trial, dense_pass=dense_pass, flight=flight))
+                                      second_trial=second_trial, dense_pass=dense_pass, flight=flight,
+                                      run_id=worker_run()))
 
 
 def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses: bool, lengths: str | None,

@@ -31,6 +31,7 @@ class SweepOptions:
     second_trial: bool = True
     dense_pass: bool = True
     flight: Flight | None = None
+    run_id: str | None = None  # a supervised run's id: with force, what this run measured is resumed
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class SweepRun:
         timer = options.timer or timer_for("sweep-gpu" if device == "cuda" else "sweep-cpu", device)
         return cls(op, db, options, strategy, guide=strategy.guide() if guided else None,
                    dense_guide=strategy.guide(across_kv=settings.GUIDED_ACROSS_KV) if guided else None,
-                   device=device, timer=timer, env=current_environment(), method=dict(timer.method, device=device))
+                   device=device, timer=timer, env=current_environment(),
+                   method=dict(timer.method, device=device, **({"sweep_run": options.run_id} if options.run_id else {})))
 
     def advance(self, n: int, label: str) -> None:
         """Tell the caller (on_advance) n more configs of the shape `label` are done."""

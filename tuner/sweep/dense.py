@@ -42,7 +42,7 @@ def dense_pass(run: SweepRun, shape: DecodeShape, problem: Problem, winner: Conf
     baseline = op.by_fill(winner, winner)
     candidates = [baseline] + [op.by_fill(c, winner) for c in configs if not same_config(c, winner)]
     sink = MeasurementSink.resuming(run.db, problem, run.env, run.method, shape, DENSE_LENGTHS,
-                                    force=run.options.force, flight=run.options.flight)
+                                    force=run.options.force, flight=run.options.flight, run_id=run.options.run_id)
     try:
         trial = build_dense_trial(op, shape, run.device, run.options.seed)
     except (RuntimeError, MemoryError) as e:

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from tuner.db import TuningDB
 from tuner.sweep.flight import Flight, problem_of, read_flight
 
 WORKER_ENV = "TUNER_SWEEP_FLIGHT"  # set in a worker: where its flight recorder writes
+RUN_ENV = "TUNER_SWEEP_RUN"  # set in a worker: the supervised run it belongs to, alike across restarts
 FINAL_EXITS = (0, 2, 130)  # done, bad input, interrupted: the worker's answer, not a death
 
 
@@ -30,17 +32,23 @@ def worker_flight() -> Flight | None:
     return Flight(path) if path else None
 
 
+def worker_run() -> str | None:
+    """In a supervised worker, the id of its run (a --force sweep resumes what that run did)."""
+    return os.environ.get(RUN_ENV) or None
+
+
 def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = None,
               say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> int:
     """Run `command` (a sweep) as a worker until it ends on its own: its exit code, or 1 once it
     has died settings.MAX_BLIND_RESTARTS times in a row with no config in flight."""
     timeout_s = timeout_s or settings.candidate_timeout_s()
+    run_id = uuid.uuid4().hex[:16]
     blind = 0
     with tempfile.TemporaryDirectory(prefix="tuner-flight-") as tmp:
         path = Path(tmp) / "flight.json"
         while True:
             path.unlink(missing_ok=True)
-            code, tail, hung = _run_worker(command, path, timeout_s)
+            code, tail, hung = _run_worker(command, path, run_id, timeout_s)
             if code in FINAL_EXITS and not hung:
                 return code
             reason = f"hung: no result after {timeout_s:g} s" if hung else _death(code, tail)
@@ -56,10 +64,11 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
             say(f"tuner: refused {refused['config']} for {refused['label']}: {reason}; the sweep goes on")
 
 
-def _run_worker(command: list[str], flight_path: Path, timeout_s: float) -> tuple[int, list[str], bool]:
+def _run_worker(command: list[str], flight_path: Path, run_id: str, timeout_s: float) -> tuple[int, list[str], bool]:
     """(exit code, the last lines of its stderr, whether it was killed as hung). Its stderr is
     passed through; Ctrl-C reaches it once, forwarded (it runs in a process group of its own)."""
-    worker = subprocess.Popen(command, env={**os.environ, WORKER_ENV: str(flight_path)}, stderr=subprocess.PIPE,
+    worker = subprocess.Popen(command, env={**os.environ, WORKER_ENV: str(flight_path), RUN_ENV: run_id},
+                              stderr=subprocess.PIPE,
                               text=True, errors="replace", preexec_fn=_worker_process)
     tail: deque[str] = deque(maxlen=40)
     reader = threading.Thread(target=_pass_through, args=(worker.stderr, tail), daemon=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from tuner import settings
-from tuner.db import Problem, TuningDB
+from tuner.db import Problem, Record, TuningDB
 from tuner.ops import Op
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY
@@ -33,6 +33,7 @@ def sweep(
     second_trial: bool = True,
     dense_pass: bool = True,
     flight: Flight | None = None,
+    run_id: str | None = None,
 ) -> list[ShapeResult]:
     """Tune op over shapes into db, a result per shape in their order. on_advance(n, label)
     reports n configs done. force: measure again what db holds.
@@ -45,10 +46,12 @@ def sweep(
     lengths, else the default is stored. dense_pass: a serving shape of batch > 1 of an op
     with by_fill configs gets a second config for its dense batches (tuner.sweep.dense), as
     does a stored winner that has had none; not in a distributed sweep. flight: where a
-    supervisor reads what was in flight should this process die (tuner.sweep.guard)."""
+    supervisor reads what was in flight should this process die (tuner.sweep.guard); run_id:
+    the supervised run this process belongs to, whose own measurements and winners a force
+    sweep resumes after a restart (what the DB held before the run it measures again)."""
     options = SweepOptions(timer=timer, force=force, min_gain=min_gain, seed=seed, strategy=strategy,
                            halving=halving, on_advance=on_advance, ranks=ranks, second_trial=second_trial,
-                           dense_pass=dense_pass, flight=flight)
+                           dense_pass=dense_pass, flight=flight, run_id=run_id)
     return sweep_with(op, shapes, db, options)
 
 
@@ -83,10 +86,18 @@ def _one_shape(run: SweepRun, shape: DecodeShape, problem: Problem, chosen: dict
         run.advance(len(configs), label)
         return ShapeResult(shape, DUPLICATE, None, None, None, 0, 0, 0, note=f"same key as {chosen[problem].label()}")
     swept.add(problem)
-    stored = None if run.options.force else run.db.record(problem, environment=run.env.data)  # one that applies here
+    stored = run.db.record(problem, environment=run.env.data)  # one that applies here
+    if run.options.force and not this_run(run, stored):
+        stored = None
     if stored is not None:
         return keep_stored(run, shape, problem, stored, configs, label)
     return measure_shape(run, shape, problem, configs, label)
+
+
+def this_run(run: SweepRun, record: Record | None) -> bool:
+    """Whether a stored winner was made by this supervised run (before its worker restarted)."""
+    return record is not None and run.options.run_id is not None \
+        and record.method.get("sweep_run") == run.options.run_id
 
 
 def _interrupted(order: list[int], results: list[ShapeResult], problems: list[Problem]) -> SweepInterrupted:

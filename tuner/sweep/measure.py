@@ -25,7 +25,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     options = run.options
     # stored as they come where other ranks read them
     sink = MeasurementSink.resuming(run.db, problem, run.env, run.method, shape, shape.lengths, force=options.force,
-                                    at_once=options.ranks is not None, flight=options.flight)
+                                    at_once=options.ranks is not None, flight=options.flight, run_id=options.run_id)
     try:
         trial = build_trial(run.op, shape, run.device, options.seed)
     except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed

@@ -64,11 +64,14 @@ class MeasurementSink:
 
     @classmethod
     def resuming(cls, db: TuningDB, problem: Problem, env: Any, method: dict[str, Any], shape: DecodeShape,
-                 lengths: str, *, force: bool, at_once: bool = False, flight: Flight | None = None) -> MeasurementSink:
+                 lengths: str, *, force: bool, at_once: bool = False, flight: Flight | None = None,
+                 run_id: str | None = None) -> MeasurementSink:
         """The sink of shape's trial of `lengths` (its method says so), holding the stored
-        measurements of that kind of batch to resume (none with force)."""
-        stored = {} if force else {canonical_json(m.config): m for m in db.measurements(problem, env.id)
-                                   if timed_on(m.method, shape, lengths)}
+        measurements of that kind of batch to resume (with force: only those of the supervised
+        run run_id, made before its worker restarted)."""
+        stored = {} if force and run_id is None else {
+            canonical_json(m.config): m for m in db.measurements(problem, env.id)
+            if timed_on(m.method, shape, lengths) and (not force or m.method.get("sweep_run") == run_id)}
         return cls(db, problem, env, dict(method, **batches_of(shape, lengths)), shape.kv_len, at_once=at_once,
                    stored=stored, label=shape.label(), flight=flight)
 
