@@ -1,12 +1,16 @@
-"""A sweep worker's flight recorder: before each config runs, the measurements not yet stored
-and the refusal to store should that config never return, in a file its supervisor reads
-once the process has died (a CUDA fault takes the whole process, and its context, with it)."""
+"""A sweep worker's flight recorder: the measurements not yet stored, and before each config
+runs, the refusal to store should it never return, in a journal its supervisor reads once the
+process has died (a CUDA fault takes the whole process, and its context, with it).
+
+The journal is a file of JSON lines, one write() each, appended: a process that dies leaves
+every line it wrote whole (but perhaps a last one it was writing), and an event costs tens of
+microseconds, not the milliseconds of rewriting a file per config.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +32,45 @@ def is_sticky_cuda_error(error: str | None) -> bool:
 
 
 class Flight:
-    """Writes the worker's state to `path`, replacing it whole each time (a reader never sees
-    half of one). `running(...)` before a config runs, `landed(...)` once it has returned."""
+    """Appends the worker's events to the journal at `path`: which problem (context), a config
+    about to run (running), a measurement made but not stored (measured), a config that
+    returned outside a measurement (landed), and everything stored (which empties it)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        self._fd: int | None = None
+        self._context: tuple[Any, ...] | None = None
 
     def running(self, problem: Problem, env: tuple[str, dict[str, Any]], method: dict[str, Any], kv_len: int,
-                pending: list[dict[str, Any]], config: Config, label: str, error: str | None = None) -> None:
-        refusal = dict(config=config, kv_len=kv_len, status=ERROR, method=dict(method, refused=True),
-                       rung=REFUSED_RUNG, median_us=None, spread_us=None, samples=0, max_error=None, error=error)
-        self._write(dict(problem=_problem(problem), environment=list(env), pending=pending, running=refusal,
-                         label=label, started=time.time()))
+                config: Config, label: str, error: str | None = None) -> None:
+        self._in(problem, env, label)
+        self._append(running=dict(config=config, kv_len=kv_len, status=ERROR, method=dict(method, refused=True),
+                                  rung=REFUSED_RUNG, median_us=None, spread_us=None, samples=0, max_error=None,
+                                  error=error))
 
-    def landed(self, problem: Problem, env: tuple[str, dict[str, Any]], pending: list[dict[str, Any]]) -> None:
-        self._write(dict(problem=_problem(problem), environment=list(env), pending=pending, running=None))
+    def measured(self, problem: Problem, env: tuple[str, dict[str, Any]], row: dict[str, Any], label: str) -> None:
+        self._in(problem, env, label)
+        self._append(measured=row)
 
-    def _write(self, state: dict[str, Any]) -> None:
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(json.dumps(state, default=str))
-        os.replace(temporary, self.path)
+    def landed(self) -> None:
+        self._append(landed=True)
+
+    def stored(self) -> None:
+        """What was measured is in the DB: the journal starts over."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+        self._context = None
+
+    def _in(self, problem: Problem, env: tuple[str, dict[str, Any]], label: str) -> None:
+        context = (problem, env[0], label)
+        if context != self._context:
+            self._append(context=dict(problem=_problem(problem), environment=list(env), label=label))
+            self._context = context
+
+    def _append(self, **event: Any) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.write(self._fd, (json.dumps(event, default=str) + "\n").encode())
 
 
 def _problem(problem: Problem) -> list[Any]:
@@ -55,15 +78,29 @@ def _problem(problem: Problem) -> list[Any]:
     return [problem.op, problem.static_key, run.batch, run.max_q_len, run.kv_len_bucket]
 
 
-def read_flight(path: str | os.PathLike) -> dict[str, Any] | None:
-    """What a dead worker's recorder holds, or None (no file, or none it finished writing)."""
-    try:
-        state = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def problem_of(state: dict[str, Any]) -> Problem:
-    op, static_key, batch, q_len, kv_bucket = state["problem"]
+def problem_of(context: dict[str, Any]) -> Problem:
+    op, static_key, batch, q_len, kv_bucket = context["problem"]
     return Problem(op, static_key, attention_run_key(batch, q_len, kv_bucket))
+
+
+def read_flight(path: str | os.PathLike) -> list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]]:
+    """What a dead worker's journal holds: for each problem in it, (its context, the
+    measurements not stored, the refusal of the config that was running or None)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    out: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]] = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:  # the line it was writing when it died
+            continue
+        if "context" in event:
+            out.append((event["context"], [], None))
+        elif out:
+            context, rows, _ = out[-1]
+            if "measured" in event:
+                rows.append(event["measured"])
+            out[-1] = (context, rows, event.get("running"))
+    return out

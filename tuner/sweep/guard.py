@@ -84,8 +84,7 @@ def _run_worker(command: list[str], flight_path: Path, run_id: str, timeout_s: f
                 break
             except subprocess.TimeoutExpired:
                 pass
-            state = read_flight(flight_path)
-            if state and state.get("running") and time.time() - float(state.get("started", time.time())) > timeout_s:
+            if _running_for(flight_path) > timeout_s:
                 worker.kill()
                 hung = True
     finally:
@@ -130,16 +129,27 @@ def _death(code: int, tail: list[str]) -> str:
     return f"exit code {code}"
 
 
-def _store_flight(db: TuningDB, state: dict[str, Any] | None, reason: str) -> dict[str, Any] | None:
+def _running_for(flight_path: Path) -> float:
+    """Seconds since the worker's journal last changed while a config is in flight (0 when
+    none is): a config runs with no event until it returns."""
+    journal = read_flight(flight_path)
+    if not journal or journal[-1][2] is None:
+        return 0.0
+    try:
+        return time.time() - flight_path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _store_flight(db: TuningDB, journal: list, reason: str) -> dict[str, Any] | None:
     """Store what a dead worker left: its unstored measurements and, where a config was
     running, that config's refusal (the error it died of). The refusal, with its shape's label."""
-    if not state:
-        return None
-    running = state.get("running")
-    rows = list(state.get("pending") or [])
-    if running:
-        running = dict(running, error=running.get("error") or f"refused: {reason}")
-        rows.append(running)
-    if rows:
-        db.save_measurements(problem_of(state), tuple(state["environment"]), rows)
-    return dict(running, label=state.get("label", "")) if running else None
+    refused = None
+    for context, rows, running in journal:
+        if running:
+            running = dict(running, error=running.get("error") or f"refused: {reason}")
+            rows = rows + [running]
+            refused = dict(running, label=context.get("label", ""))
+        if rows:
+            db.save_measurements(problem_of(context), tuple(context["environment"]), rows)
+    return refused

@@ -74,11 +74,11 @@ def _confirm(run: SweepRun, shape: DecodeShape, problem: Problem, default: Confi
         seed = run.options.seed
         flight = run.options.flight
         if flight is not None:  # fresh lengths: a config that faults on them is refused for the shape
-            flight.running(problem, run.env, method, shape.kv_len, [], winner.config, label)
+            flight.running(problem, run.env, method, shape.kv_len, winner.config, label)
         checked = on_second_trial(run.op, shape, run.device, seed, winner.config, default, run.timer,
                                   run.options.min_gain)
         if flight is not None:
-            flight.landed(problem, run.env, [])
+            flight.landed()
         info["second_trial"] = checked.as_method(seed + settings.SECOND_TRIAL_SEED)
         if not checked.held:
             note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"

@@ -84,14 +84,14 @@ class MeasurementSink:
         """Before step's config runs: the flight recorder's refusal, should it never return."""
         if self.flight is not None:
             self.flight.running(self.problem, self.env, dict(self.method, **step.timer.method), self.kv_len,
-                                self.pending, step.config, self.label)
+                                step.config, self.label)
 
     def add(self, step: Step, outcome: Outcome) -> None:
         if self.flight is not None and is_sticky_cuda_error(outcome.error):
             # the CUDA context is lost: every later config would fail alike. The supervisor
             # stores what is pending and this config's refusal, and starts a fresh worker
             self.flight.running(self.problem, self.env, dict(self.method, **step.timer.method), self.kv_len,
-                                self.pending, step.config, self.label, error=outcome.error)
+                                step.config, self.label, error=outcome.error)
             os._exit(FAULT_EXIT)
         t = outcome.timing
         self.pending.append(dict(
@@ -105,10 +105,10 @@ class MeasurementSink:
         now = self.clock()
         if self._oldest is None:
             self._oldest = now
+        if self.flight is not None:
+            self.flight.measured(self.problem, self.env, self.pending[-1], self.label)
         if self.at_once or now - self._oldest >= settings.STORE_EVERY_S:
             self.store()
-        elif self.flight is not None:
-            self.flight.landed(self.problem, self.env, self.pending)
 
     def store(self) -> None:
         """Write what is pending, in one transaction; tried once (a write that fails is not
@@ -117,7 +117,7 @@ class MeasurementSink:
         if measurements:
             self.db.save_measurements(self.problem, self.env, measurements)
         if self.flight is not None:
-            self.flight.landed(self.problem, self.env, [])
+            self.flight.stored()
 
     def __enter__(self) -> MeasurementSink:
         return self
