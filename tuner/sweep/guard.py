@@ -45,7 +45,7 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
     run_id = uuid.uuid4().hex[:16]
     blind = 0
     with tempfile.TemporaryDirectory(prefix="tuner-flight-") as tmp:
-        path = Path(tmp) / "flight.json"
+        path = Path(tmp) / "flight.jsonl"
         while True:
             path.unlink(missing_ok=True)
             code, tail, hung = _run_worker(command, path, run_id, timeout_s)
