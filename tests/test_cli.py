@@ -74,10 +74,13 @@ def test_an_interrupted_sweep_shows_the_shapes_it_finished_and_the_same_command_
     assert forced.exit_code == 130 and "without --force resumes the rest (with it, it starts over)" in forced.stderr
 
 
-def test_ops_lists_the_ops():
+def test_ops_lists_the_ops_and_the_heads_each_grid_is_swept_at(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one line a row
     result = cli("ops")
     assert result.exit_code == 0
     assert "torch_split_decode" in result.output and "triton_decode" in result.output
+    assert "serving (452: 32/8 heads d128 bfloat16)" in result.output
+    assert "--model NAME" in result.output
 
 
 def test_sweep_show_export_import_doctor(tmp_path, db_path, tiny_shapes):

@@ -163,12 +163,22 @@ def ops_command() -> None:
         table.add_row(
             op.name,
             f"[green]yes[/] ({op.device()})" if why is None else f"[red]no[/]: {why}",
-            ", ".join(f"{name} ({len(shapes)})" for name, shapes in op.grids.items()),
+            ", ".join(f"{name} ({len(shapes)}: {_grid_heads(shapes)})" for name, shapes in op.grids.items()),
             op.description,
         )
     console.print(table)
-    console.print("each grid is swept at the heads of its shapes (most at 32/8 heads, head dim 128, "
-                  "bfloat16); `tuner sweep OP --grid G --model NAME` or `--heads Q/KV` sweeps it at yours")
+    console.print("a grid is swept at the heads its shapes have; `tuner sweep OP --grid G --model NAME` "
+                  "(or `--heads Q/KV`) sweeps it at yours", soft_wrap=True)
+
+
+def _grid_heads(shapes: list) -> str:
+    """A grid's head configurations, as `tuner ops` shows them: the one, or how many."""
+    heads = sorted({(s.num_q_heads, s.num_kv_heads) for s in shapes}, reverse=True)
+    dims = {(s.head_dim, s.dtype) for s in shapes}
+    if len(dims) > 1 or len(heads) > 3:
+        return f"{len(heads)} head configurations"
+    (d, dtype), = dims
+    return f"{', '.join(f'{q}/{kv}' for q, kv in heads)} heads d{d} {dtype}"
 
 
 def _fmt_us(value: float | None) -> str:
