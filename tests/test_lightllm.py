@@ -9,11 +9,12 @@ test's own words and code; none of LightLLM's code is copied.
   sc, sk: ints, has_k_descale, has_v_descale: bools, sgl: sgl_kernel.__version__}, dumped as
   sorted JSON with spaces, newlines and quotes dropped and ":" as "=", then "_<device>.json";
 - content: {str(batch * 10**13 + max_q_len * 10**7 + page_table.shape[1]): {"num_splits": n}};
-  LightLLM takes the exact key, else the one of least |int(key) - run key|;
+  LightLLM takes the exact key, else the one of least |int(key) - run key|, at any distance;
 - only num_splits reaches FA3 (pack_gqa is not passed).
 """
 
 import json
+from bisect import bisect_left
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.db import Problem, TuningDB, fingerprint_id
 from tuner.db.jsonio import load_document
-from tuner.keys import attention_run_key, static_key_from_parts
+from tuner.keys import AttentionRunKey, attention_run_key, kv_len_bucket, static_key_from_parts
+from tuner.runtime.borrowing import Winner, choose, winner_gain
 
 H200 = {"capability": "9.0", "cuda": "13.0", "device": "NVIDIA H200", "device_kind": "cuda", "driver": "580.159.04",
         "flashinfer": "0.6.15.post1", "sgl_kernel": "0.4.5", "sm_count": 132, "torch": "2.11.0", "triton": "3.6.0",
@@ -54,6 +56,30 @@ def nearest(content: dict, batch: int, q_len: int, width: int) -> dict:
     in file order on a tie."""
     wanted = batch * 10**13 + q_len * 10**7 + width
     return min(content.items(), key=lambda kv: abs(wanted - int(kv[0])))[1]
+
+
+def loader(content: dict):
+    """nearest() for many calls: the same choice (least |difference|, the first in file order
+    on a tie), found by bisection over the sorted keys."""
+    ordered = sorted((int(k), i) for i, k in enumerate(content))
+    keys, values = [k for k, _ in ordered], list(content.values())
+
+    def lookup(batch: int, q_len: int, width: int) -> dict:
+        wanted = batch * 10**13 + q_len * 10**7 + width
+        at = bisect_left(keys, wanted)
+        near = [ordered[j] for j in (at - 1, at) if 0 <= j < len(ordered)]
+        return values[min(near, key=lambda c: (abs(wanted - c[0]), c[1]))[1]]
+    return lookup
+
+
+def run_key(batch: int, q_len: int, width: int) -> str:
+    return str(batch * 10**13 + q_len * 10**7 + width)
+
+
+def one_winner_file(splits: int) -> dict:
+    """The file of one winner at batch 1, kv 512 (bucket (256, 512]) with a 2x gain: its config
+    up to batch 4 (the borrowing rule's 2 octaves), FA3's default beyond, to batch 256."""
+    return {run_key(b, 1, w): {"num_splits": splits if b <= 4 else 0} for b in range(1, 257) for w in (257, 512)}
 
 
 @pytest.fixture
@@ -135,7 +161,12 @@ def test_pack_gqa_winners_are_written_as_their_best_measured_config_without_it(t
     result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
     assert result.exit_code == 0, result.output
     content = json.loads((out / KERNEL_DIR / NAME_32_8).read_text())
-    assert content == {str(16 * 10**13 + 10**7 + 2048): {"num_splits": 4}, str(64 * 10**13 + 10**7 + 2048): {"num_splits": 0}}
+    assert set(content) == {run_key(b, 1, w) for b in range(1, 257) for w in (1025, 2048)}
+    for width in (1025, 2048):
+        assert content[run_key(16, 1, width)] == {"num_splits": 4} and content[run_key(64, 1, width)] == {"num_splits": 0}
+        # the substitute is what neighbours borrow too: batch 4 (2 octaves) and 17 from 16, 40 from 64
+        assert content[run_key(4, 1, width)] == content[run_key(17, 1, width)] == {"num_splits": 4}
+        assert content[run_key(40, 1, width)] == {"num_splits": 0}
     said = " ".join(result.output.split())  # rich folds lines at 80 columns
     assert "2 winners set pack_gqa" in said and "1 written as their best" in said
 
@@ -185,7 +216,7 @@ def test_an_environment_lightllm_cannot_name_is_left_out_and_the_rest_exported(t
     assert "exported 1 FA3 winners in 1 LightLLM files" in said
     assert f"2 environment {fingerprint_id(evil)}: LightLLM directory '..' is not a plain" in said
     assert f"2 environment {fingerprint_id(long)}: LightLLM directory" in said and "255-byte" in said
-    assert json.loads((out / KERNEL_DIR / NAME_32_8).read_text()) == {str(10**13 + 10**7 + 512): {"num_splits": 3}}
+    assert json.loads((out / KERNEL_DIR / NAME_32_8).read_text()) == one_winner_file(3)
     written = [str(p.relative_to(tmp_path)) for p in tmp_path.glob("**/*") if p.is_file() and "t.db" not in p.name]
     assert written == [f"a/cfg/{KERNEL_DIR}/{NAME_32_8}"]  # nothing else, nothing outside --out
     only_long = TuningDB(tmp_path / "long.db")
@@ -207,5 +238,91 @@ def test_an_existing_file_is_kept_unless_force(tmp_path):
     assert result.exit_code == 2 and "--force" in result.stderr
     assert target.read_text() == '{"1": {"num_splits": 16}}'
     assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path, "--force").exit_code == 0
-    assert json.loads(target.read_text()) == {str(10**13 + 10**7 + 512): {"num_splits": 3}}
+    assert json.loads(target.read_text()) == one_winner_file(3)
     assert sorted(p.name for p in out.iterdir()) == ["triton_3.6.0"]  # no staging directory left behind
+
+
+def shipped_table(static: dict) -> dict:
+    """tuner's runtime table of one shipped FA3 static key: {run key: Winner}."""
+    return {AttentionRunKey(**r["run_key"]): Winner(r["config"], winner_gain(r["timing"]["median_us"],
+                                                                              r["default"]["median_us"]))
+            for r in load_document(SHIPPED)["records"] if r["op"] == "fa3" and r["static_key"] == static}
+
+
+def test_a_batch_without_a_winner_takes_what_tuners_runtime_serves_it_not_the_next_batchs_widest(
+        tmp_path, shipped_db):
+    """The file held only the stored winners: LightLLM's nearest key for batch 5 at a 600-wide
+    table was batch 4 at kv 128k (num_splits 32), since the batch dominates its run key. Now
+    batch 5 x kv bucket 1024 holds what tuner's runtime serves there."""
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", shipped_db).exit_code == 0
+    static = next(r["static_key"] for r in load_document(SHIPPED)["records"]
+                  if r["op"] == "fa3" and r["static_key"]["num_q_heads"] == 7 and r["static_key"]["num_kv_heads"] == 1
+                  and r["static_key"]["page_size"] == 1 and r["static_key"]["window_left"] == -1)
+    content = json.loads((out / KERNEL_DIR / lightllm_name("bfloat16", 7, 1, 128, 1, True, (-1, -1), False, False,
+                                                            "0.4.5", "NVIDIA H200")).read_text())
+    table = shipped_table(static)
+    served, _ = choose(table, AttentionRunKey(5, 1, 1024))
+    expected = {"num_splits": 0 if served is None or served["pack_gqa"] is not None else served["num_splits"]}
+    assert table[AttentionRunKey(4, 1, 131072)].config["num_splits"] == 32
+    assert nearest(content, 5, 1, 600) == expected == {"num_splits": 0}  # batch 4's neighbours lost or won by < 10%
+    # every batch to 256 and every width of each bucket, in LightLLM, gets its bucket's entry
+    # there: what tuner's runtime serves (a pack_gqa config as FA3's default: no measurements shipped)
+    lookup = loader(content)
+    for batch in range(1, 257):
+        for top in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072):
+            served, _ = choose(table, AttentionRunKey(batch, 1, top))
+            expected = {"num_splits": 0 if served is None or served["pack_gqa"] is not None else served["num_splits"]}
+            for width in (top // 2 + 1, top // 2 + 2, top * 3 // 4, top - 1, top):
+                assert lookup(batch, 1, width) == expected, (batch, width)
+    assert nearest(content, 5, 1, 600) == lookup(5, 1, 600) and nearest(content, 37, 1, 70000) == lookup(37, 1, 70000)
+
+
+def test_every_batch_and_width_in_lightllm_maps_to_its_kv_buckets_config(tmp_path):
+    """A width inside a bucket was nearer the previous bucket's top (600: 512 rather than 1024);
+    each bucket (low, top] is now written at low + 1 and at top."""
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    fp = (fingerprint_id(H200), H200)
+    winners = {(8, 512): 2, (8, 1024): 5, (8, 4096): 7, (32, 1024): 9}
+    for (batch, kv), splits in winners.items():
+        _fa3_record(db, fp, batch, kv, {"num_splits": splits, "pack_gqa": None})
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path).exit_code == 0
+    content = json.loads((out / KERNEL_DIR / NAME_32_8).read_text())
+    lookup = loader(content)
+    assert nearest(content, 8, 1, 600) == lookup(8, 1, 600) == {"num_splits": 5}  # bucket 1024's, not 512's
+    assert lookup(8, 1, 512) == {"num_splits": 2} and lookup(8, 1, 3000) == {"num_splits": 7}
+    assert lookup(8, 1, 2000) == {"num_splits": 7}  # bucket 2048 borrows, as the runtime does (the larger bucket on a tie)
+    assert lookup(30, 1, 1000) == {"num_splits": 9}
+    table = {AttentionRunKey(b, 1, kv): Winner({"num_splits": s}, 2.0) for (b, kv), s in winners.items()}
+    for batch in range(1, 257):
+        bucket = {}
+        for top in (512, 1024, 2048, 4096):
+            config, _ = choose(table, AttentionRunKey(batch, 1, top))
+            bucket[top] = config or {"num_splits": 0}
+        for width in [*range(1, 9000, 7), 255, 256, 257, 511, 512, 513, 1024, 1025, 2048, 2049, 4096, 4097, 10**6]:
+            assert lookup(batch, 1, width) == bucket[min(max(kv_len_bucket(width), 512), 4096)], (batch, width)
+    assert nearest(content, 3000, 1, 100) == lookup(256, 1, 4096)  # past the largest batch: no limit in LightLLM
+
+
+def test_a_batch_with_no_winner_near_gets_fa3s_default_not_a_far_winner(tmp_path):
+    """LightLLM's nearest has no distance limit; the file holds FA3's default wherever tuner's
+    borrowing rule refuses (a winner over 2 octaves away, or one that beat its default by
+    under 10%), so no far winner is lent."""
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    fp = (fingerprint_id(H200), H200)
+    _fa3_record(db, fp, 1, 512, {"num_splits": 3, "pack_gqa": None})
+    _fa3_record(db, fp, 256, 512, {"num_splits": 7, "pack_gqa": None})
+    _fa3_record(db, fp, 64, 512, {"num_splits": 5, "pack_gqa": None}, default_median=10.5)  # a 5% gain
+    out = tmp_path / "cfg"
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert "exported 3 FA3 winners in 1 LightLLM files" in " ".join(result.output.split())
+    content = json.loads((out / KERNEL_DIR / NAME_32_8).read_text())
+    assert nearest(content, 1, 1, 512) == {"num_splits": 3} and nearest(content, 4, 1, 400) == {"num_splits": 3}
+    assert nearest(content, 12, 1, 512) == {"num_splits": 0}  # 3.6 octaves from batch 1, 2.4 from batch 64
+    assert nearest(content, 64, 1, 512) == {"num_splits": 5}  # its own winner, exact
+    assert nearest(content, 65, 1, 512) == nearest(content, 48, 1, 300) == {"num_splits": 0}  # not lent: 5% gain
+    assert nearest(content, 255, 1, 512) == {"num_splits": 7} and nearest(content, 100, 1, 512) == {"num_splits": 0}

@@ -14,11 +14,19 @@ What LightLLM loads (ModelTC/LightLLM's sources; docs/decisions.md names the fil
 - a run key not in the file takes the nearest one by |difference|, with no distance limit.
 
 So only FA3 decode winners are written, at page size 1 (LightLLM's decode path views its
-cache so), keyed by tuner's kv bucket as the width; a winner needing pack_gqa is replaced by
-the best pack_gqa=None config its own measurements show (num_splits 0, FA3's default, where
-none beat it or the DB holds no measurements). Every key is written, the default winners
-too, so LightLLM's nearest match, which has no distance limit, finds the nearest tuned key
-rather than borrowing a far one's.
+cache so); a winner needing pack_gqa is replaced by the best pack_gqa=None config its own
+measurements show (num_splits 0, FA3's default, where none beat it or the DB holds no
+measurements).
+
+Since the batch dominates LightLLM's run key and its nearest match has no distance limit, a
+file holding only the stored winners sent a batch without one to the neighbouring batch's
+widest entry, and a width inside a kv bucket to the previous bucket's top. So each file is a
+full grid: every batch from 1 to LightLLM's largest decode batch (the larger of
+DECODE_MAX_BATCH and the largest stored), every query length and every kv bucket the key
+has winners for, from its smallest to its largest; each entry holds what tuner's runtime
+serves there (tuner.runtime.borrowing.choose: the exact winner, else a neighbour's by the
+borrowing rule, else FA3's default). A bucket (low, top] is written at width low + 1 and at
+width top, so LightLLM's nearest width is always one of its own bucket's.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ from tuner import settings
 from tuner.db.location import DBError
 from tuner.db.store import TuningDB
 from tuner.db.values import Record
-from tuner.keys import AttentionStaticKey
+from tuner.keys import AttentionRunKey, AttentionStaticKey, kv_bucket_low
+from tuner.runtime.borrowing import Winner, choose, winner_gain
 
 KERNEL = "sgl_fa3_kvcache_ns:v1"
 CONFIG_ROOT = "lightllm/common/triton_utils/autotune_kernel_configs"
@@ -39,6 +48,9 @@ MAX_NAME_BYTES = 255  # a file or directory name, on every filesystem LightLLM r
 # LightLLM's wrapper runs decode (MTP verify included: a few query tokens); the run key's
 # width must stay below 10**7 to keep batch * 10**13 + q * 10**7 + width unambiguous
 MAX_Q_LEN, MAX_WIDTH = 16, 10**7 - 1
+# the largest batch LightLLM's decode runs by default (its graph_max_batch_size); every batch
+# up to it (or up to the largest stored, if larger) is written
+DECODE_MAX_BATCH = 256
 # ops whose winners LightLLM has no reader for, and why
 NO_CONSUMER = {
     "decode_attention": "its configs choose a backend (FA3, FlashInfer or tuner's Triton kernel); "
@@ -56,7 +68,7 @@ class LightLLMExport:
     """The files to write ({relative path: {run key: config}}) and what was left out, why."""
 
     files: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
-    written: int = 0
+    written: int = 0  # stored winners written (each file also holds the run keys between them)
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> winners
     substituted: int = 0  # winners with pack_gqa set, written as their best pack_gqa=None config
     defaulted: int = 0  # winners with pack_gqa set and no measurements: written as FA3's default
@@ -92,6 +104,7 @@ def config_file_name(static: dict[str, Any], device: str) -> str:
 
 
 def run_key(batch: int, max_q_len: int, width: int) -> str:
+    """LightLLM's run key of its FA3 wrapper: batch, query length and page-table width packed."""
     return str(batch * 10**13 + max_q_len * 10**7 + width)
 
 
@@ -120,8 +133,8 @@ def _without_pack_gqa(db: TuningDB, record: Record) -> dict[str, int] | None:
 
 
 def lightllm_export(db: TuningDB, *, op: str | None = None) -> LightLLMExport:
-    """Every FA3 decode winner as LightLLM's files, checked (names, keys) before anything
-    is written; a winner whose environment gives names LightLLM's files cannot have is left
+    """Every FA3 decode winner as LightLLM's files, each file the grid of run keys the module
+    docstring describes, checked (names, keys) before anything is written; a winner whose environment gives names LightLLM's files cannot have is left
     out (export.left_out says why). op: None or "fa3"; any other op is refused with why
     LightLLM cannot use it."""
     if op is not None and op != "fa3":
@@ -130,7 +143,7 @@ def lightllm_export(db: TuningDB, *, op: str | None = None) -> LightLLMExport:
         raise DBError(f"--format lightllm writes FA3 winners only; {op}: {why}")
     fingerprints = db.fingerprints()
     export = LightLLMExport()
-    newest: dict[tuple[str, str], Record] = {}
+    newest: dict[str, dict[AttentionRunKey, Record]] = {}  # file -> run key -> its newest winner
     for record in db.records():
         if record.problem.op != "fa3":
             export.leave_out(f"{record.problem.op}: {NO_CONSUMER.get(record.problem.op, 'not an FA3 winner')}")
@@ -139,25 +152,53 @@ def lightllm_export(db: TuningDB, *, op: str | None = None) -> LightLLMExport:
         path = _path(record, env, export)
         if path is None:
             continue
-        run = record.problem.run_key
-        key = (path, run_key(run.batch, run.max_q_len, run.kv_len_bucket))
-        held = newest.get(key)
+        runs = newest.setdefault(path, {})
+        held = runs.get(record.problem.run_key)
         if held is None or record.created_at >= held.created_at:  # the newest measurement wins
-            newest[key] = record
-    for (path, key), record in sorted(newest.items(), key=lambda item: (item[0][0], int(item[0][1]))):
-        config = record.config
-        if config.get("pack_gqa") is None:
-            chosen = {"num_splits": int(config["num_splits"])}
-        else:
-            chosen = _without_pack_gqa(db, record)
-            if chosen is None:  # FA3's default there: left out, LightLLM would borrow a neighbour's
-                chosen = {"num_splits": 0}
-                export.defaulted += 1
-            else:
-                export.substituted += 1
-        export.files.setdefault(path, {})[key] = chosen
-        export.written += 1
+            runs[record.problem.run_key] = record
+    for path in sorted(newest):
+        winners = {run: Winner(_lightllm_config(db, record, export), winner_gain(record.median_us,
+                                                                               record.default_median_us))
+                   for run, record in sorted(newest[path].items())}
+        export.files[path] = _grid(winners)
+        export.written += len(winners)
     return export
+
+
+def _lightllm_config(db: TuningDB, record: Record, export: LightLLMExport) -> dict[str, int]:
+    """The config LightLLM runs for a stored winner: its num_splits, or for a winner that set
+    pack_gqa its best pack_gqa=None config (counted in export.substituted or .defaulted)."""
+    config = record.config
+    if config.get("pack_gqa") is None:
+        return {"num_splits": int(config["num_splits"])}
+    chosen = _without_pack_gqa(db, record)
+    if chosen is None:  # no measurements: FA3's default
+        export.defaulted += 1
+        return {"num_splits": 0}
+    export.substituted += 1
+    return chosen
+
+
+def _grid(winners: dict[AttentionRunKey, Winner]) -> dict[str, dict[str, int]]:
+    """One file's {run key: config}: at every batch up to LightLLM's largest, every query
+    length and kv bucket of `winners`, what tuner's runtime serves there (the borrowing
+    rule's choice, else FA3's default), each bucket at its first width and at its top."""
+    largest_batch = max(DECODE_MAX_BATCH, max(run.batch for run in winners))
+    q_lens = sorted({run.max_q_len for run in winners})
+    top, largest_top = min(run.kv_len_bucket for run in winners), max(run.kv_len_bucket for run in winners)
+    buckets = []
+    while top <= largest_top:
+        buckets.append(top)
+        top *= 2
+    content: dict[str, dict[str, int]] = {}
+    for batch in range(1, largest_batch + 1):
+        for q_len in q_lens:
+            for top in buckets:
+                config, _ = choose(winners, AttentionRunKey(batch, q_len, top))
+                served = dict(config) if config is not None else {"num_splits": 0}  # the default: FA3's own
+                for width in (kv_bucket_low(top), top):
+                    content[run_key(batch, q_len, width)] = served
+    return dict(sorted(content.items(), key=lambda item: int(item[0])))
 
 
 def _path(record: Record, env: dict[str, Any], export: LightLLMExport) -> str | None:
