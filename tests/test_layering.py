@@ -120,6 +120,13 @@ def test_tuners_modules_import_each_other_in_no_circle():
     assert import_circles(graph) == []
 
 
+def test_db_imports_nothing_that_composes_it():
+    """The LightLLM export, made to write what the runtime serves, imported the runtime's
+    borrowing rule from inside tuner.db: it moved up to the integrations."""
+    above = ("tuner.runtime", "tuner.integrations", "tuner.sweep", "tuner.search", "tuner.ops", "tuner.cli")
+    assert not {m for m in imported_modules("db") if m.startswith(above)}
+
+
 def test_ops_import_no_integration_and_no_runtime():
     assert not {m for m in imported_modules("ops") if m.startswith(("tuner.integrations", "tuner.runtime"))}
 

@@ -724,7 +724,7 @@ def export_command(
         database = _open_db(db, create=False)
         _check_op(database, op)
         if format is ExportFormat.lightllm:
-            from tuner.db.lightllm import KERNEL, lightllm_export
+            from tuner.integrations.lightllm import KERNEL, lightllm_export
 
             if out.exists() and not out.is_dir():
                 raise TunerError(f"--out {out} is a file; --format lightllm writes a directory")
