@@ -77,8 +77,8 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
 def _confirm(result: Measured, trial: Trial, default: Config, timer: WallClockTimer) -> dict[str, Any]:
     """A winner other than the default is re-checked and re-timed side by side with the
     default once more, as a sweep's second trial does (tuner.search.pipeline.confirm_again):
-    one paired timing on a loaded host can crown a config that is slower. One that does not
-    loses gives way to the default, whose timing there is stored (the key is not tuned again);
+    one paired timing on a loaded host can crown a config that is slower. One that loses there
+    gives way to the default, whose timing there is stored (the key is not tuned again);
     one that fails to run leaves no winner. What the stored record's method says of it."""
     winner = result.winner
     if winner is None or result.default_timing is None or same_config(winner.config, default):
