@@ -28,7 +28,7 @@ L2 by the bytes a call reads: tuner.workload.rotation):
 For each mode: FA3's default, tuner (the config decode_attention resolves for the call: DB,
 shipped tunings, borrowing rule, default; of a by_fill record, the config of the call's fill
 or, in the declared modes, of the declared lengths'), and the oracle (every candidate config of the
-space timed on exactly that batch, the fastest three re-timed side by side with the other
+whole space, unpruned (settings.FULL_SPACE), timed on exactly that batch, the fastest three re-timed side by side with the other
 two). FlashInfer is left out of the space: its plan is host work per call, which a captured
 decode graph cannot hold (tuner replaces a FlashInfer winner by the default under capture).
 The JSON is written after every case, so a run cut short keeps what it measured.
@@ -52,6 +52,7 @@ from common.run_info import header
 from common.stats import geomean
 
 import tuner
+from tuner import settings
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import declared_branch, decode_attention
@@ -280,9 +281,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_options(ap)
     ap.add_argument("--db", type=Path, help="the user DB over the shipped tunings (default: none, shipped only)")
-    ap.add_argument("--heads", choices=("issue", "shipped"), default="issue",
+    ap.add_argument("--heads", default="issue",
                     help="issue: MODELS (3 shipped head configurations, 2 others); shipped: all 11 shipped ones "
-                         "and the 2 others")
+                         "and the 2 others; or one head configuration as Q/KV [hdD] [windowW] [softcapC] [sinks] "
+                         "(e.g. \"48/8\")")
     ap.add_argument("--models", help="only the head configurations whose name holds this text (e.g. \"(other)\")")
     ap.add_argument("--caps", choices=tuple(CAP_SETS), default="issue",
                     help="issue: length caps 1k, 4k, 16k, 64k, 128k; octaves: every power of two from 1k to 128k, "
@@ -290,6 +292,7 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable
+    settings.FULL_SPACE = True  # the oracle searches the whole space, so what pruning costs shows
     db = args.db or Path(tempfile.mkdtemp()) / "none.db"
     tuner.configure(db=db, shipped=SHIPPED, mode="lookup")
     if device == "cuda":
@@ -300,7 +303,12 @@ def main() -> None:
     if args.smoke:
         heads = {"smoke": dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")}
     else:
-        heads = MODELS if args.heads == "issue" else shipped_heads()
+        heads = {"issue": MODELS}.get(args.heads) or (shipped_heads() if args.heads == "shipped" else None)
+        if heads is None:
+            try:
+                heads = {f"h{args.heads} (new)": head_configs.parse_spec(args.heads)}
+            except ValueError as e:
+                ap.error(str(e))
     if args.models:
         heads = {name: spec for name, spec in heads.items() if args.models in name}
         if not heads:

@@ -94,6 +94,24 @@ def test_sweep_cost_sweeps_each_kv_bucket_of_a_windowed_key(tmp_path):
     assert status == {(1, 128): "measured", (2, 128): "measured", (1, 64): "measured", (2, 64): "measured"}
 
 
+def test_new_key_cost_times_the_users_sweep_command_on_an_empty_triton_cache(tmp_path):
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps([dict(batch=1, kv_len=200, num_q_heads=4, num_kv_heads=2, head_dim=16,
+                                       page_size=4, dtype="float32")]))
+    out, db = tmp_path / "cost.json", tmp_path / "new.db"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "new_key_cost.py", "--out", str(out), "--db", str(db), "--",
+                             "torch_split_decode", "--shapes", str(shapes), "--repeats", "3", "--warmup", "1"],
+                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["exit_code"] == 0 and doc["fresh_triton_cache"] and doc["sweep_seconds"] > 0
+    assert doc["sweep_command"].startswith("tuner sweep torch_split_decode --shapes ")
+    assert doc["db"]["records_by_op"] == {"torch_split_decode": 1} and doc["db"]["measurements"] >= 1
+    assert doc["first_lines"][0].startswith("sweeping torch_split_decode on cpu, halving search: 1 shapes")
+    assert (tmp_path / "cost.log").exists()
+
+
 def test_serving_cases_with_octave_caps_reach_every_kv_bucket_at_large_batches():
     """The issue's caps (1k, 4k, 16k, 64k, 128k) never put a batch of 24 or more at kv 2k, 8k
     or 32k, the keys where shipped grid winners lost most; --caps octaves does."""

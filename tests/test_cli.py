@@ -961,3 +961,19 @@ def test_the_plans_gpu_estimate_follows_the_search():
     assert SweepPlan.of(op, shapes, "guided", "cuda").estimate_s < exhaustive.estimate_s
     assert SweepPlan.of(op, shapes, "my_search", "cuda").estimate_s == exhaustive.estimate_s
     assert SweepPlan.of(op, shapes, "guided", "cpu").estimate_s is None
+
+
+def test_a_serving_sweep_defaults_to_guided_search_without_flashinfer_and_others_to_halving():
+    runner = CliRunner()
+    serving = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-serving", "--plan"])
+    assert serving.exit_code == 0, serving.output
+    assert "guided search (fa3, triton_decode)," in " ".join(serving.output.split())
+    full = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-tiny", "--plan"])
+    assert full.exit_code == 0, full.output
+    assert "halving search (fa3, triton_decode, flashinfer)" in " ".join(full.output.split())
+    told = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-serving", "--plan", "--search", "exhaustive",
+                               "--backends", "triton_decode,flashinfer"])
+    assert told.exit_code == 0, told.output
+    assert "exhaustive search (triton_decode, flashinfer)" in " ".join(told.output.split())
+    one_line_error(runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-serving", "--search", "bogus"]),
+                   "unknown search strategy")

@@ -287,3 +287,19 @@ def test_a_graph_captured_at_a_wide_page_table_inside_graph_capture_runs_the_dec
         call(wide)
     call(wide)
     assert [(c["num_splits"], c["pack_gqa"]) for c in kernel_calls] == [(0, None), (12, True), (0, None)]
+
+
+def test_split_counts_past_eight_work_items_per_sm_leave_the_space_unless_the_full_space_is_asked(monkeypatch):
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "FULL_SPACE", False)
+    assert fa3.split_counts(None, 8) == fa3.NUM_SPLITS  # no batch: the whole list
+    # 132 SMs x 8 = 1056 work items: batch 64 x 8 kv heads holds 2 splits; 0 and 1 always stay
+    assert fa3.split_counts(64, 8) == (0, 1, 2)
+    assert fa3.split_counts(256, 8) == (0, 1)
+    assert fa3.split_counts(1, 1) == fa3.NUM_SPLITS
+    space = fa3.config_space(32, 8, batch=64)
+    assert {c["num_splits"] for c in space} == {0, 1, 2} and len(space) == 9
+    assert get_op("fa3").configs(DecodeShape(batch=64, kv_len=4096)) == space
+    monkeypatch.setattr(settings, "FULL_SPACE", True)
+    assert fa3.split_counts(64, 8) == fa3.NUM_SPLITS

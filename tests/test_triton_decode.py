@@ -357,3 +357,26 @@ def test_an_interpreter_that_cannot_run_with_this_numpy_is_reported(
     monkeypatch.setattr(numpy, "__version__", numpy_version)
     why = TRITON_DECODE.unavailable()
     assert (why is not None and "numpy<2.4" in why and triton_version in why) if refused else why is None
+
+
+def test_the_gpu_space_leaves_out_the_kernels_that_never_won_unless_the_full_space_is_asked(monkeypatch):
+    from tuner import settings
+    from tuner.ops import triton_decode as td
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(td, "sm_count", lambda *a: 132)
+    shape = DecodeShape(batch=4, kv_len=65536, num_q_heads=48, num_kv_heads=8)
+
+    def kernels(configs, by_length):
+        return {(c["block_n"], c["num_warps"], c["num_stages"]) for c in configs
+                if bool(c.get("tokens_per_split")) == by_length}
+
+    monkeypatch.setattr(settings, "FULL_SPACE", False)
+    pruned = TRITON_DECODE.configs(shape)
+    assert kernels(pruned, False) == set(td.CUDA_KERNEL_SHAPES) - set(td.PRUNED_KERNEL_SHAPES)
+    assert kernels(pruned, True) == {(128, 4, 3)}
+    monkeypatch.setattr(settings, "FULL_SPACE", True)
+    full = TRITON_DECODE.configs(shape)
+    assert kernels(full, False) == set(td.CUDA_KERNEL_SHAPES)
+    assert kernels(full, True) == set(td.CUDA_TOKEN_KERNEL_SHAPES)
+    assert all(c in full for c in pruned) and len(pruned) < len(full)

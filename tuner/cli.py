@@ -244,9 +244,9 @@ def sweep_command(
     lengths: Annotated[Optional[str], typer.Option("--lengths", help="What each shape's batch holds: full (every sequence at kv_len, the grids' default) or serving (a batch per length distribution of serving traffic, more rounds of them at batch 1-3, each with its longest sequence in the kv bucket; timed as their mean). Overrides the shapes'. The same keys as full: --force to re-measure keys that have full-batch winners.")] = None,
     db: DbOption = None,
     force: Annotated[bool, typer.Option("--force", help="Measure again what the DB already holds; an unreadable DB file is renamed aside (kept) and a new one started.")] = False,
-    search: Annotated[str, typer.Option("--search", help="Search strategy (tuner.search): halving (the default) times every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully; exhaustive times every config fully; guided halves on power-of-two batch sizes and searches every other batch size over its two nearest ones' fastest configs, and the fastest few with their split count scaled to its batch (for dense grids such as serving).")] = settings.DEFAULT_STRATEGY,
-    halving: Annotated[bool, typer.Option("--halving", help="The same as --search halving (the default).")] = False,
-    backends: Annotated[Optional[str], typer.Option("--backends", help="decode_attention only: search only these backends, comma-separated (e.g. fa3,triton_decode: leave out FlashInfer, whose per-call plan a captured decode graph cannot hold).")] = None,
+    search: Annotated[Optional[str], typer.Option("--search", help="Search strategy (tuner.search): halving times every config quickly first, then only the contenders (the default and those within 10% of the fastest) fully; exhaustive times every config fully; guided halves on power-of-two batch sizes and searches every other batch size over its two nearest ones' fastest configs, and the fastest few with their split count scaled to its batch (for dense grids such as serving). Default: guided where every shape is a serving batch (the serving grid, --lengths serving), else halving.")] = None,
+    halving: Annotated[bool, typer.Option("--halving", help="The same as --search halving.")] = False,
+    backends: Annotated[Optional[str], typer.Option("--backends", help="decode_attention only: search only these backends, comma-separated. Default: fa3,triton_decode where every shape is a serving batch (FlashInfer's per-call plan cannot be held by a captured decode graph), else every installed one.")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = _SWEEP.warmup,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = _SWEEP.repeats,
     max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
@@ -281,8 +281,9 @@ def sweep_command(
 
             scope.enter_context(backends_only(b.strip() for b in backends.split(",") if b.strip()))
         from tuner.search import get_strategy
+        from tuner.sweep import default_backends, default_strategy
 
-        strategy = get_strategy("halving" if halving else search).name
+        chosen = get_strategy("halving" if halving else search).name if halving or search else None
         why = op.unavailable()
         if why is not None:
             raise TunerError(f"op {op.name} cannot run here: {why}")
@@ -290,6 +291,11 @@ def sweep_command(
         shapes, database = _shapes_to_sweep(op, grid, shapes_file, from_misses, lengths, yours, db, force)
         if shapes is None:
             return
+        strategy = chosen or default_strategy(shapes)
+        if backends is None and (serving_backends := default_backends(op, shapes)) is not None:
+            from tuner.ops.decode_attention import backends_only
+
+            scope.enter_context(backends_only(serving_backends))
         if plan_only:
             _print_plan(op, shapes, strategy, op.device())
             return
@@ -356,8 +362,9 @@ def _run_sweep(op, shapes: list, database, ranks, *, force: bool, sweep_options:
     total = sum(len(candidate_configs(op, s)) for s in shapes)
     if leader:
         shared = f" over {ranks.world} ranks" if ranks else ""
-        console.print(f"sweeping [bold]{op.name}[/] on {op.device()}{shared}: {len(shapes)} shapes, {total} "
-                      f"measurements -> {escape(database.display_url)}")
+        searched = _searched(op, sweep_options["strategy"])
+        console.print(f"sweeping [bold]{op.name}[/] on {op.device()}{shared}, {searched}: {len(shapes)} shapes, "
+                      f"{total} measurements -> {escape(database.display_url)}")
     interrupted = None
     log = _ProgressLog(len(shapes), total, console, enabled=leader and not console.is_terminal)
     with log, Progress(
@@ -437,6 +444,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _searched(op, strategy: str) -> str:
+    """What a sweep searches, for its plan and its log: "guided search (fa3, triton_decode)"."""
+    if op.name != "decode_attention":
+        return f"{strategy} search"
+    from tuner.ops.decode_attention import BACKENDS
+
+    return f"{strategy} search ({', '.join(BACKENDS)})"
+
+
 def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
     """sweep --plan: the shapes by static key, their candidates and the estimated GPU time."""
     from tuner.sweep.plan import SweepPlan
@@ -444,7 +460,7 @@ def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
     if not shapes:
         raise TunerError("the plan holds no shapes: give a grid, a shapes file or misses that have some")
     plan = SweepPlan.of(op, shapes, strategy, device)
-    table = Table(title=f"plan: {op.name}, {strategy} search, on {device}")
+    table = Table(title=f"plan: {op.name}, {_searched(op, strategy)}, on {device}")
     for col in ("static key", "shapes", "batches", "kv", "lengths"):
         table.add_column(col, justify="right" if col == "shapes" else "left")
     for key, group in plan.by_static_key().items():

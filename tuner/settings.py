@@ -68,6 +68,13 @@ BORROW_MIN_GAIN = 1.10
 # the search a sweep runs unless told (tuner.search): halving agrees with a precise exhaustive
 # timing as well as exhaustive search does, at under half its GPU time
 DEFAULT_STRATEGY = "halving"
+# ... and where every shape is a serving batch (a serving grid's every capture batch size):
+# guided search, which measures about half as many configs there, agreeing within 1%
+# (docs/decisions.md, "Search")
+SERVING_STRATEGY = "guided"
+# ... and searches these decode_attention backends: a captured decode graph cannot hold
+# FlashInfer's per-call plan, so a serving record of FlashInfer would run the default there
+SERVING_BACKENDS = ("fa3", "triton_decode")
 # a config frozen into a graph of unknown lengths must have won at every kv bucket from this
 # one up to the bound (tuner.runtime.borrowing.choose_frozen): a serving grid's first bucket
 FROZEN_FROM_KV = 1024
@@ -130,6 +137,18 @@ QUICK_REPEATS_GPU = 5
 # ... and stops after 2 once its samples took this long (calls of milliseconds scatter little)
 QUICK_BUDGET_US_GPU = 3000.0
 QUICK_REPEATS_CPU = 3
+
+# the config space's pruning (docs/decisions.md, "Pruning the config space"): candidates that
+# never came near the best in the stored H200 sweeps leave it, so a new key's sweep times
+# fewer; TUNER_FULL_SPACE=1 keeps every one (serving.py's oracle does, so what pruning
+# costs shows)
+FULL_SPACE = os.environ.get("TUNER_FULL_SPACE", "").strip() not in ("", "0")
+# FA3 num_splits past this many work items per SM (splits x batch x kv heads) leave the space:
+# FA3's time is flat from about one wave of them on full batches, and serving batches'
+# winners stayed within it
+FA3_SPLIT_ITEMS_PER_SM = 8
+# the SM count where no GPU says (an H200's): the CPU-side config space of a GPU op
+DEFAULT_SM_COUNT = 132
 
 # threads that compile a shape's Triton candidates ahead of timing them (tuner.ops.triton_decode)
 COMPILE_WORKERS = min(16, os.cpu_count() or 1)

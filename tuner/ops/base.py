@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from tuner import settings
 from tuner.bench.check import TOLERANCE
 from tuner.keys import Config
 from tuner.workload.inputs import DecodeInputs, make_decode_inputs
@@ -21,6 +23,16 @@ class _Tuned:
 
 
 TUNED: Any = _Tuned()
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device_index: int | None = None) -> int:
+    """The GPU's SM count (the current device's by default), what a GPU op's config space is
+    sized by; settings.DEFAULT_SM_COUNT where there is no GPU (a plan made on the CPU)."""
+    if not torch.cuda.is_available():
+        return settings.DEFAULT_SM_COUNT
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 @dataclass(frozen=True)
 class Op:

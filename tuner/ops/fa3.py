@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from tuner.workload.inputs import DecodeInputs
-from tuner.ops.base import Config, Op
+from tuner import settings
+from tuner.ops.base import Config, Op, sm_count
 from tuner.ops.rules import config_error, is_int, one_of
 from tuner.workload.shapes import DecodeShape, grid
 from tuner.workload.traffic import serving_grid
@@ -53,10 +54,20 @@ def unavailable() -> str | None:
     return None
 
 
-def config_space(num_q_heads: int, num_kv_heads: int) -> list[Config]:
-    """num_splits x pack_gqa; pack_gqa only matters when q heads share kv heads."""
+def split_counts(batch: int | None, num_kv_heads: int) -> tuple[int, ...]:
+    """NUM_SPLITS, less the counts past settings.FA3_SPLIT_ITEMS_PER_SM work items (splits x
+    batch x kv heads) per SM, unless settings.FULL_SPACE; 0 and 1 always stay."""
+    if batch is None or settings.FULL_SPACE:
+        return NUM_SPLITS
+    items = settings.FA3_SPLIT_ITEMS_PER_SM * sm_count()
+    return tuple(n for n in NUM_SPLITS if n <= 1 or n * batch * num_kv_heads <= items)
+
+
+def config_space(num_q_heads: int, num_kv_heads: int, batch: int | None = None) -> list[Config]:
+    """num_splits x pack_gqa; pack_gqa only matters when q heads share kv heads. With a
+    batch size, the split counts of split_counts."""
     packs = (None, False, True) if num_q_heads > num_kv_heads else (None,)
-    return [{"num_splits": n, "pack_gqa": p} for n in NUM_SPLITS for p in packs]
+    return [{"num_splits": n, "pack_gqa": p} for n in split_counts(batch, num_kv_heads) for p in packs]
 
 
 # what FA3 takes: num_splits 0 (its heuristic) or a count, pack_gqa None (its choice) or a bool
@@ -98,7 +109,7 @@ def _mtp_grid() -> list[DecodeShape]:
 FA3 = Op(
     name=OP_NAME,
     description="sgl-kernel FA3 flash_attn_with_kvcache; tunes num_splits and pack_gqa (SM90 GPU)",
-    configs=lambda shape: config_space(shape.num_q_heads, shape.num_kv_heads),
+    configs=lambda shape: config_space(shape.num_q_heads, shape.num_kv_heads, shape.batch),
     default=lambda shape: dict(DEFAULT),
     run=_run,
     grids={"decode": _decode_grid(), "mtp": _mtp_grid(), "serving": serving_grid(),

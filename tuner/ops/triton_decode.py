@@ -42,7 +42,7 @@ import torch
 from tuner import settings
 from tuner.keys import visible_kv_len
 from tuner.workload.inputs import DecodeInputs
-from tuner.ops.base import Config, Op
+from tuner.ops.base import Config, Op, sm_count
 from tuner.ops.rules import config_error, is_int, is_pow2, one_of
 from tuner.workload.shapes import DecodeShape, grid
 from tuner.workload.traffic import serving_grid
@@ -75,6 +75,11 @@ CUDA_WAVES = 4
 # token counts that won, with the three kernel shapes that won most (docs/decisions.md)
 CUDA_TOKENS_PER_SPLIT = (256, 512, 2048)
 CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
+# pruned unless settings.FULL_SPACE: never within 3% of the best in the stored H200 sweeps
+# (1,140-1,247 problems), or within it on 27 and 32 of them with one win in all
+# (docs/decisions.md, "Pruning the config space")
+PRUNED_KERNEL_SHAPES = ((32, 4, 3), (64, 4, 3), (64, 8, 3))
+PRUNED_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2))
 # the persistent schedule's programs (tokens_per_split > 0): per SM on a GPU; the interpreter
 # runs programs one after another, and a few exercise the loop over items
 PERSISTENT_PROGRAMS_PER_SM = 8
@@ -569,7 +574,7 @@ def triton_paged_decode(
     by_tokens = by_tokens and not final  # one split each: the even split's single program per unit
     if by_tokens:  # the splits of each sequence's own length, on persistent programs
         items = batch * row_blocks * num_splits * num_kv_heads  # at most
-        programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * _sm_count(
+        programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * sm_count(
             q.device.index))
         launch(kernels.by_length, (programs,))(
             *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split, programs, scale, softcap_arg, left,
@@ -613,12 +618,6 @@ def _block_ns(visible: int, candidates: tuple[int, ...]) -> list[int]:
     return fitting or [candidates[0]]
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device_index: int | None = None) -> int:
-    index = torch.cuda.current_device() if device_index is None else device_index
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _cuda_splits(shape: DecodeShape) -> list[int]:
     """1, 2, 4, ... up to the first count that fills CUDA_WAVES waves of programs.
 
@@ -626,7 +625,7 @@ def _cuda_splits(shape: DecodeShape) -> list[int]:
     it only adds merge work, so large batches get few candidates and batch 1 gets many.
     """
     base = shape.batch * shape.num_kv_heads * _cdiv(shape.q_len * shape.num_q_heads // shape.num_kv_heads, MAX_BLOCK_M)
-    target = CUDA_WAVES * _sm_count()
+    target = CUDA_WAVES * sm_count()
     splits = [1]
     while base * splits[-1] < target and splits[-1] < CUDA_MAX_SPLITS:
         splits.append(splits[-1] * 2)
@@ -640,8 +639,11 @@ def _configs(shape: DecodeShape) -> list[Config]:
     visible = _visible_len(shape)
     if torch.cuda.is_available():
         block_ns, splits = _block_ns(visible, CUDA_BLOCK_NS), _cuda_splits(shape)
-        kernel_shapes = [k for k in CUDA_KERNEL_SHAPES if k[0] in block_ns]
-        token_shapes = [k for k in CUDA_TOKEN_KERNEL_SHAPES if k[0] in block_ns] or kernel_shapes[:1]
+        even_pruned, token_pruned = ((), ()) if settings.FULL_SPACE else (PRUNED_KERNEL_SHAPES,
+                                                                           PRUNED_TOKEN_KERNEL_SHAPES)
+        kernel_shapes = [k for k in CUDA_KERNEL_SHAPES if k[0] in block_ns and k not in even_pruned]
+        token_shapes = [k for k in CUDA_TOKEN_KERNEL_SHAPES if k[0] in block_ns and k not in token_pruned]
+        token_shapes = token_shapes or kernel_shapes[:1]
         tokens, max_splits = CUDA_TOKENS_PER_SPLIT, CUDA_MAX_SPLITS
     else:
         # the interpreter ignores warps and stages: keep them fixed (no duplicate candidates)

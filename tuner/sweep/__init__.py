@@ -10,7 +10,8 @@ resumes from its stored measurements. A serving winner may get a dense pass (den
 from tuner.sweep.context import SweepOptions
 from tuner.sweep.dense import DENSE_LENGTHS, DENSE_RULE
 from tuner.sweep.loop import sweep, sweep_with
-from tuner.sweep.plan import MissPlan, candidate_configs, plan_from_misses, shape_from_miss
+from tuner.sweep.plan import (MissPlan, all_serving, candidate_configs, default_backends, default_strategy,
+                              plan_from_misses, shape_from_miss)
 from tuner.sweep.results import DUPLICATE, FAILED, MEASURED, SKIPPED, ShapeResult, SweepInterrupted
 from tuner.sweep.sink import MeasurementSink
 from tuner.sweep.trials import build_dense_trial, build_second_trial, build_trial, kv_copies
@@ -30,7 +31,10 @@ __all__ = [
     "build_dense_trial",
     "build_second_trial",
     "build_trial",
+    "all_serving",
     "candidate_configs",
+    "default_backends",
+    "default_strategy",
     "kv_copies",
     "plan_from_misses",
     "shape_from_miss",

@@ -19,6 +19,25 @@ def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:
     return with_default_first(op.default(shape), op.configs(shape))
 
 
+def all_serving(shapes: list[DecodeShape]) -> bool:
+    """Whether every shape is a serving batch (a serving grid, --lengths serving): a sweep
+    for CUDA-graph decode, with its own defaults."""
+    return bool(shapes) and all(s.lengths == "serving" for s in shapes)
+
+
+def default_strategy(shapes: list[DecodeShape]) -> str:
+    """The search a sweep of these shapes runs unless told: settings.SERVING_STRATEGY for
+    serving batches (a dense grid of capture batch sizes), else settings.DEFAULT_STRATEGY."""
+    return settings.SERVING_STRATEGY if all_serving(shapes) else settings.DEFAULT_STRATEGY
+
+
+def default_backends(op: Op, shapes: list[DecodeShape]) -> tuple[str, ...] | None:
+    """The decode_attention backends a sweep of these shapes searches unless told:
+    settings.SERVING_BACKENDS for serving batches (a captured decode graph cannot hold
+    FlashInfer's per-call plan), else None (every installed one)."""
+    return settings.SERVING_BACKENDS if op.name == "decode_attention" and all_serving(shapes) else None
+
+
 def shape_from_miss(miss: MissRow) -> DecodeShape | None:
     """The shape `tuner sweep --from-misses` measures for a missed key: at the top of its kv
     bucket, on serving batches (DecodeShape.lengths) where its calls' lengths were mixed;
