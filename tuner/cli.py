@@ -275,9 +275,10 @@ def sweep_command(
 
         op = get_op(op_name)
         if backends is not None:
-            if op.name != "decode_attention":
-                raise TunerError(f"--backends is for decode_attention, not {op.name}")
-            from tuner.ops.decode_attention import backends_only
+            from tuner.ops.decode_attention import BACKEND_OPS, backends_only
+
+            if op.name not in BACKEND_OPS:
+                raise TunerError(f"--backends is for {' and '.join(BACKEND_OPS)}, not {op.name}")
 
             scope.enter_context(backends_only(b.strip() for b in backends.split(",") if b.strip()))
         from tuner.search import get_strategy
@@ -446,10 +447,10 @@ def _duration(seconds: float) -> str:
 
 def _searched(op, strategy: str) -> str:
     """What a sweep searches, for its plan and its log: "guided search (fa3, triton_decode)"."""
-    if op.name != "decode_attention":
-        return f"{strategy} search"
-    from tuner.ops.decode_attention import BACKENDS
+    from tuner.ops.decode_attention import BACKEND_OPS, BACKENDS
 
+    if op.name not in BACKEND_OPS:
+        return f"{strategy} search"
     return f"{strategy} search ({', '.join(BACKENDS)})"
 
 

@@ -78,6 +78,15 @@ SERVING_BACKENDS = ("fa3", "triton_decode")
 # a config frozen into a graph of unknown lengths must have won at every kv bucket from this
 # one up to the bound (tuner.runtime.borrowing.choose_frozen): a serving grid's first bucket
 FROZEN_FROM_KV = 1024
+# a graph record's trial (DecodeShape.lengths "graph"): the replayed batches' caps span this
+# many octaves up to the capture bound, each batch holding at most this many tokens (a
+# trial of 3 distributions x 8 octaves stays within about 4.5M tokens); first choices, not
+# yet compared with others
+GRAPH_OCTAVES = 8
+GRAPH_MAX_TOKENS = 2 * 2**20
+# the op whose records serve an op's calls captured into a graph of unknown lengths (its
+# graph records: tuner sweep decode_attention_graph), before the frozen rule
+GRAPH_RECORD_OPS = {"decode_attention": "decode_attention_graph"}
 # successive halving: the quick rung keeps the default and the configs within this fraction
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10

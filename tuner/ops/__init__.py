@@ -8,14 +8,15 @@ from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey, AttentionStaticKey, static_key_from_parts
 from tuner.ops.base import Config, Op
 from tuner.workload.shapes import DecodeShape, shape_for_checks
-from tuner.ops.decode_attention import DECODE_ATTENTION
+from tuner.ops.decode_attention import DECODE_ATTENTION, DECODE_ATTENTION_GRAPH
 from tuner.ops.fa3 import EXTRAS as FA3_EXTRAS
 from tuner.ops.fa3 import FA3
 from tuner.ops.flashinfer import FLASHINFER
 from tuner.ops.torch_split import TORCH_SPLIT_DECODE
 from tuner.ops.triton_decode import TRITON_DECODE
 
-_REGISTRY: dict[str, Op] = {op.name: op for op in (TORCH_SPLIT_DECODE, TRITON_DECODE, FA3, FLASHINFER, DECODE_ATTENTION)}
+_REGISTRY: dict[str, Op] = {op.name: op for op in (TORCH_SPLIT_DECODE, TRITON_DECODE, FA3, FLASHINFER, DECODE_ATTENTION,
+                                                   DECODE_ATTENTION_GRAPH)}
 
 
 def list_ops() -> list[Op]:

@@ -15,6 +15,7 @@ no CUDA-graph capture). The sweep and the serving entry point
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -31,7 +32,7 @@ from tuner.ops.flashinfer_plan import host_seq_lens
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
 from tuner.workload.inputs import DecodeInputs
 from tuner.workload.shapes import DecodeShape
-from tuner.workload.traffic import is_dense, serving_grid
+from tuner.workload.traffic import graph_grid, is_dense, serving_grid
 
 OP_NAME = "decode_attention"
 
@@ -317,4 +318,37 @@ DECODE_ATTENTION = Op(
     check=check_config,
     precompile=_precompile,
     by_fill=by_fill,
+)
+
+
+GRAPH_OP_NAME = "decode_attention_graph"
+# the ops whose configs name one of BACKENDS (backends_only narrows them)
+BACKEND_OPS = (OP_NAME, GRAPH_OP_NAME)
+
+
+def graph_config_space(shape: DecodeShape) -> list[Config]:
+    """decode_attention's configs that a captured graph can hold (no per-call host plan)."""
+    return [c for c in config_space(shape) if BACKENDS[c["backend"]].graph_capturable]
+
+
+def _graph_check(config: Config, shape: DecodeShape) -> str | None:
+    backend = BACKENDS.get(config.get("backend")) if isinstance(config, dict) else None
+    if backend is not None and not backend.graph_capturable:
+        return f"backend={config['backend']} cannot run in a captured graph (its plan is per call)"
+    return check_config(config, shape)
+
+
+# decode_attention's graph records: per capture batch size and bound, the config with the
+# least expected time over the lengths its graph replays (DecodeShape.lengths "graph"),
+# which a call captured with no declared lengths runs (tuner.runtime.state.Runtime.lookup)
+DECODE_ATTENTION_GRAPH = dataclasses.replace(
+    DECODE_ATTENTION,
+    name=GRAPH_OP_NAME,
+    description="decode_attention in CUDA graphs of unknown lengths: the best config over the lengths a graph "
+                "captured at a bound replays",
+    configs=graph_config_space,
+    check=_graph_check,
+    grids={"decode": graph_grid(batches=(1, 4, 16, 64, 256)), "serving": graph_grid(),
+           "cpu-serving": [dataclasses.replace(s, lengths="graph") for s in TRITON_DECODE.grids["cpu-serving"]]},
+    by_fill=None,
 )

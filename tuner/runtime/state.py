@@ -110,9 +110,15 @@ class Runtime:
                accepts: Callable[[Config], bool] | None = None, frozen: bool = False,
                captured: Callable[[Config], Config] | None = None) -> tuple[Config | None, str]:
         """The config for a key and how it was found (tuner.runtime.borrowing.choose; frozen:
-        for a graph replayed over unknown lengths, choose_frozen, with captured)."""
+        for a graph replayed over unknown lengths, its graph record, measured as such graphs
+        replay (settings.GRAPH_RECORD_OPS), found "exact", else choose_frozen, with captured)."""
         winners = self.table().get((name, static_json), {})
         if frozen:
+            graph = self.table().get((settings.GRAPH_RECORD_OPS.get(name, ""), static_json), {}).get(run)
+            if graph is not None:
+                config = graph.config if captured is None else captured(graph.config)
+                if accepts is None or accepts(config):
+                    return config, "exact"
             return choose_frozen(winners, run, accepts=accepts, captured=captured)
         return choose(winners, run, max_distance=self.max_distance, accepts=accepts)
 

@@ -20,9 +20,9 @@ def candidate_configs(op: Op, shape: DecodeShape) -> list[Config]:
 
 
 def all_serving(shapes: list[DecodeShape]) -> bool:
-    """Whether every shape is a serving batch (a serving grid, --lengths serving): a sweep
-    for CUDA-graph decode, with its own defaults."""
-    return bool(shapes) and all(s.lengths == "serving" for s in shapes)
+    """Whether every shape is a serving batch (a serving grid, --lengths serving or graph):
+    a sweep for CUDA-graph decode, with its own defaults."""
+    return bool(shapes) and all(s.lengths in ("serving", "graph") for s in shapes)
 
 
 def default_strategy(shapes: list[DecodeShape]) -> str:
@@ -35,7 +35,9 @@ def default_backends(op: Op, shapes: list[DecodeShape]) -> tuple[str, ...] | Non
     """The decode_attention backends a sweep of these shapes searches unless told:
     settings.SERVING_BACKENDS for serving batches (a captured decode graph cannot hold
     FlashInfer's per-call plan), else None (every installed one)."""
-    return settings.SERVING_BACKENDS if op.name == "decode_attention" and all_serving(shapes) else None
+    from tuner.ops.decode_attention import BACKEND_OPS
+
+    return settings.SERVING_BACKENDS if op.name in BACKEND_OPS and all_serving(shapes) else None
 
 
 def shape_from_miss(miss: MissRow) -> DecodeShape | None:
@@ -68,8 +70,14 @@ class MissPlan:
 def plan_from_misses(db: TuningDB, op: Op, grid: str | None = None) -> MissPlan:
     """The shapes `tuner sweep OP --from-misses` sweeps: each key op missed in this
     environment (shape_from_miss), or with a grid, the grid's run keys (e.g. serving: every
-    capture batch size x kv bucket) for every static key it missed. TunerError for an unknown grid."""
-    missed = db.misses(current_fingerprint_id(), op=op.name, environment=current_fingerprint())
+    capture batch size x kv bucket) for every static key it missed. A graph op
+    (settings.GRAPH_RECORD_OPS) takes its serving op's missed static keys, on its serving grid
+    unless told. TunerError for an unknown grid."""
+    # a graph op's keys are its serving op's (no call runs a graph op; captures record no misses)
+    served_by = next((name for name, graph in settings.GRAPH_RECORD_OPS.items() if graph == op.name), None)
+    if served_by is not None:
+        grid = grid or "serving"
+    missed = db.misses(current_fingerprint_id(), op=served_by or op.name, environment=current_fingerprint())
     if grid is None:
         shapes = [s for s in (shape_from_miss(m) for m in missed) if s is not None]
         return MissPlan(shapes, len(missed) - len(shapes))

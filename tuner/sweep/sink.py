@@ -22,7 +22,7 @@ from tuner.workload.traffic import draws_per_distribution
 def rounds(shape: DecodeShape) -> dict[str, int]:
     """A serving trial's rounds of draws (draws_per_distribution), as a method says them:
     only where there is more than one."""
-    count = draws_per_distribution(shape.batch)
+    count = draws_per_distribution(shape.batch) if shape.lengths != "graph" else 1
     return {"rounds": count} if count > 1 else {}
 
 

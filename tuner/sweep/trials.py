@@ -18,7 +18,7 @@ from tuner.search.pipeline import SecondTrial, confirm_again
 from tuner.workload import DecodeInputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.shapes import DecodeShape
-from tuner.workload.traffic import dense_draws, draws_per_distribution, serving_draws
+from tuner.workload.traffic import dense_draws, draws_per_distribution, graph_caps, graph_draws, serving_draws
 
 
 def too_big(shape: DecodeShape, device: str) -> str | None:
@@ -26,6 +26,9 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
     # the cache (a serving shape's batches, three per round of draws: each at most that), plus
     # headroom for outputs and the reference's work
     need = (3 if shape.lengths == "full" else 3 * draws_per_distribution(shape.batch) + 2) * shape.kv_bytes()
+    if shape.lengths == "graph":  # its batches at their caps, one of each distribution, and the headroom
+        caps = graph_caps(shape.batch, shape.kv_len)
+        need = (3 * sum(caps) + 2 * caps[-1]) * shape.batch * shape.static_key().kv_bytes_per_token()
     if device == "cuda":
         # what PyTorch's cache holds unused is free to this process too
         free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
@@ -80,13 +83,17 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     rotation runs them in turn, so a timing is their mean: the expected time over the mix,
     each batch weighted alike. The copies for a cold L2 are of the whole set. reach_top: a
     serving trial's first batch reaches the bucket's top (serving_draws). Each serving batch
-    runs as a call of it does (as_called). draws: the batches' lengths instead of the
-    serving shape's own (a dense pass's)."""
+    runs as a call of it does (as_called). A "graph" shape's trial holds the batches its
+    graph replays (graph_draws), each as wide as the bound and with no host lengths. draws:
+    the batches' lengths instead of the shape's own (a dense pass's)."""
     why = too_big(shape, device)
     if why:
         raise MemoryError(why)
     if shape.lengths == "full" and draws is None:
         batches = [op.make_inputs(shape, device=device, seed=seed)]
+    elif shape.lengths == "graph":  # each batch as the graph captured at the bound runs it
+        batches = [op.make_inputs(shape, device=device, seed=seed, seq_lens=lens)
+                   for lens in (draws if draws is not None else graph_draws(shape.batch, shape.kv_len, seed))]
     else:
         batches = []
         for lens in draws if draws is not None else serving_draws(shape.batch, shape.kv_len, seed, reach_top):
@@ -95,6 +102,8 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     references = [inputs.reference() for inputs in batches]
     count = cold_l2_copies(sum(bytes_read(inputs) for inputs in batches), device)
     copies = [fresh_page_copies(inputs, count) for inputs in batches]
+    if shape.lengths == "graph":  # a replay has no host lengths (a copy's pages were laid out by them)
+        copies = [[dataclasses.replace(c, seq_lens_host=None) for c in per_batch] for per_batch in copies]
     del batches  # their caches live on in the copies' pools
     runs = [functools.partial(op.run, per_batch[c]) for c in range(count) for per_batch in copies]
     # the batches differ only in lengths, which kernels read from the device: one batch's

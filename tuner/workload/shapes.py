@@ -15,8 +15,10 @@ from tuner.keys import (
 DTYPES = ("float32", "float16", "bfloat16")
 # what a shape's batch holds: "full", every sequence at kv_len (the grid's uniform batches);
 # "serving", batches of each length distribution of tuner.workload.traffic (serving_draws), each with its longest
-# sequence in kv_len's bucket, timed in turn (the mean is the expected time over the mix)
-LENGTHS = ("full", "serving")
+# sequence in kv_len's bucket, timed in turn (the mean is the expected time over the mix);
+# "graph", the batches a CUDA graph captured at kv_len (its bound: max_kv_len and page-table
+# width) replays, lengths of every octave up to it (graph_draws), run with no host lengths
+LENGTHS = ("full", "serving", "graph")
 
 
 class ShapeError(TunerError, ValueError):

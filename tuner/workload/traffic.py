@@ -139,3 +139,32 @@ def serving_grid(batches: tuple[int, ...] = CAPTURE_BATCHES, kv_lens: tuple[int,
     max_tokens), each shape a mix of serving batches (DecodeShape.lengths "serving")."""
     return [DecodeShape(batch=b, kv_len=kv, lengths="serving", **common)
             for b in batches for kv in kv_lens if b * kv <= max_tokens]
+
+
+# the capture bounds of a graph grid (a server's max context): a graph record serves a
+# capture whose bound falls in the same kv bucket
+GRAPH_BOUNDS = (8192, 32768, 131072)
+
+
+def graph_caps(batch: int, bound: int) -> list[int]:
+    """The caps of the batches a graph captured at `bound` replays: one per octave, the
+    bound's and settings.GRAPH_OCTAVES - 1 below it (at least MIN_LEN), each with batch x cap
+    within settings.GRAPH_MAX_TOKENS (the smallest cap always). Every octave weighs alike:
+    nothing says where a deployment's longest sequences fall."""
+    caps = sorted({max(MIN_LEN, bound >> i) for i in range(settings.GRAPH_OCTAVES)} | {bound})
+    fitting = [c for c in caps if batch * c <= settings.GRAPH_MAX_TOKENS]
+    return fitting or caps[:1]
+
+
+def graph_draws(batch: int, bound: int, seed: int) -> list[list[int]]:
+    """The lengths a graph captured at `bound` for `batch` sequences replays (DecodeShape.lengths
+    "graph"): a batch of each distribution at each of graph_caps."""
+    return [draw_lengths(name, batch, min(cap, bound), seed) for cap in graph_caps(batch, bound)
+            for name in DISTRIBUTIONS]
+
+
+def graph_grid(batches: tuple[int, ...] = CAPTURE_BATCHES, bounds: tuple[int, ...] = GRAPH_BOUNDS,
+               **common: Any) -> list[DecodeShape]:
+    """A static key's graph grid: every capture batch size x capture bound, each shape the
+    batches its graph replays (DecodeShape.lengths "graph")."""
+    return [DecodeShape(batch=b, kv_len=bound, lengths="graph", **common) for b in batches for bound in bounds]
