@@ -1,0 +1,141 @@
+"""tuner's SGLang attention backend (issue 38), against a stand-in of SGLang's modules: SGLang's
+decode call pattern (write the new token's K and V, attend over the backend's page table and
+cache lengths), eager and under capture, and what it leaves to SGLang's FA3 code."""
+
+import importlib.metadata
+import types
+
+import pytest
+import torch
+
+from support import fake_sglang
+from tuner.integrations import sglang as integration
+from tuner.workload.reference import paged_decode_reference
+
+HEADS, KV_HEADS, DIM = 4, 2, 16
+
+
+@pytest.fixture
+def sgl(monkeypatch):
+    installed = fake_sglang.install(monkeypatch)
+    integration.backend_class.cache_clear()
+    yield installed
+    integration.backend_class.cache_clear()
+
+
+def _backend(lengths, slots=256):
+    """A backend over a pool whose sequences hold `lengths` tokens (the newest one among them),
+    each in its own shuffled slots; and the batch of that decode step."""
+    pool = fake_sglang.KVPool(layers=1, slots=slots, kv_heads=KV_HEADS, head_dim=DIM)
+    runner = types.SimpleNamespace(token_to_kv_pool=pool, page_size=1)
+    backend = integration.create_backend(runner)
+    width = max(lengths) + 5  # SGLang slices the table past the longest (and captures it at the max context)
+    order = torch.randperm(slots - 1, generator=torch.Generator().manual_seed(1)) + 1  # slot 0: padding
+    table = torch.zeros(len(lengths), width, dtype=torch.int32)
+    taken = 0
+    for i, n in enumerate(lengths):
+        table[i, :n] = order[taken:taken + n]
+        taken += n
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    backend.forward_metadata = fake_sglang.Metadata(page_table=table, cache_seqlens_int32=seqlens,
+                                                    max_seq_len_k=max(lengths))
+    newest = table[torch.arange(len(lengths)), seqlens.long() - 1].long()
+    batch = fake_sglang.ForwardBatch(out_cache_loc=newest, seq_lens_cpu=seqlens.clone())
+    return backend, pool, batch
+
+
+def _step(backend, batch, **layer_fields):
+    gen = torch.Generator().manual_seed(2)
+    rows = batch.out_cache_loc.numel()
+    q = torch.randn(rows, HEADS * DIM, generator=gen)
+    k, v = torch.randn(rows, KV_HEADS, DIM, generator=gen), torch.randn(rows, KV_HEADS, DIM, generator=gen)
+    layer = fake_sglang.Layer(tp_q_head_num=HEADS, tp_k_head_num=KV_HEADS, head_dim=DIM, **layer_fields)
+    return q, k, v, layer
+
+
+def test_register_adds_the_backend_and_its_command_line_name_once(sgl):
+    integration.register()
+    integration.register()
+    assert sgl.registry == {"tuner": integration.create_backend}
+    assert sgl.choices.count("tuner") == 1
+
+
+def test_register_works_where_sglang_lists_no_choices(monkeypatch):
+    installed = fake_sglang.install(monkeypatch, with_choices=False)
+    integration.register()
+    assert "tuner" in installed.registry
+
+
+def test_the_plugin_entry_point_names_register():
+    points = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    assert [p.value for p in points if p.name == "tuner"] == ["tuner.integrations.sglang:register"]
+
+
+def test_a_decode_step_writes_the_new_token_and_attends_as_fa3_would(sgl):
+    backend, pool, batch = _backend([40, 17, 3])
+    q, k, v, layer = _step(backend, batch)
+    out = backend.forward_decode(q, k, v, layer, batch)
+    assert not backend.fa3_decodes and out.shape == (3, HEADS * DIM)
+    assert torch.equal(pool.k[0][batch.out_cache_loc], k) and torch.equal(pool.v[0][batch.out_cache_loc], v)
+    md = backend.forward_metadata
+    expected = paged_decode_reference(q.view(3, 1, HEADS, DIM), pool.k[0].view(-1, 1, KV_HEADS, DIM),
+                                      pool.v[0].view(-1, 1, KV_HEADS, DIM), md.page_table, md.cache_seqlens_int32)
+    torch.testing.assert_close(out, expected.view(3, -1), atol=2e-4, rtol=2e-4)
+
+
+def test_an_output_buffer_sglang_gives_receives_the_result(sgl):
+    backend, _, batch = _backend([9, 30])
+    q, k, v, layer = _step(backend, batch)
+    plain = backend.forward_decode(q, k, v, layer, batch)
+    batch._attn_output = torch.full((2, HEADS * DIM), float("nan"))
+    out = backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False)
+    assert out.data_ptr() == batch._attn_output.data_ptr()
+    torch.testing.assert_close(out, plain)
+
+
+def test_under_capture_the_bound_is_the_tables_width_and_no_host_lengths_go_in(sgl, monkeypatch):
+    """A captured launch is replayed over every later step: bounded by the capture batch's own
+    (padded, length-1) lengths, a split plan would cut longer sequences short."""
+    backend, _, batch = _backend([1, 1])
+    calls = []
+    monkeypatch.setattr(integration, "decode_attention", lambda *a: calls.append(a) or a[0].view(a[0].shape[0], -1))
+    q, k, v, layer = _step(backend, batch)
+    backend.forward_decode(q, k, v, layer, batch)
+    width = backend.forward_metadata.page_table.shape[1]
+    assert calls[-1][5] == 1 and calls[-1][10] is batch.seq_lens_cpu  # eager: the true max, host lengths
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    backend.forward_decode(q, k, v, layer, batch)
+    assert calls[-1][5] == width and calls[-1][10] is None
+    assert calls[-1][7] == (-1, -1) and calls[-1][8] == 0.0
+
+
+@pytest.mark.parametrize("change", [
+    dict(backend=dict(use_mla=True)), dict(backend=dict(kv_cache_dtype_str="fp8_e4m3")),
+    dict(backend=dict(has_local_attention=True)), dict(backend=dict(use_sliding_window_kv_pool=True)),
+    dict(batch=dict(spec_info=object())), dict(layer=dict(is_cross_attention=True)),
+    dict(layer=dict(scaling=0.5)), dict(layer=dict(attn_type=types.SimpleNamespace(name="ENCODER_ONLY"))),
+    dict(kwargs=dict(q_descale=torch.ones(1))), dict(kwargs=dict(score_mod=print)),
+    dict(metadata=dict(max_seq_len_q=2)),
+], ids=lambda change: next(iter(next(iter(change.values())))))
+def test_what_decode_attention_does_not_do_runs_sglangs_fa3_code(sgl, change):
+    backend, pool, batch = _backend([12, 7])
+    q, k, v, layer = _step(backend, batch, **change.get("layer", {}))
+    for name, value in change.get("backend", {}).items():
+        setattr(backend, name, value)
+    for name, value in change.get("batch", {}).items():
+        setattr(batch, name, value)
+    for name, value in change.get("metadata", {}).items():
+        setattr(backend.forward_metadata, name, value)
+    assert backend.forward_decode(q, k, v, layer, batch, **change.get("kwargs", {})) == "fa3"
+    assert len(backend.fa3_decodes) == 1 and not pool.writes
+
+
+def test_sinks_a_window_and_a_softcap_reach_decode_attention(sgl, monkeypatch):
+    backend, _, batch = _backend([20, 5])
+    calls = []
+    monkeypatch.setattr(integration, "decode_attention", lambda *a: calls.append(a) or a[0].view(a[0].shape[0], -1))
+    q, k, v, layer = _step(backend, batch, sliding_window_size=7, logit_cap=30.0)
+    sinks = torch.zeros(HEADS)
+    backend.forward_decode(q, k, v, layer, batch, sinks=sinks)
+    assert calls[-1][6:10] == (True, (7, 0), 30.0, sinks)
