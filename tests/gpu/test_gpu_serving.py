@@ -392,3 +392,44 @@ def test_a_plain_capture_after_a_warm_up_call_does_not_freeze_the_bounds_winner(
     torch.cuda.synchronize()
     toy(x, 131072)
     assert calls == [64, 32, 64] and torch.equal(out, x * 2)
+
+
+@pytest.mark.parametrize("record", [
+    {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 128, "num_warps": 4, "num_stages": 2,
+     "tokens_per_split": 256},
+    {"backend": "fa3", "num_splits": 4, "pack_gqa": True},
+], ids=["triton_by_length", "fa3_cap"])
+def test_a_plain_capture_runs_its_graph_record_and_replays_right_over_tables_updated_in_place(tmp_path, record):
+    """Issue 37: a graph captured at a bound with no declared lengths (a warm-up call, then a
+    plain torch.cuda.graph, as SGLang's runner does) runs decode_attention_graph's record for
+    its batch size and bound, and each replay over a table and lengths rewritten in place
+    matches the reference."""
+    if record["backend"] == "fa3" and fa3_op.unavailable():
+        pytest.skip(fa3_op.unavailable())
+    batch, width = 6, 512
+    shape = DecodeShape(batch=batch, kv_len=width, num_q_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM,
+                        lengths="graph")
+    db = TuningDB(tmp_path / "g.db")
+    db.save_record(Problem("decode_attention_graph", shape.static_key().to_json(), shape.run_key()),
+                   (current_fingerprint_id(), current_fingerprint()), record, median_us=1.0, spread_us=0.0,
+                   samples=3, default_config={"backend": "fa3", "num_splits": 0, "pack_gqa": None},
+                   default_median_us=2.0, default_spread_us=0.0, method={"lengths": "graph"})
+    db.close()
+    tuner.configure(db=tmp_path / "g.db", shipped="off", mode="lookup")
+    k, v = _cache(batch * width)
+    q = _query(batch)
+    steps = list(_decode_steps(batch, width, 10, seed=5))
+    table = steps[0][1].cuda().contiguous()
+    lens_dev = torch.from_numpy(steps[0][0]).int().cuda()
+    with tuner.graph_capture():
+        assert decode_attention.tuner.config_for(q, k, v, table, lens_dev, width) == record
+    decode_attention(q, k, v, table, lens_dev, width)  # the warm-up, at the bound
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(q, k, v, table, lens_dev, width)
+    for step, (lens, pages) in enumerate(steps[1:]):
+        table.copy_(pages)
+        lens_dev.copy_(torch.from_numpy(lens))
+        graph.replay()
+        torch.testing.assert_close(out, _reference(q, k, v, table, lens_dev), **TOL, msg=lambda m: f"step {step}: {m}")
