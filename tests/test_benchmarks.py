@@ -78,6 +78,21 @@ def test_serving_smoke(tmp_path):
     assert "error" not in row and row["per_call"]["default_us"] > 0 and row["graph"]["tuner_us"] > 0
 
 
+def test_decode_step_smoke_runs_every_mode_on_the_same_steps(tmp_path):
+    """The stand-in for a server's decode step (issue 38): each mode over the same steps, whose
+    outputs agree (no step reads the K/V another wrote)."""
+    out = tmp_path / "decode_step.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "decode_step.py", "--smoke", "--limit", "2", "--out", str(out)],
+                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 2 and not any("error" in r for r in doc["rows"])
+    for row in doc["rows"]:
+        assert row["fa3_default"]["step_ms"] > 0
+        assert all(row[m]["max_error_vs_default"] < 1e-3 and row[m]["config"] for m in ("tuner", "tuner_declared"))
+
+
 def test_sweep_cost_sweeps_each_kv_bucket_of_a_windowed_key(tmp_path):
     """Past its window a key's kv lengths are still each their own run key: of mixed batches
     the shorter sequences read less. Swept as one (the window-4095 key's record from caps of

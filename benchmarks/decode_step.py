@@ -1,0 +1,224 @@
+"""A server's decode step, as SGLang's graph runner makes it, with tuner's decode_attention
+against FA3's default: a real model's layer stack (RMSNorm, QKV projection, the new token's
+K/V written into the paged cache, attention, output projection, RMSNorm, gated MLP; dummy
+weights), one CUDA graph per batch size captured at the server's max context, and before each
+replay the host step a server does (the step's lengths and page table written into the
+captured buffers in place).
+
+    python benchmarks/decode_step.py --model llama-3.1-8b --out $OUT/decode_step.json [--db tuner.db]
+
+Modes, each its own graphs over the same steps: `fa3_default` (decode_attention with FA3's
+default config: what SGLang's FA3 backend runs), `tuner` (decode_attention as a plain capture
+resolves it: the DB's graph record for the batch size and bound, else the frozen rule), and
+`tuner_declared` (captured inside tuner.graph_capture(lengths) with the case's traffic).
+Cases: batch sizes x length caps x length distributions; a case's steps draw fresh lengths
+from its distribution up to its cap. Time: CUDA events around the replays (the host step is
+the same in every mode and left out), median over steps. Layers share KV pools in turn,
+enough of them that a step reads its caches from memory, not the L2 (rotary embedding and
+the logits head are left out: the same in every mode). The hidden state after the stack must
+match fa3_default's within bf16 tolerance. Not SGLang itself: see the README's server section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from common.case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
+from common.run_info import header
+from common.stats import geomean
+
+import tuner
+from tuner.bench.trial import cold_l2_copies
+from tuner.integrations.decode_attention import decode_attention
+from tuner.ops.decode_attention import default_config
+from tuner.workload import DecodeShape
+from tuner.workload.traffic import DISTRIBUTIONS, draw_lengths
+
+# public config.json values: hidden size, MLP width, layers, q heads, kv heads, head dim
+MODELS = {
+    "llama-3.1-8b": (4096, 14336, 32, 32, 8, 128),
+    "qwen2.5-7b": (3584, 18944, 28, 28, 4, 128),
+    "qwen2.5-14b": (5120, 13824, 48, 40, 8, 128),
+    "smoke": (64, 128, 2, 4, 2, 16),
+}
+MAX_CONTEXT = 131072  # the bound graphs are captured at (SGLang: the model's context length)
+MAX_TOKENS = 2 * 2**20  # batch x cap at most: a step's tokens in the KV cache
+FA3_DEFAULT = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+STEPS = 8
+MODES = ("fa3_default", "tuner", "tuner_declared")
+
+
+class Stack:
+    """The model's layers with dummy weights, and the KV pools they read (shared in turn)."""
+
+    def __init__(self, model: str, device: str, dtype: torch.dtype, pool_tokens: int, pools: int) -> None:
+        hidden, inter, layers, heads, kv_heads, dim = MODELS[model]
+        self.heads, self.kv_heads, self.dim, self.layers = heads, kv_heads, dim, layers
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        def weight(rows: int, cols: int) -> torch.Tensor:
+            return torch.randn(rows, cols, generator=gen, device=device, dtype=dtype) / math.sqrt(cols)
+
+        self.qkv = [weight((heads + 2 * kv_heads) * dim, hidden) for _ in range(layers)]
+        self.o = [weight(hidden, heads * dim) for _ in range(layers)]
+        self.gate_up = [weight(2 * inter, hidden) for _ in range(layers)]
+        self.down = [weight(hidden, inter) for _ in range(layers)]
+        shape = (pool_tokens, 1, kv_heads, dim)
+        self.k = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(pools)]
+        self.v = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(pools)]
+
+    def step(self, x: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, out_loc: torch.Tensor, bound: int,
+             config: dict | None) -> torch.Tensor:
+        """One decode step of every layer: the new tokens' K/V written to out_loc, attention over
+        the table's lens (which would include the new token in a server)."""
+        batch = x.shape[0]
+        kwargs = {} if config is None else {"config": config}
+        for i in range(self.layers):
+            k_pool, v_pool = self.k[i % len(self.k)], self.v[i % len(self.v)]
+            qkv = torch.nn.functional.rms_norm(x, (x.shape[-1],)) @ self.qkv[i].T
+            q, k, v = qkv.split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], dim=-1)
+            k_pool[out_loc, 0] = k.view(batch, self.kv_heads, self.dim)
+            v_pool[out_loc, 0] = v.view(batch, self.kv_heads, self.dim)
+            attn = decode_attention(q.view(batch, 1, self.heads, self.dim), k_pool, v_pool, table, lens, bound,
+                                    **kwargs)
+            x = x + attn.view(batch, -1) @ self.o[i].T
+            gate, up = (torch.nn.functional.rms_norm(x, (x.shape[-1],)) @ self.gate_up[i].T).chunk(2, dim=-1)
+            x = x + (torch.nn.functional.silu(gate) * up) @ self.down[i].T
+        return x
+
+
+def _tables(lens: list[int], width: int, read_tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A page table (page size 1, width columns) giving each sequence its own shuffled slots of
+    the first read_tokens, and the slots past them where the step writes each new token's K/V:
+    no step reads what another wrote, so every mode's steps read the same values."""
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(read_tokens, generator=gen)
+    table = torch.zeros(len(lens), width, dtype=torch.int32)
+    taken = 0
+    for i, n in enumerate(lens):
+        table[i, :n] = order[taken:taken + n]
+        taken += n
+    return table, torch.arange(read_tokens, read_tokens + len(lens))
+
+
+def run_case(stack: Stack, case: dict, device: str, seed: int, baseline: dict) -> dict:
+    batch, cap, dist = case["batch"], case["cap"], case["distribution"]
+    width = MAX_CONTEXT if device == "cuda" else cap
+    read_tokens = stack.k[0].shape[0] - batch
+    steps = [draw_lengths(dist, batch, cap, seed * 1000 + s) for s in range(STEPS + 1)]
+    hosts = [_tables(lens, width, read_tokens, seed * 1000 + s) for s, lens in enumerate(steps)]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(batch, stack.o[0].shape[0], generator=gen, device=device, dtype=stack.k[0].dtype)
+    table = hosts[0][0].to(device)
+    lens = torch.tensor(steps[0], dtype=torch.int32, device=device)
+    out_loc = hosts[0][1].to(device)
+    declared = draw_lengths(dist, 4096, cap, seed + 10**6)
+    row = dict(case, steps=STEPS)
+    outputs = {}
+    for mode in MODES:
+        config = baseline if mode == "fa3_default" else None
+        run = (lambda: stack.step(x, table, lens, out_loc, width, config))
+        if device == "cuda":
+            run()  # the warm-up call at the bound, as a server makes one before capturing
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            if mode == "tuner_declared":
+                with tuner.graph_capture(declared), torch.cuda.graph(graph):
+                    out = run()
+            else:
+                with torch.cuda.graph(graph):
+                    out = run()
+            replay = graph.replay
+        else:
+            replay, out = None, None
+        times, finals = [], []
+        for s in range(1, STEPS + 1):
+            table.copy_(hosts[s][0])  # the host step before a replay: lengths and pages in place
+            lens.copy_(torch.tensor(steps[s], dtype=torch.int32))
+            out_loc.copy_(hosts[s][1])
+            if replay is None:
+                started = time.perf_counter()
+                out = run()
+                times.append((time.perf_counter() - started) * 1e3)
+            else:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                replay()
+                end.record()
+                end.synchronize()
+                times.append(begin.elapsed_time(end))
+            finals.append(out.float().clone())
+        outputs[mode] = finals
+        row[mode] = dict(step_ms=statistics.median(times), config=baseline if config else _config_of(
+            stack, mode, batch, width, declared, table, lens, device))
+    base = row["fa3_default"]["step_ms"]
+    for mode in MODES[1:]:
+        row[mode]["speedup"] = base / row[mode]["step_ms"]
+        row[mode]["max_error_vs_default"] = max(float((a - b).abs().max())
+                                                for a, b in zip(outputs[mode], outputs["fa3_default"]))
+    return row
+
+
+def _config_of(stack: Stack, mode: str, batch: int, width: int, declared: list[int], table, lens, device) -> dict:
+    """The attention config a tuner mode's capture ran (for the JSON)."""
+    k = stack.k[0]
+    q = torch.zeros(batch, 1, stack.heads, stack.dim, device=device, dtype=k.dtype)
+    with tuner.graph_capture(declared if mode == "tuner_declared" else None):
+        return decode_attention.tuner.config_for(q, k, stack.v[0], table, lens, width)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_options(ap)
+    ap.add_argument("--model", default="llama-3.1-8b", choices=[m for m in MODELS if m != "smoke"])
+    ap.add_argument("--db", type=Path, help="the tuning DB (graph records) over the shipped tunings")
+    ap.add_argument("--batches", default="1,8,32,64,128")
+    ap.add_argument("--caps", default="1024,4096,16384,32768")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    model = "smoke" if args.smoke else args.model
+    batches = (1, 3) if args.smoke else tuple(int(b) for b in args.batches.split(","))
+    caps = (32,) if args.smoke else tuple(int(c) for c in args.caps.split(","))
+    cases = [dict(model=model, batch=b, cap=c, distribution=d) for c in caps for b in batches
+             for d in DISTRIBUTIONS if b * c <= MAX_TOKENS]
+    if args.db is not None:
+        tuner.configure(db=args.db, mode="lookup")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    hidden, _, layers, _, kv_heads, dim = MODELS[model]
+    most = max(b * c for b, c in ((case["batch"], case["cap"]) for case in cases))
+    pools = cold_l2_copies(most * kv_heads * dim * 2 * dtype.itemsize, device) if device == "cuda" else 1
+    stack = Stack(model, device, dtype, pool_tokens=most + max(batches), pools=min(pools, layers))
+    todo = cases_of_this_run(ap, args, cases)
+
+    def write(rows: list[dict]) -> dict:
+        done = [r for r in rows if "error" not in r]
+        doc = {**header("decode_step", started), "model": model, "max_context": MAX_CONTEXT, "cases": len(todo),
+               "summary": {m: dict(geomean_speedup=geomean([r[m]["speedup"] for r in done]),
+                                   slowest=min((r[m]["speedup"] for r in done), default=None),
+                                   max_error_vs_default=max((r[m]["max_error_vs_default"] for r in done),
+                                                            default=None))
+                           for m in MODES[1:]},
+               "rows": rows}
+        args.out.write_text(json.dumps(doc, indent=1, default=str))
+        return doc
+
+    # FA3's default; on the CPU (--smoke) the default backend's default, FA3 being unavailable there
+    baseline = FA3_DEFAULT if device == "cuda" else default_config(DecodeShape(
+        batch=1, kv_len=32, num_q_heads=stack.heads, num_kv_heads=kv_heads, head_dim=dim, dtype="float32"))
+    rows = run_cases(todo, args.seconds, device, run=lambda i, case: run_case(stack, case, device, i, baseline),
+                     fields=lambda case: case, write=write, done=done_rows(args),
+                     describe=lambda r: "".join(f" {m} {r[m]['speedup']:.3f}x" for m in MODES[1:] if m in r))
+    doc = write(rows)
+    print(json.dumps(doc["summary"]), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
