@@ -8,14 +8,16 @@ captured buffers in place).
     python benchmarks/decode_step.py --model llama-3.1-8b --out $OUT/decode_step.json [--db tuner.db]
 
 Modes, each its own graphs over the same steps: `fa3_default` (decode_attention with FA3's
-default config: what SGLang's FA3 backend runs), `tuner` (decode_attention as a plain capture
+default config: SGLang's FA3 backend's kernel, without the scheduler metadata SGLang
+precomputes for it, so a slightly slower baseline), `tuner` (decode_attention as a plain capture
 resolves it: the DB's graph record for the batch size and bound, else the frozen rule), and
 `tuner_declared` (captured inside tuner.graph_capture(lengths) with the case's traffic).
 Cases: batch sizes x length caps x length distributions; a case's steps draw fresh lengths
 from its distribution up to its cap. Time: CUDA events around the replays (the host step is
 the same in every mode and left out), median over steps. Layers share KV pools in turn,
-enough of them that a step reads its caches from memory, not the L2 (rotary embedding and
-the logits head are left out: the same in every mode). The hidden state after the stack must
+enough of them for the largest case to read its caches from memory; a small case's caches
+(batch 1 at 1k: a few MB a layer) may stay in the L2 across layers, which flatters every mode
+alike (rotary embedding and the logits head are left out: the same in every mode). The hidden state after the stack must
 match fa3_default's within bf16 tolerance. Not SGLang itself: see the README's server section.
 """
 

@@ -41,8 +41,12 @@ def run_sweep(sweep_args: list[str], db: str, log: Path, seconds: float, warm: b
         try:
             code = proc.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait()
+            proc.send_signal(signal.SIGINT)  # it stores what it finished, then exits 130
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
     return code, time.monotonic() - started
 
 

@@ -150,3 +150,26 @@ def test_a_graph_sweep_from_misses_takes_decode_attentions_missed_static_keys(db
     text = " ".join(plan.output.split())
     assert SHAPE.static_label() in text and "graph" in text
     assert f"{len(get_op(GRAPH_OP).grids['serving'])} shapes" in text
+
+
+def test_graph_replays_are_measured_by_the_graph_op_only(tmp_path):
+    """A graph-replay timing stored as decode_attention's record would serve eager calls; a
+    graph op's record timed on other batches would be the bound's winner frozen for a graph."""
+    runner = CliRunner()
+    for args, fragment in ((["decode_attention", "--grid", "cpu-serving", "--lengths", "graph"], "not decode_attention"),
+                           ([GRAPH_OP, "--grid", "cpu-serving", "--lengths", "serving"], "not serving")):
+        done = runner.invoke(app, ["sweep", *args, "--plan"])
+        assert done.exit_code == 2 and fragment in done.output, done.output
+    bounds = tmp_path / "bounds.json"
+    bounds.write_text(json.dumps([dataclasses.replace(SHAPE, kv_len=4096).to_dict()]))  # lengths full: a bound
+    plan = runner.invoke(app, ["sweep", GRAPH_OP, "--shapes", str(bounds), "--plan"])
+    assert plan.exit_code == 0 and "graph" in plan.output.split("lengths")[-1], plan.output
+
+
+def test_a_graph_sweep_names_and_needs_backends_a_captured_graph_can_run():
+    runner = CliRunner()
+    plan = runner.invoke(app, ["sweep", GRAPH_OP, "--grid", "cpu-serving", "--plan", "--backends",
+                               "triton_decode,flashinfer"])
+    assert plan.exit_code == 0 and "(triton_decode)" in " ".join(plan.output.split()), plan.output
+    refused = runner.invoke(app, ["sweep", GRAPH_OP, "--grid", "cpu-serving", "--plan", "--backends", "flashinfer"])
+    assert refused.exit_code == 2 and "captured graph" in refused.output, refused.output

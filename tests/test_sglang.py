@@ -93,21 +93,50 @@ def test_an_output_buffer_sglang_gives_receives_the_result(sgl):
     torch.testing.assert_close(out, plain)
 
 
-def test_under_capture_the_bound_is_the_tables_width_and_no_host_lengths_go_in(sgl, monkeypatch):
-    """A captured launch is replayed over every later step: bounded by the capture batch's own
-    (padded, length-1) lengths, a split plan would cut longer sequences short."""
-    backend, _, batch = _backend([1, 1])
+TRITON = {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
+
+
+def _recorded(monkeypatch, config=TRITON):
+    """decode_attention replaced by a recorder of its calls, resolving every call to config."""
     calls = []
-    monkeypatch.setattr(integration, "decode_attention", lambda *a: calls.append(a) or a[0].view(a[0].shape[0], -1))
+
+    def record(*call, config):
+        calls.append((call, config))
+        return call[0].view(call[0].shape[0], -1)
+    monkeypatch.setattr(integration, "decode_attention", record)
+    monkeypatch.setattr(integration, "resolve_config", lambda call: config)
+    return calls
+
+
+def test_a_graphs_capture_and_warm_ups_are_bounded_by_the_tables_width_with_no_host_lengths(sgl, monkeypatch):
+    """A captured launch is replayed over every later step: bounded by the capture batch's own
+    (padding, length-1) lengths, a split plan would cut longer sequences short. The warm-ups
+    SGLang runs before capturing, on the graph's own buffers, are bounded alike: else the
+    capture's config is first compiled and loaded inside the capture."""
+    backend, _, batch = _backend([1, 1])
+    calls = _recorded(monkeypatch)
     q, k, v, layer = _step(backend, batch)
     backend.forward_decode(q, k, v, layer, batch)
     width = backend.forward_metadata.page_table.shape[1]
-    assert calls[-1][5] == 1 and calls[-1][10] is batch.seq_lens_cpu  # eager: the true max, host lengths
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    (call, config), = calls
+    assert call[5] == 1 and call[10] is batch.seq_lens_cpu and config == TRITON  # eager: the true max, host lengths
+    backend.decode_cuda_graph_metadata = {2: backend.forward_metadata}  # a warm-up on the graph's buffers
     backend.forward_decode(q, k, v, layer, batch)
-    assert calls[-1][5] == width and calls[-1][10] is None
-    assert calls[-1][7] == (-1, -1) and calls[-1][8] == 0.0
+    assert calls[-1][0][5] == width and calls[-1][0][10] is None
+    backend.decode_cuda_graph_metadata = {}
+    backend.tuner_on_cuda = True
+    monkeypatch.setattr(integration, "stream_capturing", lambda: True)  # the capture itself
+    backend.forward_decode(q, k, v, layer, batch)
+    assert calls[-1][0][5] == width and calls[-1][0][10] is None
+    assert calls[-1][0][7] == (-1, -1) and calls[-1][0][8] == 0.0
+
+
+def test_a_call_resolved_to_fa3s_default_runs_sglangs_fa3_code(sgl, monkeypatch):
+    """That keeps the scheduler metadata SGLang precomputes for FA3's default."""
+    backend, pool, batch = _backend([12, 7])
+    calls = _recorded(monkeypatch, config={"backend": "fa3", "num_splits": 0, "pack_gqa": None})
+    assert backend.forward_decode(*_step(backend, batch), batch) == "fa3"
+    assert not calls and not pool.writes and len(backend.fa3_decodes) == 1
 
 
 @pytest.mark.parametrize("change", [
@@ -116,6 +145,8 @@ def test_under_capture_the_bound_is_the_tables_width_and_no_host_lengths_go_in(s
     dict(batch=dict(spec_info=object())), dict(layer=dict(is_cross_attention=True)),
     dict(layer=dict(scaling=0.5)), dict(layer=dict(attn_type=types.SimpleNamespace(name="ENCODER_ONLY"))),
     dict(kwargs=dict(q_descale=torch.ones(1))), dict(kwargs=dict(score_mod=print)),
+    dict(kwargs=dict(cos_sin_cache=torch.ones(1))),  # a keyword it does not know
+    dict(backend=dict(num_splits=1)),  # deterministic inference
     dict(metadata=dict(max_seq_len_q=2)),
 ], ids=lambda change: next(iter(next(iter(change.values())))))
 def test_what_decode_attention_does_not_do_runs_sglangs_fa3_code(sgl, change):
@@ -133,9 +164,8 @@ def test_what_decode_attention_does_not_do_runs_sglangs_fa3_code(sgl, change):
 
 def test_sinks_a_window_and_a_softcap_reach_decode_attention(sgl, monkeypatch):
     backend, _, batch = _backend([20, 5])
-    calls = []
-    monkeypatch.setattr(integration, "decode_attention", lambda *a: calls.append(a) or a[0].view(a[0].shape[0], -1))
+    calls = _recorded(monkeypatch)
     q, k, v, layer = _step(backend, batch, sliding_window_size=7, logit_cap=30.0)
     sinks = torch.zeros(HEADS)
-    backend.forward_decode(q, k, v, layer, batch, sinks=sinks)
-    assert calls[-1][6:10] == (True, (7, 0), 30.0, sinks)
+    backend.forward_decode(q, k, v, layer, batch, sinks=sinks, q_rope=None)
+    assert calls[-1][0][6:10] == (True, (7, 0), 30.0, sinks)

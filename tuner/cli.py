@@ -281,6 +281,10 @@ def sweep_command(
                 raise TunerError(f"--backends is for {' and '.join(BACKEND_OPS)}, not {op.name}")
 
             scope.enter_context(backends_only(b.strip() for b in backends.split(",") if b.strip()))
+            from tuner.ops.decode_attention import BACKENDS, GRAPH_OP_NAME
+
+            if op.name == GRAPH_OP_NAME and not any(b.graph_capturable for b in BACKENDS.values()):
+                raise TunerError(f"--backends {backends}: {op.name} needs one that runs in a captured graph")
         from tuner.search import get_strategy
         from tuner.sweep import default_backends, default_strategy
 
@@ -351,7 +355,22 @@ def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses
         shapes = get_grid(op, grid or ("decode" if op.device() == "cuda" else "cpu-small"))
     if lengths is not None:
         shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
-    return (yours.apply(shapes) if yours.given() else shapes), database
+    return (yours.apply(_graph_lengths(op, shapes)) if yours.given() else _graph_lengths(op, shapes)), database
+
+
+def _graph_lengths(op, shapes: list) -> list:
+    """A graph op measures graph replays only (its shapes' kv_len is their capture bound), and
+    only a graph op does: a graph-replay timing stored as another op's record would serve
+    eager calls."""
+    if op.name in settings.GRAPH_RECORD_OPS.values():
+        wrong = sorted({s.lengths for s in shapes} - {"graph", "full"})
+        if wrong:
+            raise TunerError(f"{op.name} measures graph replays (lengths graph), not {', '.join(wrong)} batches")
+        return [dataclasses.replace(s, lengths="graph") for s in shapes]
+    if any(s.lengths == "graph" for s in shapes):
+        graph_ops = ", ".join(settings.GRAPH_RECORD_OPS.values())
+        raise TunerError(f"lengths graph (graph replays) are for {graph_ops}, not {op.name}")
+    return shapes
 
 
 def _run_sweep(op, shapes: list, database, ranks, *, force: bool, sweep_options: dict) -> None:
@@ -447,11 +466,12 @@ def _duration(seconds: float) -> str:
 
 def _searched(op, strategy: str) -> str:
     """What a sweep searches, for its plan and its log: "guided search (fa3, triton_decode)"."""
-    from tuner.ops.decode_attention import BACKEND_OPS, BACKENDS
+    from tuner.ops.decode_attention import BACKEND_OPS, BACKENDS, GRAPH_OP_NAME
 
     if op.name not in BACKEND_OPS:
         return f"{strategy} search"
-    return f"{strategy} search ({', '.join(BACKENDS)})"
+    names = [name for name, b in BACKENDS.items() if op.name != GRAPH_OP_NAME or b.graph_capturable]
+    return f"{strategy} search ({', '.join(names)})"
 
 
 def _print_plan(op, shapes: list, strategy: str, device: str) -> None:

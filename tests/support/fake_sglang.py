@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,7 +80,10 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     seq_lens_cpu: torch.Tensor | None
     spec_info: Any = None
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.out_cache_loc.numel()
 
 
 def install(monkeypatch, with_choices: bool = True) -> types.SimpleNamespace:

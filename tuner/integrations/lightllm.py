@@ -55,6 +55,8 @@ DECODE_MAX_BATCH = 256
 NO_CONSUMER = {
     "decode_attention": "its configs choose a backend (FA3, FlashInfer or tuner's Triton kernel); "
                         "LightLLM has no autotuned kernel that takes a backend choice",
+    "decode_attention_graph": "graph records choose a backend for tuner's decode_attention in CUDA graphs; "
+                              "LightLLM has no autotuned kernel that takes a backend choice",
     "flashinfer": "LightLLM plans FlashInfer with its own arguments and reads no autotuned config for "
                   "FlashInfer's plan (use_tensor_cores, split size)",
     "triton_decode": "tuner's Triton decode kernel is not one of LightLLM's kernels; nothing in LightLLM "

@@ -4,15 +4,19 @@ its plain decode attention run by decode_attention (the tuned backend and config
 Enabled by installing tuner beside SGLang (its `sglang.srt.plugins` entry point registers the
 backend in every SGLang process) and starting the server with `--attention-backend tuner`
 (or `--decode-attention-backend tuner` beside another prefill backend). Prefill, extend and
-every decode this module does not cover (MLA, cross attention, speculative decoding, an FP8
-KV cache, local or prefill-aware sliding-window attention, a softmax scale other than
-1/sqrt(head dim), scales, score mods) run SGLang's FA3 code unchanged.
+every decode this module does not cover (MLA, cross attention, an FP8 KV cache, local or
+prefill-aware sliding-window attention, a softmax scale other than 1/sqrt(head dim), scales,
+score mods, deterministic inference, any keyword it does not know) run SGLang's FA3 code
+unchanged, and so does a call tuner resolves to FA3's default (keeping the scheduler metadata
+SGLang precomputes for it). Speculative decoding is not supported: SGLang's draft backends do
+not know the name.
 
 In SGLang's decode CUDA graphs the backend's metadata buffers (page table, cache lengths)
 are captured once and rewritten in place before each replay, so the captured call reads
-each step's lengths; it is captured with the page table's whole width as its bound, and
-tuner serves it the graph record of its batch size (tuner.runtime) or the frozen rule.
-SGLang is imported only when the backend is created; versions read: 0.5.12-0.5.17.
+each step's lengths. That call, and the warm-ups before it (whose lengths are the padding
+fill), are bounded by the page table's whole width, and tuner serves them the graph record
+of their batch size (tuner.runtime) or the frozen rule. SGLang is imported only when the
+backend is created; its 0.5.17 source was read.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from typing import Any
 import torch
 
 from tuner.integrations.decode_attention import decode_attention
+from tuner.runtime.state import stream_capturing
 
 BACKEND_NAME = "tuner"
-# keyword arguments of SGLang's forward_decode that select work decode_attention does not do
-_UNCOVERED_KWARGS = ("q_rope", "k_rope", "q_descale", "k_descale", "v_descale", "score_mod", "aux_tensors",
-                     "rel_bias")
+# forward_decode's keyword arguments decode_attention runs; any other one given runs FA3's code
+_COVERED_KWARGS = frozenset({"sinks"})
 
 
 def register() -> None:
@@ -59,26 +63,34 @@ def backend_class() -> type:
     class TunerAttnBackend(FlashAttentionBackend):
         """SGLang's FA3 backend whose plain decode runs tuner's decode_attention."""
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.tuner_on_cuda = torch.cuda.is_available()
+
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-            if not covers(self, layer, forward_batch, kwargs):
-                return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
-            return tuned_decode(self, q, k, v, layer, forward_batch, save_kv_cache, kwargs.get("sinks"))
+            if covers(self, layer, forward_batch, kwargs):
+                call = decode_call(self, q, layer, forward_batch, kwargs.get("sinks"))
+                config = resolve_config(call)
+                if not is_fa3_default(config):
+                    return tuned_decode(self, k, v, layer, forward_batch, save_kv_cache, call, config)
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     return TunerAttnBackend
 
 
 def covers(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
-    """Whether decode_attention runs this decode call: plain paged self-attention of one
+    """Whether decode_attention may run this decode call: plain paged self-attention of one
     query token (see the module docstring for what it leaves to FA3)."""
     metadata = backend.forward_metadata
     return (not backend.use_mla and forward_batch.spec_info is None and backend.kv_cache_dtype_str == "auto"
+            and getattr(backend, "num_splits", 0) == 0 and getattr(backend, "fa_impl_ver", 3) == 3
             and not layer.is_cross_attention and _is_decoder(layer)
             and not getattr(backend, "has_local_attention", False)
             and not getattr(backend, "use_sliding_window_kv_pool", False)
             and not getattr(backend, "is_prefill_aware_swa", False)
             and getattr(metadata, "max_seq_len_q", 1) == 1
             and math.isclose(layer.scaling, layer.head_dim ** -0.5, rel_tol=1e-6)
-            and all(kwargs.get(name) is None for name in _UNCOVERED_KWARGS))
+            and all(value is None for name, value in kwargs.items() if name not in _COVERED_KWARGS))
 
 
 def _is_decoder(layer: Any) -> bool:
@@ -86,14 +98,18 @@ def _is_decoder(layer: Any) -> bool:
     return kind is None or getattr(kind, "name", str(kind)).upper().endswith("DECODER")
 
 
-def tuned_decode(backend: Any, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: Any,
-                 forward_batch: Any, save_kv_cache: bool, sinks: torch.Tensor | None) -> torch.Tensor:
-    """What FA3's forward_decode does for a covered call, with decode_attention as the kernel:
-    the new token's K and V written to the pool, then attention over the backend's page table
-    and cache lengths (rewritten in place before each graph replay)."""
-    if k is not None and save_kv_cache:
-        backend.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, layer.k_scale,
-                                               layer.v_scale)
+def _in_graph(backend: Any, forward_batch: Any, metadata: Any) -> bool:
+    """Whether the call belongs to a decode graph: its capture, or a warm-up before it, whose
+    metadata are the graph's own buffers (filled with the padding's lengths)."""
+    if backend.tuner_on_cuda and stream_capturing():
+        return True
+    buffers = getattr(backend, "decode_cuda_graph_metadata", None)
+    return isinstance(buffers, dict) and buffers.get(getattr(forward_batch, "batch_size", None)) is metadata
+
+
+def decode_call(backend: Any, q: torch.Tensor, layer: Any, forward_batch: Any, sinks: torch.Tensor | None) -> tuple:
+    """decode_attention's positional arguments for the call: the pool's K and V as pages, the
+    backend's page table and cache lengths (rewritten in place before each graph replay)."""
     metadata = backend.forward_metadata
     key_cache, value_cache = backend.token_to_kv_pool.get_kv_buffer(layer.layer_id)
     page = backend.page_size
@@ -102,15 +118,33 @@ def tuned_decode(backend: Any, q: torch.Tensor, k: torch.Tensor | None, v: torch
     window = layer.sliding_window_size
     window_size = (window, 0) if window is not None and window > -1 else (-1, -1)
     table = metadata.page_table
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    # under capture the launch is replayed over every later step's lengths: bound it by the
-    # table's width (the max context), never by the capture batch's own lengths
+    in_graph = _in_graph(backend, forward_batch, metadata)
+    # a graph's launch replays over every later step's lengths: bounded by the table's width
+    # (the max context), never by the capture batch's own lengths
     eager_max = metadata.max_seq_len_k
-    max_kv_len = table.shape[1] * page if capturing or not isinstance(eager_max, int) or eager_max < 1 else eager_max
-    out = decode_attention(q.contiguous().view(-1, 1, layer.tp_q_head_num, layer.head_dim), k_cache, v_cache,
-                           table, metadata.cache_seqlens_int32, max_kv_len, True, window_size,
-                           float(layer.logit_cap or 0.0), sinks, None if capturing else forward_batch.seq_lens_cpu)
-    out = out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+    eager = not in_graph and isinstance(eager_max, int) and eager_max > 0
+    return (q.contiguous().view(-1, 1, layer.tp_q_head_num, layer.head_dim), k_cache, v_cache, table,
+            metadata.cache_seqlens_int32, eager_max if eager else table.shape[1] * page, True, window_size,
+            float(layer.logit_cap or 0.0), sinks, forward_batch.seq_lens_cpu if eager else None)
+
+
+def resolve_config(call: tuple) -> dict[str, Any]:
+    """The config decode_attention runs for the call (its DB record, graph record, or default)."""
+    return decode_attention.tuner.config_for(*call)
+
+
+def is_fa3_default(config: dict[str, Any]) -> bool:
+    return config.get("backend") == "fa3" and config.get("num_splits") == 0 and config.get("pack_gqa") is None
+
+
+def tuned_decode(backend: Any, k: torch.Tensor | None, v: torch.Tensor | None, layer: Any, forward_batch: Any,
+                 save_kv_cache: bool, call: tuple, config: dict[str, Any]) -> torch.Tensor:
+    """What FA3's forward_decode does for a covered call, with decode_attention as the kernel:
+    the new token's K and V written to the pool, then attention."""
+    if k is not None and save_kv_cache:
+        backend.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, layer.k_scale,
+                                               layer.v_scale)
+    out = decode_attention(*call, config=config).view(-1, layer.tp_q_head_num * layer.v_head_dim)
     given = getattr(forward_batch, "_attn_output", None)
     if given is not None:
         given.view(out.shape).copy_(out)
