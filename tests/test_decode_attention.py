@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from support import fake_flashinfer  # noqa: E402
+from support.recorders import recording_triton  # noqa: E402
 import tuner.ops.flashinfer as fi  # noqa: E402
 from tuner.db import Problem, current_fingerprint, current_fingerprint_id  # noqa: E402
 from tuner.keys import attention_run_key  # noqa: E402
@@ -159,18 +160,6 @@ def test_numpy_flags_reach_flashinfer_as_plain_values_so_its_plan_is_reused(with
     assert len(inner.plan_calls) == 1 and len(inner.runs) == 3  # planned once, reused twice
 
 
-def _recording_triton(monkeypatch):
-    """The Triton backend's kernel replaced by a recorder of the config it was given."""
-    import tuner.ops.decode_attention as da
-    ran = []
-
-    def record(q, *args, block_n, num_kv_splits, **kwargs):
-        ran.append((block_n, num_kv_splits))
-        return torch.zeros_like(q)
-    monkeypatch.setattr(da, "triton_paged_decode", record)
-    return ran
-
-
 def test_every_knob_of_a_triton_config_reaches_the_kernel(monkeypatch):
     """tokens_per_split was added to the Triton kernel's configs and not passed on: a
     by-length winner ran as splits over the longest sequence."""
@@ -200,7 +189,7 @@ def _triton_splits(splits: int) -> dict:
 def _windowed_call_runs(db_path, monkeypatch) -> list:
     """(block_n, num_kv_splits) that a call of WINDOWED's at kv 200 ran, looked up in db_path."""
     tuner.configure(db=db_path, mode="lookup")
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     inputs = make_decode_inputs(WINDOWED)
     decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200,
                      window_size=(15, -1))
@@ -250,7 +239,7 @@ def test_a_fallback_runs_the_default_of_the_kv_buckets_top(monkeypatch):
     captured) a different config for each length in its bucket."""
     from tuner.keys import kv_len_bucket
     from tuner.ops.triton_decode import TRITON_DECODE
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     inputs = make_decode_inputs(dataclasses.replace(SHAPE, kv_len=256))
     config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
     lengths = (20, 17, 32, 130, 200)
@@ -268,7 +257,7 @@ def test_a_fallback_runs_the_default_of_the_kv_buckets_top(monkeypatch):
 def test_host_lengths_are_read_only_by_the_backend_that_plans_from_them(monkeypatch):
     """seq_lens_host was converted on every call, whatever the backend: a cost on each FA3 or
     Triton call, and lengths FlashInfer could not read failed calls that never use them."""
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
 
     class Unreadable:
         def __array__(self, *args, **kwargs):
@@ -347,7 +336,7 @@ def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch)
     import numpy as np
 
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
     inputs = make_decode_inputs(shape)
     config = by_fill(DENSE, OTHER)
@@ -374,7 +363,7 @@ def test_a_stored_by_fill_record_is_served_and_runs_by_each_calls_fill(db_path, 
     named "by_fill"), so the serving benchmark ran FA3's default on 20 more cases than before
     it; a record whose part cannot run here (FlashInfer not installed) still serves the default."""
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
     _store(db_path, shape, by_fill(DENSE, OTHER))
     other_shape = dataclasses.replace(shape, batch=3)
@@ -402,7 +391,7 @@ def test_inside_graph_capture_a_by_fill_record_runs_the_config_of_the_declared_l
     import random
 
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=16, kv_len=256)
     _store(db_path, shape, by_fill(DENSE, OTHER))
     tuner.configure(db=db_path, mode="lookup", shipped="off")
@@ -426,7 +415,7 @@ def test_a_capture_without_lengths_freezes_the_config_a_by_fill_record_captures(
     by_fill(D, W) record at one bucket and W at the other captured the default, though a
     capture runs W of either (8/1 heads, batch 64, a 2k bound, in the shipped file)."""
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=4, kv_len=2048)
     _store(db_path, dataclasses.replace(shape, kv_len=1024), by_fill(DENSE, OTHER))
     _store(db_path, shape, OTHER)
@@ -443,7 +432,7 @@ def test_a_by_fill_record_reads_a_numpy_integer_bound_and_leaves_a_tensor_one_un
     import numpy as np
 
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
     inputs = make_decode_inputs(shape)
     lengths = np.array([256, 200, 180, 150], dtype=np.int32)
@@ -456,7 +445,7 @@ def test_a_by_fill_record_reads_a_numpy_integer_bound_and_leaves_a_tensor_one_un
 def test_a_by_fill_call_runs_its_other_config_while_torch_compile_traces(monkeypatch):
     """A traced graph would keep the branch of the call it traced for every later call."""
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     inputs = make_decode_inputs(dataclasses.replace(SHAPE, batch=4, kv_len=256))
     decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 256,
@@ -471,7 +460,7 @@ def test_inside_graph_capture_a_dense_config_that_cannot_be_captured_gives_way_t
     import random
 
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
     _store(db_path, shape, by_fill({"backend": "flashinfer", **fi.DECODE_DEFAULT}, OTHER))
     tuner.configure(db=db_path, mode="lookup", shipped="off")
@@ -489,7 +478,7 @@ def test_a_by_fill_call_sums_a_lengths_tensor_again_once_it_changes(monkeypatch)
     written in place, as a server's reused buffer is; an inference tensor has no version
     counter and is summed each call."""
     from tuner.ops.decode_attention import by_fill
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     shape = dataclasses.replace(SHAPE, batch=4, kv_len=256)
     inputs = make_decode_inputs(shape)
     args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200)
@@ -514,7 +503,7 @@ def test_a_by_fill_config_under_capture_runs_its_config_for_any_batch(monkeypatc
     """A graph captured with dense lengths replays whatever lengths come: the dense config
     would be frozen for skewed batches too."""
     import tuner.ops.decode_attention as da
-    ran = _recording_triton(monkeypatch)
+    ran = recording_triton(monkeypatch)
     _in_capture(monkeypatch)
     inputs = make_decode_inputs(SHAPE)
     decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,

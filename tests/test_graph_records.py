@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 import tuner
+from support.recorders import recording_triton
 from tuner import settings
 from tuner.cli import app
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
@@ -77,15 +78,7 @@ def _store(db_path, op_name, shape, config):
 
 @pytest.fixture
 def ran(monkeypatch):
-    """The Triton backend's kernel replaced by a recorder of the config it was given."""
-    import tuner.ops.decode_attention as da
-    calls = []
-
-    def record(q, *args, block_n, num_kv_splits, **kwargs):
-        calls.append((block_n, num_kv_splits))
-        return torch.zeros_like(q)
-    monkeypatch.setattr(da, "triton_paged_decode", record)
-    return calls
+    return recording_triton(monkeypatch)
 
 
 def _call_at_bound(bound, batch=2):
