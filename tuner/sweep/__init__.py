@@ -17,6 +17,7 @@ from tuner.sweep.sink import MeasurementSink
 from tuner.sweep.trials import build_dense_trial, build_second_trial, build_trial, kv_copies
 
 __all__ = [
+    "all_serving",
     "DENSE_LENGTHS",
     "DENSE_RULE",
     "DUPLICATE",
@@ -31,7 +32,6 @@ __all__ = [
     "build_dense_trial",
     "build_second_trial",
     "build_trial",
-    "all_serving",
     "candidate_configs",
     "default_backends",
     "default_strategy",
