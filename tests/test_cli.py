@@ -1,3 +1,4 @@
+import dataclasses
 import io
 import json
 import os
@@ -961,6 +962,11 @@ def test_the_plans_gpu_estimate_follows_the_search():
     assert SweepPlan.of(op, shapes, "guided", "cuda").estimate_s < exhaustive.estimate_s
     assert SweepPlan.of(op, shapes, "my_search", "cuda").estimate_s == exhaustive.estimate_s
     assert SweepPlan.of(op, shapes, "guided", "cpu").estimate_s is None
+    assert exhaustive.fresh_estimate_s is None  # not measured on a fresh machine
+    guided = SweepPlan.of(op, shapes, "guided", "cuda")
+    assert guided.fresh_estimate_s == pytest.approx(3 * 0.0304) and guided.fresh_estimate_s > guided.estimate_s
+    graph = [dataclasses.replace(shapes[0], lengths="graph")]
+    assert SweepPlan.of(op, graph, "guided", "cuda").estimate_s is None  # graph replays: not measured yet
 
 
 def test_a_serving_sweep_defaults_to_guided_search_without_flashinfer_and_others_to_halving():

@@ -489,11 +489,16 @@ def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
         table.add_row(escape(key), str(len(group)), f"{batches[0]}-{batches[-1]}", f"{kvs[0]:,}-{kvs[-1]:,}",
                       ", ".join(sorted({s.lengths for s in group})))
     _print_wide(table)
-    if plan.estimate_s is None:
+    if plan.estimate_s is None and device == "cuda":
+        estimate = "no time estimate for graph replays yet"
+    elif plan.estimate_s is None:
         estimate = "no time estimate off a GPU (it depends on the op and the machine)"
-    else:
+    elif plan.fresh_estimate_s is None:
         estimate = (f"about {_duration(plan.estimate_s)} of GPU time at an H200's measured pace with Triton's "
                     "cache warm (a fresh machine compiles its Triton candidates first)")
+    else:
+        estimate = (f"about {_duration(plan.estimate_s)} of GPU time at an H200's measured pace with Triton's "
+                    f"cache warm, about {_duration(plan.fresh_estimate_s)} on a fresh one")
     console.print(f"{len(shapes)} shapes, {plan.candidates} candidate configs; {estimate}. Nothing was run.",
                   soft_wrap=True, highlight=False)
 

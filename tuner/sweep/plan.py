@@ -118,14 +118,19 @@ class SweepPlan:
 
     shapes: list[DecodeShape]
     candidates: int
-    estimate_s: float | None  # None off a GPU: the time depends on the op and the machine
+    # None off a GPU (the time depends on the op and the machine) and for graph replays (not
+    # measured yet); fresh: on a machine that compiles every kernel first, where measured
+    estimate_s: float | None
+    fresh_estimate_s: float | None = None
 
     @classmethod
     def of(cls, op: Op, shapes: list[DecodeShape], strategy: str, device: str) -> "SweepPlan":
         candidates = sum(len(candidate_configs(op, s)) for s in shapes)
-        rates = settings.PLAN_S_PER_CANDIDATE_GPU
-        estimate = candidates * rates.get(strategy, rates["exhaustive"]) if device == "cuda" else None
-        return cls(shapes, candidates, estimate)
+        if device != "cuda" or any(s.lengths == "graph" for s in shapes):
+            return cls(shapes, candidates, None)
+        rates, fresh = settings.PLAN_S_PER_CANDIDATE_GPU, settings.PLAN_FRESH_S_PER_CANDIDATE_GPU.get(strategy)
+        return cls(shapes, candidates, candidates * rates.get(strategy, rates["exhaustive"]),
+                   None if fresh is None else candidates * fresh)
 
     def by_static_key(self) -> dict[str, list[DecodeShape]]:
         keys: dict[str, list[DecodeShape]] = {}
