@@ -14,10 +14,10 @@ resolves it: the DB's graph record for the batch size and bound, else the frozen
 `tuner_declared` (captured inside tuner.graph_capture(lengths) with the case's traffic).
 Cases: batch sizes x length caps x length distributions; a case's steps draw fresh lengths
 from its distribution up to its cap. Time: CUDA events around the replays (the host step is
-the same in every mode and left out), median over steps. Layers share KV pools in turn,
-enough of them for the largest case to read its caches from memory; a small case's caches
-(batch 1 at 1k: a few MB a layer) may stay in the L2 across layers, which flatters every mode
-alike (rotary embedding and the logits head are left out: the same in every mode). The hidden state after the stack must
+the same in every mode and left out), median over steps. Layers read one KV pool through
+copies of the step's page table over different slots, enough copies that a step reads its
+caches from memory, not the L2, where the pool has room (rotary embedding and the logits
+head are left out: the same in every mode). The hidden state after the stack must
 match fa3_default's within bf16 tolerance. Not SGLang itself: see the README's server section.
 """
 
@@ -58,9 +58,10 @@ MODES = ("fa3_default", "tuner", "tuner_declared")
 
 
 class Stack:
-    """The model's layers with dummy weights, and the KV pools they read (shared in turn)."""
+    """The model's layers with dummy weights, and one KV pool they all read, each layer through
+    its own copy of the step's page table (tables())."""
 
-    def __init__(self, model: str, device: str, dtype: torch.dtype, pool_tokens: int, pools: int) -> None:
+    def __init__(self, model: str, device: str, dtype: torch.dtype, read_tokens: int, out_slots: int) -> None:
         hidden, inter, layers, heads, kv_heads, dim = MODELS[model]
         self.heads, self.kv_heads, self.dim, self.layers = heads, kv_heads, dim, layers
         gen = torch.Generator(device=device).manual_seed(0)
@@ -72,18 +73,20 @@ class Stack:
         self.o = [weight(hidden, heads * dim) for _ in range(layers)]
         self.gate_up = [weight(2 * inter, hidden) for _ in range(layers)]
         self.down = [weight(hidden, inter) for _ in range(layers)]
-        shape = (pool_tokens, 1, kv_heads, dim)
-        self.k = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(pools)]
-        self.v = [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(pools)]
+        # read_tokens slots the tables point at, then out_slots where the new tokens' K/V go
+        self.out_slots = out_slots
+        self.k = torch.randn(read_tokens + out_slots, 1, kv_heads, dim, generator=gen, device=device, dtype=dtype)
+        self.v = torch.randn_like(self.k)
 
-    def step(self, x: torch.Tensor, table: torch.Tensor, lens: torch.Tensor, out_loc: torch.Tensor, bound: int,
-             config: dict | None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, tables: list[torch.Tensor], lens: torch.Tensor, out_loc: torch.Tensor,
+             bound: int, config: dict | None) -> torch.Tensor:
         """One decode step of every layer: the new tokens' K/V written to out_loc, attention over
-        the table's lens (which would include the new token in a server)."""
+        lens (which would include the new token in a server), layer i through tables[i % n]."""
         batch = x.shape[0]
         kwargs = {} if config is None else {"config": config}
+        k_pool, v_pool = self.k, self.v
         for i in range(self.layers):
-            k_pool, v_pool = self.k[i % len(self.k)], self.v[i % len(self.v)]
+            table = tables[i % len(tables)]
             qkv = torch.nn.functional.rms_norm(x, (x.shape[-1],)) @ self.qkv[i].T
             q, k, v = qkv.split([self.heads * self.dim, self.kv_heads * self.dim, self.kv_heads * self.dim], dim=-1)
             k_pool[out_loc, 0] = k.view(batch, self.kv_heads, self.dim)
@@ -96,37 +99,49 @@ class Stack:
         return x
 
 
-def _tables(lens: list[int], width: int, read_tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A page table (page size 1, width columns) giving each sequence its own shuffled slots of
-    the first read_tokens, and the slots past them where the step writes each new token's K/V:
-    no step reads what another wrote, so every mode's steps read the same values."""
+def _tables(lens: list[int], width: int, span: int, copies: int, seed: int) -> list[torch.Tensor]:
+    """copies page tables (page size 1, width columns) of the step's lengths, copy c giving
+    each sequence its own shuffled slots of [c x span, (c + 1) x span): layers reading
+    different copies read different memory, as a model's layers do."""
     gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(read_tokens, generator=gen)
+    order = torch.randperm(span, generator=gen).to(torch.int32)
     table = torch.zeros(len(lens), width, dtype=torch.int32)
     taken = 0
     for i, n in enumerate(lens):
         table[i, :n] = order[taken:taken + n]
         taken += n
-    return table, torch.arange(read_tokens, read_tokens + len(lens))
+    return [table + c * span for c in range(copies)]
+
+
+def table_copies(stack: Stack, span: int, device: str) -> int:
+    """How many table copies a case's layers take in turn: enough that a step reads its caches
+    from memory, not the L2 (tuner.bench.trial.cold_l2_copies of a copy's bytes), within the
+    pool's read slots and the layer count."""
+    per_token = 2 * stack.kv_heads * stack.dim * stack.k.element_size()
+    room = (stack.k.shape[0] - stack.out_slots) // span
+    return max(1, min(stack.layers, room, cold_l2_copies(span * per_token, device)))
 
 
 def run_case(stack: Stack, case: dict, device: str, seed: int, baseline: dict) -> dict:
     batch, cap, dist = case["batch"], case["cap"], case["distribution"]
     width = MAX_CONTEXT if device == "cuda" else cap
-    read_tokens = stack.k[0].shape[0] - batch
+    span = batch * cap  # the slots one copy of a step's tables may use
+    copies = table_copies(stack, span, device)
     steps = [draw_lengths(dist, batch, cap, seed * 1000 + s) for s in range(STEPS + 1)]
-    hosts = [_tables(lens, width, read_tokens, seed * 1000 + s) for s, lens in enumerate(steps)]
+    hosts = [_tables(lens, width, span, copies, seed * 1000 + s) for s, lens in enumerate(steps)]
     gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(batch, stack.o[0].shape[0], generator=gen, device=device, dtype=stack.k[0].dtype)
-    table = hosts[0][0].to(device)
+    x = torch.randn(batch, stack.o[0].shape[0], generator=gen, device=device, dtype=stack.k.dtype)
+    tables = [t.to(device) for t in hosts[0]]
     lens = torch.tensor(steps[0], dtype=torch.int32, device=device)
-    out_loc = hosts[0][1].to(device)
+    # the new tokens' K/V go past every slot a table reads: no step reads what another wrote,
+    # so every mode's steps read the same values
+    out_loc = torch.arange(stack.k.shape[0] - batch, stack.k.shape[0], device=device)
     declared = draw_lengths(dist, 4096, cap, seed + 10**6)
-    row = dict(case, steps=STEPS)
+    row = dict(case, steps=STEPS, table_copies=copies)
     outputs = {}
     for mode in MODES:
         config = baseline if mode == "fa3_default" else None
-        run = (lambda: stack.step(x, table, lens, out_loc, width, config))
+        run = (lambda: stack.step(x, tables, lens, out_loc, width, config))
         if device == "cuda":
             run()  # the warm-up call at the bound, as a server makes one before capturing
             torch.cuda.synchronize()
@@ -142,9 +157,9 @@ def run_case(stack: Stack, case: dict, device: str, seed: int, baseline: dict) -
             replay, out = None, None
         times, finals = [], []
         for s in range(1, STEPS + 1):
-            table.copy_(hosts[s][0])  # the host step before a replay: lengths and pages in place
+            for table, new in zip(tables, hosts[s]):  # the host step before a replay: pages and
+                table.copy_(new)                      # lengths written in place
             lens.copy_(torch.tensor(steps[s], dtype=torch.int32))
-            out_loc.copy_(hosts[s][1])
             if replay is None:
                 started = time.perf_counter()
                 out = run()
@@ -159,7 +174,7 @@ def run_case(stack: Stack, case: dict, device: str, seed: int, baseline: dict) -
             finals.append(out.float().clone())
         outputs[mode] = finals
         row[mode] = dict(step_ms=statistics.median(times), config=baseline if config else _config_of(
-            stack, mode, batch, width, declared, table, lens, device))
+            stack, mode, batch, width, declared, tables[0], lens, device))
     base = row["fa3_default"]["step_ms"]
     for mode in MODES[1:]:
         row[mode]["speedup"] = base / row[mode]["step_ms"]
@@ -170,10 +185,10 @@ def run_case(stack: Stack, case: dict, device: str, seed: int, baseline: dict) -
 
 def _config_of(stack: Stack, mode: str, batch: int, width: int, declared: list[int], table, lens, device) -> dict:
     """The attention config a tuner mode's capture ran (for the JSON)."""
-    k = stack.k[0]
+    k = stack.k
     q = torch.zeros(batch, 1, stack.heads, stack.dim, device=device, dtype=k.dtype)
     with tuner.graph_capture(declared if mode == "tuner_declared" else None):
-        return decode_attention.tuner.config_for(q, k, stack.v[0], table, lens, width)
+        return decode_attention.tuner.config_for(q, k, stack.v, table, lens, width)
 
 
 def main() -> None:
@@ -194,10 +209,9 @@ def main() -> None:
     if args.db is not None:
         tuner.configure(db=args.db, mode="lookup")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    hidden, _, layers, _, kv_heads, dim = MODELS[model]
+    kv_heads, dim = MODELS[model][4:]
     most = max(b * c for b, c in ((case["batch"], case["cap"]) for case in cases))
-    pools = cold_l2_copies(most * kv_heads * dim * 2 * dtype.itemsize, device) if device == "cuda" else 1
-    stack = Stack(model, device, dtype, pool_tokens=most + max(batches), pools=min(pools, layers))
+    stack = Stack(model, device, dtype, read_tokens=most, out_slots=max(batches))
     todo = cases_of_this_run(ap, args, cases)
 
     def write(rows: list[dict]) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,6 +126,17 @@ def test_new_key_cost_times_the_users_sweep_command_on_an_empty_triton_cache(tmp
     assert doc["db"]["records_by_op"] == {"torch_split_decode": 1} and doc["db"]["measurements"] >= 1
     assert doc["first_lines"][0].startswith("sweeping torch_split_decode on cpu, halving search: 1 shapes")
     assert (tmp_path / "cost.log").exists()
+
+
+def test_decode_step_gives_each_table_copy_its_own_slots():
+    """Layers read different memory through the copies of a step's page table, as a model's
+    layers do; through one table a small case's caches stayed in the L2 across layers."""
+    decode_step = benchmark_module("decode_step")
+    tables = decode_step._tables([5, 2, 0], width=8, span=10, copies=3, seed=1)
+    held = [set(t[0, :5].tolist()) | set(t[1, :2].tolist()) for t in tables]
+    for c, slots in enumerate(held):
+        assert len(slots) == 7 and all(c * 10 <= s < (c + 1) * 10 for s in slots)
+    assert all(torch.equal(tables[c] - tables[0], torch.full_like(tables[0], 10 * c)) for c in range(3))
 
 
 def test_serving_cases_with_octave_caps_reach_every_kv_bucket_at_large_batches():
