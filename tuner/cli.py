@@ -273,16 +273,13 @@ def sweep_command(
         from tuner.bench import timer_for
         from tuner.ops import get_op
 
+        from tuner.ops.decode_attention import BACKEND_OPS, BACKENDS, GRAPH_OP_NAME, backends_only
+
         op = get_op(op_name)
         if backends is not None:
-            from tuner.ops.decode_attention import BACKEND_OPS, backends_only
-
             if op.name not in BACKEND_OPS:
                 raise TunerError(f"--backends is for {' and '.join(BACKEND_OPS)}, not {op.name}")
-
             scope.enter_context(backends_only(b.strip() for b in backends.split(",") if b.strip()))
-            from tuner.ops.decode_attention import BACKENDS, GRAPH_OP_NAME
-
             if op.name == GRAPH_OP_NAME and not any(b.graph_capturable for b in BACKENDS.values()):
                 raise TunerError(f"--backends {backends}: {op.name} needs one that runs in a captured graph")
         from tuner.search import get_strategy
@@ -298,8 +295,6 @@ def sweep_command(
             return
         strategy = chosen or default_strategy(shapes)
         if backends is None and (serving_backends := default_backends(op, shapes)) is not None:
-            from tuner.ops.decode_attention import backends_only
-
             scope.enter_context(backends_only(serving_backends))
         if plan_only:
             _print_plan(op, shapes, strategy, op.device())
@@ -355,7 +350,8 @@ def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses
         shapes = get_grid(op, grid or ("decode" if op.device() == "cuda" else "cpu-small"))
     if lengths is not None:
         shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
-    return (yours.apply(_graph_lengths(op, shapes)) if yours.given() else _graph_lengths(op, shapes)), database
+    shapes = _graph_lengths(op, shapes)
+    return (yours.apply(shapes) if yours.given() else shapes), database
 
 
 def _graph_lengths(op, shapes: list) -> list:
