@@ -62,9 +62,10 @@ CASES = {
     # 2 row blocks whose windows start apart: the merge must find each block's own splits
     "many_rows_window": dict(num_q_heads=32, num_kv_heads=1, q_len=3, window=(15, -1)),  # spans 17, 16
 }
-# splits over the longest sequence (1, 3), and by each sequence's own length (16 keys a split)
+# splits over the longest sequence (1, 3), by each sequence's own length (16 keys a split),
+# and by the call's load (4 items in all: the interpreter counts one SM)
 SPLITS = {"1": dict(num_kv_splits=1), "3": dict(num_kv_splits=3),
-          "by_length": dict(num_kv_splits=8, tokens_per_split=16)}
+          "by_length": dict(num_kv_splits=8, tokens_per_split=16), "by_load": dict(num_kv_splits=8, items_per_sm=4)}
 
 
 @pytest.mark.parametrize("splits", list(SPLITS))
@@ -76,7 +77,8 @@ def test_matches_reference(case: str, splits: str) -> None:
 
 @pytest.mark.parametrize("splits", [dict(num_kv_splits=1), dict(num_kv_splits=4),
                                     dict(num_kv_splits=8, tokens_per_split=16),
-                                    dict(num_kv_splits=3, tokens_per_split=16)])
+                                    dict(num_kv_splits=3, tokens_per_split=16),
+                                    dict(num_kv_splits=8, items_per_sm=3), dict(num_kv_splits=8, items_per_sm=40)])
 def test_different_lengths_in_one_batch(splits: dict[str, int]) -> None:
     """Each sequence its own length: with tokens_per_split the 150-key one is split in
     (at most) num_kv_splits, the 2-key one not at all, and each writes the right output."""
@@ -105,8 +107,44 @@ def test_splits_by_length_over_many_sequences_of_mixed_lengths() -> None:
     inputs.cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     ref = paged_decode_reference(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
                                  causal=shape.causal, window=shape.window, sinks=inputs.sinks)
-    out = _decode(inputs, block_n=16, num_kv_splits=8, tokens_per_split=16)
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for splits in (dict(tokens_per_split=16), dict(items_per_sm=50)):
+        out = _decode(inputs, block_n=16, num_kv_splits=8, **splits)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4, msg=str(splits))
+
+
+def _split_size_by_load(monkeypatch: pytest.MonkeyPatch, inputs: DecodeInputs, **kwargs: int) -> tuple[int, int]:
+    """The split size a by-load call computed on the device (the slot it leaves the merge
+    after the log-sum-exps), and how many splits its partial results hold."""
+    empty, held = torch.empty, {}
+
+    def recording_empty(*size, dtype=None, **kw):
+        t = empty(*size, dtype=dtype, **kw)
+        if dtype == torch.float32:
+            held["lse" if len(size) == 1 else "part"] = t
+        return t
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    out = _decode(inputs, **kwargs)
+    monkeypatch.undo()
+    _check(inputs, out)
+    return int(held["lse"][-1:].view(torch.int32)), held["part"].shape[3]
+
+
+def test_splits_by_load_size_the_splits_from_the_batchs_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys over every kv head, shared among items_per_sm x SMs items (the interpreter's one
+    SM), in whole blocks, one at least: the same config splits a light batch finely and a
+    heavy one less, with the lengths read on the device alone."""
+    inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=True), device=DEVICE)  # 2 kv heads
+    inputs.cache_seqlens = torch.tensor([80, 48], dtype=torch.int32, device=DEVICE)
+    # 128 keys x 2 heads over 4 items: 64 a split (the 80-key sequence in 2, the other in 1);
+    # room for 2 splits a sequence (4 items over 2 kv heads), the most any load gives one
+    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=4) == (64, 2)
+    # over 32 items: 8, held to a block of 16
+    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=32)[0] == 16
+    inputs.cache_seqlens = torch.tensor([80, 80], dtype=torch.int32, device=DEVICE)  # heavier: longer splits
+    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=4)[0] == 80
+    # here 5 splits of a block (80 keys), fewer than 32 items over 2 kv heads
+    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=32)[1] == 5
 
 
 @pytest.mark.parametrize("splits", [dict(num_kv_splits=8), dict(num_kv_splits=8, tokens_per_split=16)])
@@ -196,6 +234,10 @@ def test_more_splits_than_needed() -> None:
     _check(inputs, _decode(inputs, block_n=64, num_kv_splits=8))
     with pytest.raises(ValueError, match="tokens_per_split"):
         _decode(inputs, block_n=16, num_kv_splits=8, tokens_per_split=-1)
+    with pytest.raises(ValueError, match="items_per_sm"):
+        _decode(inputs, block_n=16, num_kv_splits=8, items_per_sm=-1)
+    with pytest.raises(ValueError, match="give one"):
+        _decode(inputs, block_n=16, num_kv_splits=8, tokens_per_split=16, items_per_sm=4)
 
 
 def test_every_cpu_tiny_config() -> None:
@@ -228,19 +270,25 @@ def test_op_config_space() -> None:
     assert (32, 2) in pairs and (32, 4) not in pairs and (64, 1) in pairs and (64, 2) not in pairs
     if not torch.cuda.is_available():  # the brief's CPU space, warps and stages fixed
         long = dataclasses.replace(tiny, kv_len=4096)
-        assert len(op.configs(long)) == 13 and {c["num_warps"] for c in op.configs(long)} == {4}
+        assert len(op.configs(long)) == 14 and {c["num_warps"] for c in op.configs(long)} == {4}
     # splits by each sequence's length where the keys hold two splits of it, else not
     by_length = [c for c in op.configs(dataclasses.replace(tiny, kv_len=4096)) if "tokens_per_split" in c]
     assert by_length and all(c["tokens_per_split"] * 2 <= 4096 for c in by_length)
     assert not [c for c in op.configs(dataclasses.replace(tiny, kv_len=16)) if "tokens_per_split" in c]
+    # splits by load where the keys hold two blocks of its kernel
+    assert [c for c in op.configs(dataclasses.replace(tiny, kv_len=32)) if "items_per_sm" in c]
+    assert not [c for c in op.configs(dataclasses.replace(tiny, kv_len=31)) if "items_per_sm" in c]
     # configs stored before the knob (without it) are still valid; bad values are not
     old = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
     assert op.check(old, tiny) is None and op.check({**old, "tokens_per_split": 512}, tiny) is None
     assert "tokens_per_split" in op.check({**old, "tokens_per_split": -1}, tiny)
+    assert op.check({**old, "items_per_sm": 4}, tiny) is None and "items_per_sm" in op.check({**old, "items_per_sm": 0.5})
+    assert "give one" in op.check({**old, "items_per_sm": 4, "tokens_per_split": 512}, tiny)
     assert "unknown" in op.check({**old, "splits_per_token": 1}, tiny)
     # a sliding window shrinks what is split: 32 visible keys, not 4096
     windowed = dataclasses.replace(tiny, kv_len=4096, window=(31, -1))
-    assert all(c["num_kv_splits"] * c["block_n"] <= 32 for c in op.configs(windowed))
+    assert all(c["num_kv_splits"] * c["block_n"] <= 32 for c in op.configs(windowed) if "items_per_sm" not in c)
+    # (splits by load: num_kv_splits caps them, the call's keys set their number)
     assert op.default(tiny)["num_kv_splits"] == 2
 
 
@@ -288,7 +336,7 @@ from triton.compiler import ASTSource
 from tuner.ops.triton_decode import _define_kernels
 
 POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", PageTable="*i32", SeqLens="*i32", Sinks="*bf16", Part="*fp32",
-                Lse="*fp32", Out="*bf16")
+                Lse="*fp32", Out="*bf16", SplitSize="*i32")
 FLOATS = ("scale", "softcap")
 
 
@@ -303,18 +351,18 @@ def compile_for_h200(kernel, constants, **options):
 kernels = _define_kernels()
 assert type(kernels.split).__name__ == "JITFunction", type(kernels.split).__name__
 for kernel, masks, head_dim, page, extra in [
-        (kernels.by_length, True, 128, 16, dict(ROW_BLOCKS=2, BLOCK_U=256)),
-        (kernels.by_length, False, 64, 1, dict(ROW_BLOCKS=1, BLOCK_U=64)),
+        (kernels.by_length, True, 128, 16, dict(ROW_BLOCKS=2, BLOCK_U=256, BY_LOAD=False)),
+        (kernels.by_length, False, 64, 1, dict(ROW_BLOCKS=1, BLOCK_U=64, BY_LOAD=True)),
         (kernels.split, True, 128, 16, dict(FINAL=False)), (kernels.split, False, 256, 1, dict(FINAL=True))]:
     compile_for_h200(kernel, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page, BLOCK_M=16,
                                   BLOCK_N=64, BLOCK_D=head_dim, BLOCK_DV=head_dim, MASK_LEFT=masks, MASK_RIGHT=masks,
                                   HAS_SOFTCAP=masks, HAS_SINKS=not masks, F32_DOT=False, **extra),
                      num_warps=4, num_stages=3)
-# the merge: by length, reading in chunks; the even split, all splits in one load
-for by_tokens, masks, chunk in [(True, True, 16), (False, False, 128)]:
+# the merge: by length, reading in chunks; by load; the even split, all splits in one load
+for by_tokens, by_load, masks, chunk in [(True, False, True, 16), (True, True, False, 128), (False, False, False, 128)]:
     compile_for_h200(kernels.merge, dict(GROUP=4, HEAD_DIM_V=128, BLOCK_M=16, BLOCK_N=64, BLOCK_S=128,
                                          MERGE_CHUNK=chunk, BLOCK_DV=128, MASK_LEFT=masks, MASK_RIGHT=masks,
-                                         HAS_SINKS=masks, BY_TOKENS=by_tokens),
+                                         HAS_SINKS=masks, BY_TOKENS=by_tokens, BY_LOAD=by_load),
                      num_warps=4)
 print("compiled")
 """
@@ -369,7 +417,7 @@ def test_the_gpu_space_leaves_out_the_kernels_that_never_won_unless_the_full_spa
 
     def kernels(configs, by_length):
         return {(c["block_n"], c["num_warps"], c["num_stages"]) for c in configs
-                if bool(c.get("tokens_per_split")) == by_length}
+                if bool(c.get("tokens_per_split")) == by_length and not c.get("items_per_sm")}
 
     monkeypatch.setattr(settings, "FULL_SPACE", False)
     pruned = TRITON_DECODE.configs(shape)
@@ -380,3 +428,5 @@ def test_the_gpu_space_leaves_out_the_kernels_that_never_won_unless_the_full_spa
     assert kernels(full, False) == set(td.CUDA_KERNEL_SHAPES)
     assert kernels(full, True) == set(td.CUDA_TOKEN_KERNEL_SHAPES)
     assert all(c in full for c in pruned) and len(pruned) < len(full)
+    by_load = {(c["block_n"], c["num_warps"], c["num_stages"], c["items_per_sm"]) for c in full if "items_per_sm" in c}
+    assert by_load == {(*k, i) for k in td.CUDA_LOAD_KERNEL_SHAPES for i in td.CUDA_ITEMS_PER_SM}

@@ -103,8 +103,8 @@ GUIDED_ACROSS_KV = True
 # ... from an anchor at most this many octaves of kv length away (a serving grid's next
 # bucket is one): split counts follow the length, and scaled_splits scales them by batch only
 GUIDED_ACROSS_KV_OCTAVES = 2
-# the knobs that count splits (a config whose splits follow each sequence's length,
-# tokens_per_split > 0, is left as it is)
+# the knobs that count splits (a config whose splits follow each sequence's length or the
+# call's load, tokens_per_split or items_per_sm > 0, is left as it is)
 SPLIT_KNOBS = ("num_splits", "num_kv_splits")
 # a sweep stores a shape's measurements together (tuner.sweep.MeasurementSink), this long after
 # the oldest unstored one at most: a write costs milliseconds, a killed sweep loses this at most

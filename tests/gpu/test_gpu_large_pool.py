@@ -39,6 +39,8 @@ CONFIGS = {
     "triton_even": {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 8, "num_warps": 4, "num_stages": 2},
     "triton_by_length": {"backend": "triton_decode", "block_n": 128, "num_kv_splits": 128, "num_warps": 4,
                          "num_stages": 3, "tokens_per_split": 512},
+    "triton_by_load": {"backend": "triton_decode", "block_n": 128, "num_kv_splits": 128, "num_warps": 4,
+                       "num_stages": 3, "items_per_sm": 4},
 }
 
 

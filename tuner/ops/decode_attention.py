@@ -88,7 +88,7 @@ def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_
         window=tuple(window_size), softcap=softcap or None, sinks=sinks,
         block_n=config["block_n"], num_kv_splits=config["num_kv_splits"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],
-        tokens_per_split=config.get("tokens_per_split", 0),
+        tokens_per_split=config.get("tokens_per_split", 0), items_per_sm=config.get("items_per_sm", 0),
     )
 
 

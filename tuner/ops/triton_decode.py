@@ -17,7 +17,11 @@ How the keys are split (a stage-1 kernel each; they share the attention and the 
   of its own keys, at most num_kv_splits, so one long sequence among short ones is split
   finely and the short ones are not; a fixed number of persistent programs take the
   (split, kv head) items there are, so no program is started for a split no sequence has,
-  and a sequence whose keys fit one split gets its output there (the merge passes over it).
+  and a sequence whose keys fit one split gets its output there (the merge passes over it);
+- items_per_sm > 0 (splits by load): as by length, with tokens_per_split computed on the
+  device at every call from the batch's keys, so that all splits of all kv heads come to
+  about items_per_sm per SM. A graph captured once adapts to the lengths of each replay, as
+  FA3's own scheduler does: a light batch is split finely, a heavy one not at all.
 
 Triton is imported lazily, on first use: `import tuner` stays fast, and the interpreter
 (TRITON_INTERPRET=1, which Triton reads when @triton.jit runs) can be switched on before
@@ -75,6 +79,11 @@ CUDA_WAVES = 4
 # token counts that won, with the three kernel shapes that won most (docs/decisions.md)
 CUDA_TOKENS_PER_SPLIT = (256, 512, 2048)
 CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
+# splits from the call's load (items_per_sm), for graphs replayed over lengths no one knows
+# when they are captured: not yet measured, so a few of each (docs/decisions.md)
+CUDA_ITEMS_PER_SM = (2, 4, 8)
+CUDA_LOAD_KERNEL_SHAPES = ((64, 4, 2), (128, 4, 3))
+CPU_ITEMS_PER_SM = (4,)
 # pruned unless settings.FULL_SPACE: never within 3% of the best in the stored H200 sweeps
 # (1,140-1,247 problems), or within it on 27 and 32 of them with one win in all
 # (docs/decisions.md, "Pruning the config space")
@@ -84,6 +93,7 @@ PRUNED_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2))
 # runs programs one after another, and a few exercise the loop over items
 PERSISTENT_PROGRAMS_PER_SM = 8
 INTERPRETED_PROGRAMS = 3
+INTERPRETED_SMS = 1  # what items_per_sm multiplies in the interpreter
 PART_MAX_BYTES = 256 * 2**20  # partial results of the splits, at most
 # the merge reads every split's partial output at once where they fit this many floats (a
 # hundred splits of head dim 256: one round trip to memory, not one per chunk), else in chunks.
@@ -301,11 +311,12 @@ def _define_kernels() -> Kernels:
         stride_pb, stride_ps, stride_ph, stride_pk,
         stride_lb, stride_ls, stride_lh,
         stride_ob, stride_os, stride_oh,
-        batch, q_len, num_kv_heads, num_splits, tokens_per_split, num_programs, scale, softcap, left, right,
+        batch, q_len, num_kv_heads, num_splits, tokens_per_split, target_items, num_programs, scale, softcap,
+        left, right, SplitSize,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         MASK_LEFT: tl.constexpr, MASK_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-        F32_DOT: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_U: tl.constexpr,
+        F32_DOT: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_U: tl.constexpr, BY_LOAD: tl.constexpr,
     ):
         # Splits by length. The work is items: one split of one (sequence, row block) "unit"
         # for one kv head; each unit gets a split per tokens_per_split of its own keys (at
@@ -317,6 +328,17 @@ def _define_kernels() -> Kernels:
         units = tl.arange(0, BLOCK_U).to(tl.int64)
         unit_ok = units < batch * ROW_BLOCKS
         unit_lens = tl.load(SeqLens + units // ROW_BLOCKS, mask=unit_ok, other=0).to(tl.int64)
+        if BY_LOAD:
+            # the split size from this call's load: the keys every unit reads, over every kv
+            # head, shared among target_items items (whole blocks, one at least), so a light
+            # batch is split finely and a heavy one not at all. Every program computes the
+            # same size; the first leaves it for the merge
+            lo_u, hi_u, _, _ = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits, 1,
+                                           GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
+            keys = tl.sum(tl.where(unit_ok, tl.maximum(hi_u - lo_u, 0), 0), 0) * num_kv_heads
+            tokens_per_split = tl.maximum((keys + target_items - 1) // target_items, BLOCK_N)
+            if pid == 0:
+                tl.store(SplitSize, tokens_per_split.to(tl.int32))
         _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
                                          tokens_per_split, GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
         unit_used = tl.where(unit_ok, unit_used, 0)
@@ -349,7 +371,7 @@ def _define_kernels() -> Kernels:
 
     @triton.jit
     def _decode_merge_kernel(
-        Part, Lse, SeqLens, Sinks, Out,
+        Part, Lse, SeqLens, Sinks, Out, SplitSize,
         stride_pb, stride_ps, stride_ph, stride_pk,
         stride_lb, stride_ls, stride_lh,
         stride_ob, stride_os, stride_oh,
@@ -365,6 +387,7 @@ def _define_kernels() -> Kernels:
         MASK_RIGHT: tl.constexpr,
         HAS_SINKS: tl.constexpr,
         BY_TOKENS: tl.constexpr,
+        BY_LOAD: tl.constexpr,
     ):
         pid = tl.program_id(0).to(tl.int64)  # one (sequence, query token, q head) each
         h = pid % num_q_heads
@@ -373,6 +396,8 @@ def _define_kernels() -> Kernels:
         if BY_TOKENS:  # the splits stage 1 wrote for this row: its row block's plan, again
             seq_len = tl.load(SeqLens + b).to(tl.int64)
             row_block = (qi * GROUP + h % GROUP) // BLOCK_M
+            if BY_LOAD:  # the size stage 1 computed from the call's load
+                tokens_per_split = tl.load(SplitSize).to(tl.int64)
             _, _, _, used = _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_split,
                                         GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
         else:  # the even split writes all of them, and no length need be read first
@@ -493,6 +518,7 @@ def triton_paged_decode(
     num_warps: int = 4,
     num_stages: int = 2,
     tokens_per_split: int = 0,
+    items_per_sm: int = 0,
     compile_only: bool = False,
 ) -> torch.Tensor | None:
     """Paged decode attention, same layouts and semantics as paged_decode_reference.
@@ -505,7 +531,10 @@ def triton_paged_decode(
     own visible keys among all num_kv_splits splits. tokens_per_split > 0: each sequence gets
     a split per tokens_per_split of its own visible keys, at most num_kv_splits, on
     persistent programs (see the module's docstring); a sequence in one split skips the
-    merge. Either way, at most what PART_MAX_BYTES of partial results hold.
+    merge. items_per_sm > 0 (splits by load): as tokens_per_split, with the split size
+    computed on the device from the call's lengths, so that the splits of all sequences and
+    kv heads come to about items_per_sm per SM. Either way, at most what PART_MAX_BYTES of
+    partial results hold.
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
     batch, q_len, num_q_heads, head_dim = q.shape
@@ -527,14 +556,21 @@ def triton_paged_decode(
     right = right if right >= 0 else -1
     if causal:
         right = 0 if right < 0 else min(right, 0)
-    if tokens_per_split < 0:
-        raise ValueError(f"tokens_per_split must be >= 0, got {tokens_per_split}")
-    by_tokens = tokens_per_split > 0
+    if tokens_per_split < 0 or items_per_sm < 0:
+        raise ValueError(f"tokens_per_split and items_per_sm must be >= 0, got {tokens_per_split}, {items_per_sm}")
+    if tokens_per_split and items_per_sm:
+        raise ValueError("tokens_per_split and items_per_sm are two ways to size splits: give one")
+    by_load = items_per_sm > 0
+    # the items a call's splits aim at: per SM (the interpreter runs programs in turn)
+    target_items = items_per_sm * (INTERPRETED_SMS if interpreted else sm_count(q.device.index))
+    by_tokens = tokens_per_split > 0 or by_load
     # at most num_kv_splits, and partial results within PART_MAX_BYTES; splits by length: as
     # many as the longest visible span takes, the even split: as many as hold a block each
     # (a split's partial results: a float32 output row and its log-sum-exp per (sequence, query, q head))
     part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * (head_dim_v + 1) * 4, 1)
-    if by_tokens:
+    if by_load:  # splits of at least a block, and no sequence takes more than target_items over its kv heads
+        wanted = min(_cdiv(visible_kv_len(max_kv_len, q_len, left), block_n), _cdiv(target_items, num_kv_heads))
+    elif by_tokens:
         wanted = _cdiv(visible_kv_len(max_kv_len, q_len, left), max(tokens_per_split, block_n))
     else:
         wanted = min(_cdiv(max_kv_len, block_n), MAX_GRID_Z)
@@ -552,10 +588,13 @@ def triton_paged_decode(
 
     out = torch.empty(batch, q_len, num_q_heads, head_dim_v, dtype=q.dtype, device=q.device)
     if final:
-        part, lse = out, out  # unused by the kernel: FINAL writes out directly
+        part, lse, split_size = out, out, out  # unused by the kernel: FINAL writes out directly
     else:
         part = torch.empty(batch, q_len, num_q_heads, num_splits, head_dim_v, dtype=torch.float32, device=q.device)
-        lse = torch.empty(batch, q_len, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+        # one slot past the log-sum-exps holds the split size stage 1 computed by load, for the merge
+        lse_slots = torch.empty(batch * q_len * num_q_heads * num_splits + 1, dtype=torch.float32, device=q.device)
+        lse = lse_slots[:-1].view(batch, q_len, num_q_heads, num_splits)
+        split_size = lse_slots[-1:].view(torch.int32)
     sinks_arg = sinks if sinks is not None else out  # a valid pointer, never read without sinks
     lse_strides = lse.stride()[:3] if not final else (0, 0, 0)
     part_strides = part.stride()[:4] if not final else (0, 0, 0, 0)
@@ -572,13 +611,15 @@ def triton_paged_decode(
                      HAS_SINKS=sinks is not None, F32_DOT=f32_dot, num_warps=num_warps, num_stages=num_stages)
     softcap_arg = float(softcap or 1.0)
     by_tokens = by_tokens and not final  # one split each: the even split's single program per unit
+    by_load = by_load and by_tokens
     if by_tokens:  # the splits of each sequence's own length, on persistent programs
         items = batch * row_blocks * num_splits * num_kv_heads  # at most
         programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * sm_count(
             q.device.index))
         launch(kernels.by_length, (programs,))(
-            *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split, programs, scale, softcap_arg, left,
-            right, ROW_BLOCKS=row_blocks, BLOCK_U=max(64, _next_pow2(batch * row_blocks)), **constants)
+            *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split or block_n, max(target_items, 1),
+            programs, scale, softcap_arg, left, right, split_size, ROW_BLOCKS=row_blocks,
+            BLOCK_U=max(64, _next_pow2(batch * row_blocks)), BY_LOAD=by_load, **constants)
     else:
         launch(kernels.split, (batch * num_kv_heads, row_blocks, num_splits))(
             *common, q_len, num_kv_heads, num_splits, scale, softcap_arg, left, right, FINAL=final, **constants)
@@ -589,11 +630,12 @@ def triton_paged_decode(
         plan = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, MASK_LEFT=mask_left, MASK_RIGHT=mask_right) \
             if by_tokens else dict(GROUP=1, BLOCK_M=16, BLOCK_N=16, MASK_LEFT=False, MASK_RIGHT=False)
         launch(kernels.merge, (batch * q_len * num_q_heads,))(
-            part, lse, cache_seqlens, sinks_arg, out,
+            part, lse, cache_seqlens, sinks_arg, out, split_size,
             *part_strides, *lse_strides, *out.stride()[:3],
-            q_len, num_q_heads, num_splits, tokens_per_split, left, right,
+            q_len, num_q_heads, num_splits, tokens_per_split or block_n, left, right,
             HEAD_DIM_V=head_dim_v, BLOCK_S=block_s, MERGE_CHUNK=min(block_s, max(1, MERGE_TILE // block_dv)),
-            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens, num_warps=4, **plan,
+            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens, BY_LOAD=by_load, num_warps=4,
+            **plan,
         )
     return None if compile_only else out
 
@@ -635,7 +677,7 @@ def _cuda_splits(shape: DecodeShape) -> list[int]:
 def _configs(shape: DecodeShape) -> list[Config]:
     """Splits over the longest sequence (num_kv_splits, each sequence divides its keys among
     all of them) and, where the keys hold two splits or more, splits by each sequence's
-    own length (tokens_per_split)."""
+    own length (tokens_per_split) and by the call's load (items_per_sm)."""
     visible = _visible_len(shape)
     if torch.cuda.is_available():
         block_ns, splits = _block_ns(visible, CUDA_BLOCK_NS), _cuda_splits(shape)
@@ -644,13 +686,15 @@ def _configs(shape: DecodeShape) -> list[Config]:
         kernel_shapes = [k for k in CUDA_KERNEL_SHAPES if k[0] in block_ns and k not in even_pruned]
         token_shapes = [k for k in CUDA_TOKEN_KERNEL_SHAPES if k[0] in block_ns and k not in token_pruned]
         token_shapes = token_shapes or kernel_shapes[:1]
-        tokens, max_splits = CUDA_TOKENS_PER_SPLIT, CUDA_MAX_SPLITS
+        load_shapes = [k for k in CUDA_LOAD_KERNEL_SHAPES if k[0] in block_ns] or kernel_shapes[:1]
+        tokens, loads, max_splits = CUDA_TOKENS_PER_SPLIT, CUDA_ITEMS_PER_SM, CUDA_MAX_SPLITS
     else:
         # the interpreter ignores warps and stages: keep them fixed (no duplicate candidates)
         w, st = DEFAULT["num_warps"], DEFAULT["num_stages"]
         kernel_shapes = [(n, w, st) for n in _block_ns(visible, CPU_BLOCK_NS)]
         splits, token_shapes = list(CPU_SPLITS), kernel_shapes[:1]
-        tokens, max_splits = CPU_TOKENS_PER_SPLIT, CPU_SPLITS[-1]
+        load_shapes = token_shapes
+        tokens, loads, max_splits = CPU_TOKENS_PER_SPLIT, CPU_ITEMS_PER_SM, CPU_SPLITS[-1]
     even = [
         {"block_n": n, "num_kv_splits": s, "num_warps": w, "num_stages": st}
         for n, w, st in kernel_shapes
@@ -663,17 +707,27 @@ def _configs(shape: DecodeShape) -> list[Config]:
         if _cdiv(visible, t) >= 2  # one split would be the even configs' single split
         for n, w, st in token_shapes
     ]
-    return even + by_length
+    by_load = [
+        {"block_n": n, "num_kv_splits": max_splits, "num_warps": w, "num_stages": st, "items_per_sm": i}
+        for i in loads
+        for n, w, st in load_shapes
+        if visible >= 2 * n  # room for two splits of a block
+    ]
+    return even + by_length + by_load
 
 
 RULES = {"block_n": is_pow2(16, 1024), "num_kv_splits": is_int(1, 4096), "num_warps": one_of(1, 2, 4, 8, 16),
          "num_stages": is_int(1, 8)}
-# added after configs were stored and shipped without it (they mean 0)
-OPTIONAL_RULES = {"tokens_per_split": is_int(0, 1 << 24)}
+# added after configs were stored and shipped without them (they mean 0)
+OPTIONAL_RULES = {"tokens_per_split": is_int(0, 1 << 24), "items_per_sm": is_int(0, 64)}
 
 
 def check_config(config: Config, shape: DecodeShape | None = None) -> str | None:
-    return config_error(config, RULES, OPTIONAL_RULES)
+    if (error := config_error(config, RULES, OPTIONAL_RULES)) is not None:
+        return error
+    if config.get("tokens_per_split") and config.get("items_per_sm"):
+        return "tokens_per_split and items_per_sm both size the splits: give one"
+    return None
 
 
 def _default(shape: DecodeShape) -> Config:
@@ -692,7 +746,8 @@ def _run(inputs: DecodeInputs, config: Config, compile_only: bool = False) -> to
         sinks=inputs.sinks,
         block_n=int(config["block_n"]), num_kv_splits=int(config["num_kv_splits"]),
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
-        tokens_per_split=int(config.get("tokens_per_split", 0)), compile_only=compile_only,
+        tokens_per_split=int(config.get("tokens_per_split", 0)), items_per_sm=int(config.get("items_per_sm", 0)),
+        compile_only=compile_only,
     )
 
 

@@ -42,7 +42,7 @@ def _batch_row(shape: DecodeShape) -> BatchRow:
 
 def _split_knob(config: Config) -> str | None:
     """The knob that counts a config's splits (settings.SPLIT_KNOBS), if it has a fixed count."""
-    if config.get("tokens_per_split"):
+    if config.get("tokens_per_split") or config.get("items_per_sm"):
         return None
     for knob in settings.SPLIT_KNOBS:
         value = config.get(knob)
