@@ -452,3 +452,21 @@ def test_the_tracked_tree_travels_with_a_staging_part_in_one_device_call():
     files = [ROOT / name for name in listed.decode().split("\0") if name]
     tree = sum(p.stat().st_size for p in files if p.is_file())
     assert tree + STAGING_PART_BYTES < DEVICE_CALL_BYTES, f"tracked tree {tree / 1e6:.2f} MB"
+
+
+def test_graph_replays_smoke_times_every_config_on_every_replayed_draw(tmp_path):
+    """Issue 37's draw-by-draw view of a graph's replays: each config's time on each draw,
+    its mean (what the graph sweep ranks) and the graph oracle (the least mean)."""
+    out = tmp_path / "graph_replays.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "graph_replays.py", "--smoke", "--out", str(out)],
+                            cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [shape] = json.loads(out.read_text())["shapes"]
+    assert shape["failed"] == [] and len(shape["configs"]) > 3
+    draws = len(shape["draws"])
+    assert draws > 1 and all(len(c["per_draw_us"]) == draws for c in shape["configs"])
+    means = [c["mean_us"] for c in shape["configs"]]
+    assert shape["oracle"] == shape["configs"][means.index(min(means))]["config"]
+    assert shape["oracle_speedup"] == max(c["speedup"] for c in shape["configs"])
+    assert {"triton_by_load", "triton_by_length", "triton_fixed"} <= set(shape["best_of_family"])
