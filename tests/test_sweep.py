@@ -1002,9 +1002,10 @@ def test_scaled_splits_picks_the_nearest_sibling_in_octaves_or_both_either_side(
     assert scaled_splits({"name": "k", "num_splits": 3}, 4, 5, configs) == [
         {"name": "k", "num_splits": 2}, {"name": "k", "num_splits": 3}]
     assert scaled_splits(leader, 1, 256, configs) == [{"name": "k", "num_splits": 1}]  # below every sibling
-    # a count set by the heuristic (0), or by each sequence's length, is not scaled
+    # a count set by the heuristic (0), by each sequence's length or by the call's load, is not scaled
     assert scaled_splits({"name": "k", "num_splits": 0}, 16, 24, configs) == []
     assert scaled_splits({"name": "k", "num_splits": 4, "tokens_per_split": 256}, 16, 24, configs) == []
+    assert scaled_splits({"name": "k", "num_splits": 4, "items_per_sm": 4}, 16, 24, configs) == []
     assert scaled_splits({"name": "none", "num_splits": 4}, 16, 24, configs) == []  # no sibling
 
 
