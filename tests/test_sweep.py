@@ -1005,7 +1005,8 @@ def test_scaled_splits_picks_the_nearest_sibling_in_octaves_or_both_either_side(
     # a count set by the heuristic (0), by each sequence's length or by the call's load, is not scaled
     assert scaled_splits({"name": "k", "num_splits": 0}, 16, 24, configs) == []
     assert scaled_splits({"name": "k", "num_splits": 4, "tokens_per_split": 256}, 16, 24, configs) == []
-    assert scaled_splits({"name": "k", "num_splits": 4, "items_per_sm": 4}, 16, 24, configs) == []
+    by_load = [{"name": "k", "num_splits": n, "items_per_sm": 4} for n in (2, 4)]
+    assert scaled_splits(by_load[1], 16, 24, configs + by_load) == []
     assert scaled_splits({"name": "none", "num_splits": 4}, 16, 24, configs) == []  # no sibling
 
 
