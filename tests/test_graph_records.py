@@ -113,6 +113,18 @@ def test_a_capture_without_lengths_runs_the_graph_record_of_its_batch_and_bound(
     assert ran.pop() == (64, 8)
 
 
+def test_a_capture_at_a_bound_without_a_graph_record_takes_a_larger_bounds_within_two_octaves(db_path, ran):
+    """A graph grid has bounds 8k, 32k and 128k; a server's max context may be 64k or 40k. A
+    larger bound's record held on every octave of lengths below it, a smaller one's never saw
+    the longer ones."""
+    _store(db_path, GRAPH_OP, dataclasses.replace(SHAPE, kv_len=2048, lengths="graph"), _triton(64, 2))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    for bound, expected in ((2048, (64, 2)), (1500, (64, 2)), (512, (64, 2)), (256, (32, 4)), (4096, (32, 4))):
+        with tuner.graph_capture():
+            decode_attention(*_call_at_bound(bound))
+        assert ran.pop() == expected, bound
+
+
 def test_a_graph_sweep_stores_graph_records_that_a_capture_runs(db_path, tmp_path):
     shape = dataclasses.replace(SHAPE, batch=1, kv_len=32, lengths="graph")
     shapes = tmp_path / "graph.json"

@@ -87,6 +87,10 @@ GRAPH_MAX_TOKENS = 2 * 2**20
 # the op whose records serve an op's calls captured into a graph of unknown lengths (its
 # graph records: tuner sweep decode_attention_graph), before the frozen rule
 GRAPH_RECORD_OPS = {"decode_attention": "decode_attention_graph"}
+# a graph captured at a bound with no graph record of its own takes the record of its batch
+# size at the nearest larger bound this many octaves above at most (a graph grid's bounds,
+# 8k, 32k and 128k, then serve every bound from 2k up)
+GRAPH_BORROW_OCTAVES = 2
 # successive halving: the quick rung keeps the default and the configs within this fraction
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10

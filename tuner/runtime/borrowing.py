@@ -54,6 +54,20 @@ def choose(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
     return None, "default"
 
 
+def graph_record(table: dict[AttentionRunKey, Winner], run: AttentionRunKey) -> tuple[Winner, str] | None:
+    """The graph record for a graph captured at run's bound: its own kv bucket's ("exact"),
+    else the nearest larger bound's of the same batch and query length, at most
+    settings.GRAPH_BORROW_OCTAVES above ("nearest"); None if neither. Only a larger bound
+    lends: its record held against the default on every octave of lengths up to that bound,
+    which holds all but the lowest of the smaller bound's; a smaller bound's never met the
+    longer lengths a larger one replays."""
+    for octave in range(settings.GRAPH_BORROW_OCTAVES + 1):
+        winner = table.get(AttentionRunKey(run.batch, run.max_q_len, run.kv_len_bucket << octave))
+        if winner is not None:
+            return winner, "exact" if octave == 0 else "nearest"
+    return None
+
+
 def choose_frozen(table: dict[AttentionRunKey, Winner], run: AttentionRunKey, *,
                   accepts: Callable[[Config], bool] | None = None,
                   captured: Callable[[Config], Config] | None = None) -> tuple[Config | None, str]:

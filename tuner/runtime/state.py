@@ -18,7 +18,7 @@ from tuner.db import TuningDB, current_environment
 from tuner.db.location import DBError
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
-from tuner.runtime.borrowing import Config, Winner, choose, choose_frozen
+from tuner.runtime.borrowing import Config, Winner, choose, choose_frozen, graph_record
 from tuner.runtime.misses import MissLog
 from tuner.runtime.table import Table, load_table
 
@@ -111,14 +111,15 @@ class Runtime:
                captured: Callable[[Config], Config] | None = None) -> tuple[Config | None, str]:
         """The config for a key and how it was found (tuner.runtime.borrowing.choose; frozen:
         for a graph replayed over unknown lengths, its graph record, measured as such graphs
-        replay (settings.GRAPH_RECORD_OPS), found "exact", else choose_frozen, with captured)."""
+        replay (settings.GRAPH_RECORD_OPS; borrowing.graph_record), else choose_frozen, with
+        captured)."""
         winners = self.table().get((name, static_json), {})
         if frozen:
-            graph = self.table().get((settings.GRAPH_RECORD_OPS.get(name, ""), static_json), {}).get(run)
+            graph = graph_record(self.table().get((settings.GRAPH_RECORD_OPS.get(name, ""), static_json), {}), run)
             if graph is not None:
-                config = graph.config if captured is None else captured(graph.config)
+                config = graph[0].config if captured is None else captured(graph[0].config)
                 if accepts is None or accepts(config):
-                    return config, "exact"
+                    return config, graph[1]
             return choose_frozen(winners, run, accepts=accepts, captured=captured)
         return choose(winners, run, max_distance=self.max_distance, accepts=accepts)
 
