@@ -127,7 +127,7 @@ def _split_size_by_load(monkeypatch: pytest.MonkeyPatch, inputs: DecodeInputs, *
     out = _decode(inputs, **kwargs)
     monkeypatch.undo()
     _check(inputs, out)
-    return int(held["lse"][-1:].view(torch.int32)), held["part"].shape[3]
+    return int(held["lse"][-4:-3].view(torch.int32)), held["part"].shape[3]  # the slot, 16 bytes past the last
 
 
 def test_splits_by_load_size_the_splits_from_the_batchs_keys(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,7 +147,20 @@ def test_splits_by_load_size_the_splits_from_the_batchs_keys(monkeypatch: pytest
     assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=32)[1] == 5
 
 
-@pytest.mark.parametrize("splits", [dict(num_kv_splits=8), dict(num_kv_splits=8, tokens_per_split=16)])
+def test_one_bound_many_loads_each_call_sizes_its_own_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a graph captured at a bound replays: the same max length (far above the lengths) and
+    config, lengths that differ call to call, each call's split size its own load's."""
+    inputs = make_decode_inputs(dataclasses.replace(BASE, batch=3, kv_len=150, sinks=True), device=DEVICE)
+    sizes = []
+    for lengths in ([150, 150, 150], [150, 2, 0], [40, 40, 40]):
+        inputs.cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+        sizes.append(_split_size_by_load(monkeypatch, inputs, max_kv_len=4096, block_n=16, num_kv_splits=64,
+                                         items_per_sm=6)[0])
+    assert sizes == [150, 51, 40]  # keys x 2 kv heads over 6 items: 900, 304 and 240
+
+
+@pytest.mark.parametrize("splits", [dict(num_kv_splits=8), dict(num_kv_splits=8, tokens_per_split=16),
+                                    dict(num_kv_splits=8, items_per_sm=30)])
 def test_the_merge_reads_the_splits_a_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch, splits: dict) -> None:
     """Chunks of 2 splits: several chunks, the last one part full (7 splits of 150 keys)."""
     import tuner.ops.triton_decode as td
@@ -207,7 +220,8 @@ def test_the_even_split_keeps_within_the_grids_third_dimension(monkeypatch: pyte
 
 def test_an_empty_batch_gives_an_empty_output() -> None:
     inputs = make_decode_inputs(BASE, device=DEVICE)
-    for splits in (dict(num_kv_splits=1), dict(num_kv_splits=4), dict(num_kv_splits=4, tokens_per_split=16)):
+    for splits in (dict(num_kv_splits=1), dict(num_kv_splits=4), dict(num_kv_splits=4, tokens_per_split=16),
+                   dict(num_kv_splits=4, items_per_sm=4)):
         out = triton_paged_decode(inputs.q[:0], inputs.k_cache, inputs.v_cache, inputs.page_table[:0],
                                   inputs.cache_seqlens[:0], max_kv_len=BASE.kv_len, block_n=16, **splits)
         assert out.shape == (0, *inputs.q.shape[1:]), splits
@@ -217,7 +231,8 @@ def test_an_empty_batch_gives_an_empty_output() -> None:
 def test_empty_sequence_outputs_zero(with_sinks: bool) -> None:
     inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=with_sinks), device=DEVICE)
     inputs.cache_seqlens = torch.tensor([80, 0], dtype=torch.int32, device=DEVICE)
-    for splits in (dict(num_kv_splits=1), dict(num_kv_splits=4), dict(num_kv_splits=8, tokens_per_split=16)):
+    for splits in (dict(num_kv_splits=1), dict(num_kv_splits=4), dict(num_kv_splits=8, tokens_per_split=16),
+                   dict(num_kv_splits=8, items_per_sm=8)):
         out = _decode(inputs, block_n=16, **splits)
         assert torch.isfinite(out).all()
         assert out[1].abs().amax() == 0
@@ -231,6 +246,7 @@ def test_more_splits_than_needed() -> None:
     for max_kv_len in (40, 4096):
         _check(inputs, _decode(inputs, max_kv_len=max_kv_len, block_n=16, num_kv_splits=8))
         _check(inputs, _decode(inputs, max_kv_len=max_kv_len, block_n=16, num_kv_splits=8, tokens_per_split=16))
+        _check(inputs, _decode(inputs, max_kv_len=max_kv_len, block_n=16, num_kv_splits=8, items_per_sm=8))
     _check(inputs, _decode(inputs, block_n=64, num_kv_splits=8))
     with pytest.raises(ValueError, match="tokens_per_split"):
         _decode(inputs, block_n=16, num_kv_splits=8, tokens_per_split=-1)
@@ -352,6 +368,7 @@ kernels = _define_kernels()
 assert type(kernels.split).__name__ == "JITFunction", type(kernels.split).__name__
 for kernel, masks, head_dim, page, extra in [
         (kernels.by_length, True, 128, 16, dict(ROW_BLOCKS=2, BLOCK_U=256, BY_LOAD=False)),
+        (kernels.by_length, True, 128, 16, dict(ROW_BLOCKS=2, BLOCK_U=64, BY_LOAD=True)),
         (kernels.by_length, False, 64, 1, dict(ROW_BLOCKS=1, BLOCK_U=64, BY_LOAD=True)),
         (kernels.split, True, 128, 16, dict(FINAL=False)), (kernels.split, False, 256, 1, dict(FINAL=True))]:
     compile_for_h200(kernel, dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim, PAGE_SIZE=page, BLOCK_M=16,

@@ -28,12 +28,14 @@ LENGTHS = [3000, 8, 1777, 260, 2049]  # one long, one as short as q_len allows, 
 
 
 def configs_to_check(shape):
-    """The default, the even split's most splits, and splits by length of 64 and 256 tokens
-    (so that even a 127-key window is split)."""
+    """The default, the even split's most splits, splits by length of 64 and 256 tokens
+    (so that even a 127-key window is split), and by load at 1 and 8 items per SM."""
     op = get_op("triton_decode")
-    most = max((c for c in op.configs(shape) if "tokens_per_split" not in c), key=lambda c: c["num_kv_splits"])
+    even = (c for c in op.configs(shape) if not c.get("tokens_per_split") and not c.get("items_per_sm"))
+    most = max(even, key=lambda c: c["num_kv_splits"])
     by_length = [{**most, "num_kv_splits": 128, "tokens_per_split": t} for t in (64, 256)]
-    return [op.default(shape), most, *by_length]
+    by_load = [{**most, "num_kv_splits": 128, "items_per_sm": i} for i in (1, 8)]
+    return [op.default(shape), most, *by_length, *by_load]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.label())

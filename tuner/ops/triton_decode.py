@@ -336,7 +336,8 @@ def _define_kernels() -> Kernels:
             lo_u, hi_u, _, _ = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits, 1,
                                            GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
             keys = tl.sum(tl.where(unit_ok, tl.maximum(hi_u - lo_u, 0), 0), 0) * num_kv_heads
-            tokens_per_split = tl.maximum((keys + target_items - 1) // target_items, BLOCK_N)
+            # (at most 2^30: past a sequence's keys any size is one split, and the merge reads it as int32)
+            tokens_per_split = tl.minimum(tl.maximum((keys + target_items - 1) // target_items, BLOCK_N), 1 << 30)
             if pid == 0:
                 tl.store(SplitSize, tokens_per_split.to(tl.int32))
         _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
@@ -562,7 +563,7 @@ def triton_paged_decode(
         raise ValueError("tokens_per_split and items_per_sm are two ways to size splits: give one")
     by_load = items_per_sm > 0
     # the items a call's splits aim at: per SM (the interpreter runs programs in turn)
-    target_items = items_per_sm * (INTERPRETED_SMS if interpreted else sm_count(q.device.index))
+    target_items = 0 if not by_load else items_per_sm * (INTERPRETED_SMS if interpreted else sm_count(q.device.index))
     by_tokens = tokens_per_split > 0 or by_load
     # at most num_kv_splits, and partial results within PART_MAX_BYTES; splits by length: as
     # many as the longest visible span takes, the even split: as many as hold a block each
@@ -591,10 +592,13 @@ def triton_paged_decode(
         part, lse, split_size = out, out, out  # unused by the kernel: FINAL writes out directly
     else:
         part = torch.empty(batch, q_len, num_q_heads, num_splits, head_dim_v, dtype=torch.float32, device=q.device)
-        # one slot past the log-sum-exps holds the split size stage 1 computed by load, for the merge
-        lse_slots = torch.empty(batch * q_len * num_q_heads * num_splits + 1, dtype=torch.float32, device=q.device)
-        lse = lse_slots[:-1].view(batch, q_len, num_q_heads, num_splits)
-        split_size = lse_slots[-1:].view(torch.int32)
+        # a slot past the log-sum-exps holds the split size stage 1 computed by load, for the
+        # merge; 16 bytes on, so its pointer's alignment (which Triton specialises on) is the same
+        # for every shape, and one compiled variant serves them all
+        n_lse = batch * q_len * num_q_heads * num_splits
+        lse_slots = torch.empty(_cdiv(n_lse, 4) * 4 + 4, dtype=torch.float32, device=q.device)
+        lse = lse_slots[:n_lse].view(batch, q_len, num_q_heads, num_splits)
+        split_size = lse_slots[-4:-3].view(torch.int32)
     sinks_arg = sinks if sinks is not None else out  # a valid pointer, never read without sinks
     lse_strides = lse.stride()[:3] if not final else (0, 0, 0)
     part_strides = part.stride()[:4] if not final else (0, 0, 0, 0)
@@ -614,6 +618,8 @@ def triton_paged_decode(
     by_load = by_load and by_tokens
     if by_tokens:  # the splits of each sequence's own length, on persistent programs
         items = batch * row_blocks * num_splits * num_kv_heads  # at most
+        if by_load:  # at most the target, and one split's rounding per unit and kv head
+            items = min(items, target_items + batch * row_blocks * num_kv_heads)
         programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * sm_count(
             q.device.index))
         launch(kernels.by_length, (programs,))(
