@@ -63,9 +63,9 @@ CASES = {
     "many_rows_window": dict(num_q_heads=32, num_kv_heads=1, q_len=3, window=(15, -1)),  # spans 17, 16
 }
 # splits over the longest sequence (1, 3), by each sequence's own length (16 keys a split),
-# and by the call's load (4 items in all: the interpreter counts one SM)
+# and by the call's load (16 items in all: the interpreter counts one SM)
 SPLITS = {"1": dict(num_kv_splits=1), "3": dict(num_kv_splits=3),
-          "by_length": dict(num_kv_splits=8, tokens_per_split=16), "by_load": dict(num_kv_splits=8, items_per_sm=4)}
+          "by_length": dict(num_kv_splits=8, tokens_per_split=16), "by_load": dict(num_kv_splits=8, items_per_sm=16)}
 
 
 @pytest.mark.parametrize("splits", list(SPLITS))
@@ -107,7 +107,7 @@ def test_splits_by_length_over_many_sequences_of_mixed_lengths() -> None:
     inputs.cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     ref = paged_decode_reference(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
                                  causal=shape.causal, window=shape.window, sinks=inputs.sinks)
-    for splits in (dict(tokens_per_split=16), dict(items_per_sm=50)):
+    for splits in (dict(tokens_per_split=16), dict(items_per_sm=200)):
         out = _decode(inputs, block_n=16, num_kv_splits=8, **splits)
         torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4, msg=str(splits))
 
@@ -131,20 +131,21 @@ def _split_size_by_load(monkeypatch: pytest.MonkeyPatch, inputs: DecodeInputs, *
 
 
 def test_splits_by_load_size_the_splits_from_the_batchs_keys(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keys over every kv head, shared among items_per_sm x SMs items (the interpreter's one
-    SM), in whole blocks, one at least: the same config splits a light batch finely and a
-    heavy one less, with the lengths read on the device alone."""
+    """Keys over every kv head, shared so that all items come to at most items_per_sm x SMs
+    (the interpreter's one SM), after one item per (sequence, kv head) set aside for rounding,
+    in whole blocks, one at least: the same config splits a light batch finely and a heavy one
+    less, with the lengths read on the device alone."""
     inputs = make_decode_inputs(dataclasses.replace(BASE, sinks=True), device=DEVICE)  # 2 kv heads
     inputs.cache_seqlens = torch.tensor([80, 48], dtype=torch.int32, device=DEVICE)
-    # 128 keys x 2 heads over 4 items: 64 a split (the 80-key sequence in 2, the other in 1);
-    # room for 2 splits a sequence (4 items over 2 kv heads), the most any load gives one
-    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=4) == (64, 2)
-    # over 32 items: 8, held to a block of 16
+    # 128 keys x 2 heads over 12 items (16 less 4 set aside): 22 a split (80 keys in 4, 48 in 3:
+    # 14 items); room for 8 splits a sequence (16 items over 2 kv heads), more than any load gives
+    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=16) == (22, 5)
+    # over 28 items: 10, held to a block of 16
     assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=32)[0] == 16
+    # 4 items: the set-aside takes them all, one split each
+    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=4)[0] == 1 << 30
     inputs.cache_seqlens = torch.tensor([80, 80], dtype=torch.int32, device=DEVICE)  # heavier: longer splits
-    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=4)[0] == 80
-    # here 5 splits of a block (80 keys), fewer than 32 items over 2 kv heads
-    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=32)[1] == 5
+    assert _split_size_by_load(monkeypatch, inputs, block_n=16, num_kv_splits=8, items_per_sm=16)[0] == 27
 
 
 def test_one_bound_many_loads_each_call_sizes_its_own_splits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,8 +156,8 @@ def test_one_bound_many_loads_each_call_sizes_its_own_splits(monkeypatch: pytest
     for lengths in ([150, 150, 150], [150, 2, 0], [40, 40, 40]):
         inputs.cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
         sizes.append(_split_size_by_load(monkeypatch, inputs, max_kv_len=4096, block_n=16, num_kv_splits=64,
-                                         items_per_sm=6)[0])
-    assert sizes == [150, 51, 40]  # keys x 2 kv heads over 6 items: 900, 304 and 240
+                                         items_per_sm=12)[0])
+    assert sizes == [150, 51, 40]  # keys x 2 kv heads (900, 304, 240) over 12 items less 6 set aside
 
 
 @pytest.mark.parametrize("splits", [dict(num_kv_splits=8), dict(num_kv_splits=8, tokens_per_split=16),

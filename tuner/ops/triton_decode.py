@@ -20,7 +20,7 @@ How the keys are split (a stage-1 kernel each; they share the attention and the 
   and a sequence whose keys fit one split gets its output there (the merge passes over it);
 - items_per_sm > 0 (splits by load): as by length, with tokens_per_split computed on the
   device at every call from the batch's keys, so that all splits of all kv heads come to
-  about items_per_sm per SM. A graph captured once adapts to the lengths of each replay, as
+  at most items_per_sm per SM (one split each where that is more). A graph captured once adapts to the lengths of each replay, as
   FA3's own scheduler does: a light batch is split finely, a heavy one not at all.
 
 Triton is imported lazily, on first use: `import tuner` stays fast, and the interpreter
@@ -83,7 +83,7 @@ CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 # when they are captured: not yet measured, so a few of each (docs/decisions.md)
 CUDA_ITEMS_PER_SM = (2, 4, 8)
 CUDA_LOAD_KERNEL_SHAPES = ((64, 4, 2), (128, 4, 3))
-CPU_ITEMS_PER_SM = (4,)
+CPU_ITEMS_PER_SM = (16,)
 # pruned unless settings.FULL_SPACE: never within 3% of the best in the stored H200 sweeps
 # (1,140-1,247 problems), or within it on 27 and 32 of them with one win in all
 # (docs/decisions.md, "Pruning the config space")
@@ -330,14 +330,18 @@ def _define_kernels() -> Kernels:
         unit_lens = tl.load(SeqLens + units // ROW_BLOCKS, mask=unit_ok, other=0).to(tl.int64)
         if BY_LOAD:
             # the split size from this call's load: the keys every unit reads, over every kv
-            # head, shared among target_items items (whole blocks, one at least), so a light
-            # batch is split finely and a heavy one not at all. Every program computes the
-            # same size; the first leaves it for the merge
+            # head, shared so that all items come to target_items at most (whole blocks, one at
+            # least): each (unit, kv head) rounds up to one more item than its keys' share, so
+            # those are set aside first, and where they alone reach the target every unit is
+            # one split. A light batch is split finely, a heavy one not at all. Every program
+            # computes the same size; the first leaves it for the merge. (At most 2^30: past
+            # any sequence's keys, and the merge reads it as int32.)
             lo_u, hi_u, _, _ = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits, 1,
                                            GROUP, BLOCK_M, BLOCK_N, MASK_LEFT, MASK_RIGHT, True)
             keys = tl.sum(tl.where(unit_ok, tl.maximum(hi_u - lo_u, 0), 0), 0) * num_kv_heads
-            # (at most 2^30: past a sequence's keys any size is one split, and the merge reads it as int32)
-            tokens_per_split = tl.minimum(tl.maximum((keys + target_items - 1) // target_items, BLOCK_N), 1 << 30)
+            shares = target_items - batch * ROW_BLOCKS * num_kv_heads
+            tokens_per_split = tl.where(shares > 0, (keys + shares - 1) // tl.maximum(shares, 1), 1 << 30)
+            tokens_per_split = tl.minimum(tl.maximum(tokens_per_split, BLOCK_N), 1 << 30)
             if pid == 0:
                 tl.store(SplitSize, tokens_per_split.to(tl.int32))
         _, _, _, unit_used = _split_plan(unit_lens, q_len, units % ROW_BLOCKS, left, right, num_splits,
@@ -534,7 +538,7 @@ def triton_paged_decode(
     persistent programs (see the module's docstring); a sequence in one split skips the
     merge. items_per_sm > 0 (splits by load): as tokens_per_split, with the split size
     computed on the device from the call's lengths, so that the splits of all sequences and
-    kv heads come to about items_per_sm per SM. Either way, at most what PART_MAX_BYTES of
+    kv heads come to at most items_per_sm per SM (or one split each, where that is more). Either way, at most what PART_MAX_BYTES of
     partial results hold.
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
@@ -618,8 +622,8 @@ def triton_paged_decode(
     by_load = by_load and by_tokens
     if by_tokens:  # the splits of each sequence's own length, on persistent programs
         items = batch * row_blocks * num_splits * num_kv_heads  # at most
-        if by_load:  # at most the target, and one split's rounding per unit and kv head
-            items = min(items, target_items + batch * row_blocks * num_kv_heads)
+        if by_load:  # at most the target, or one split per unit and kv head where that is more
+            items = min(items, max(target_items, batch * row_blocks * num_kv_heads))
         programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * sm_count(
             q.device.index))
         launch(kernels.by_length, (programs,))(
