@@ -470,3 +470,25 @@ def test_graph_replays_smoke_times_every_config_on_every_replayed_draw(tmp_path)
     assert shape["oracle"] == shape["configs"][means.index(min(means))]["config"]
     assert shape["oracle_speedup"] == max(c["speedup"] for c in shape["configs"])
     assert {"triton_by_load", "triton_by_length", "triton_fixed"} <= set(shape["best_of_family"])
+
+
+def test_sglang_e2e_builds_the_model_tuner_tunes_and_compares_with_the_best_built_in_backend(tmp_path):
+    """Issue 38's end-to-end harness, without SGLang: its model directories read as the same
+    attention key as tuner's model table (so a graph sweep of `--model M` covers the run), and
+    its summary puts tuner beside the fastest of SGLang's own backends."""
+    from tuner.workload.models import attention_from_config, known_model
+
+    e2e = benchmark_module("sglang_e2e")
+    for model in e2e.CONFIGS:
+        path = e2e.write_model_dir(model, tmp_path / model)
+        config = json.loads((path / "config.json").read_text())
+        assert attention_from_config(config, model) == known_model(model)
+        assert json.loads((path / "tokenizer.json").read_text())["model"]["type"] == "WordLevel"
+    rows = {"fa3": [dict(batch_size=8, input_len=4096, median_decode_throughput=1000.0)],
+            "triton": [dict(batch_size=8, input_len=4096, median_decode_throughput=1100.0),
+                       dict(batch_size=1, input_len=1024, median_decode_throughput=200.0)],
+            "tuner": [dict(batch_size=8, input_len=4096, median_decode_throughput=1210.0)]}
+    summary = e2e.summarize(rows)
+    assert [(s["batch"], s["input_len"]) for s in summary] == [(1, 1024), (8, 4096)]
+    assert "tuner_over_best" not in summary[0]
+    assert summary[1]["best_built_in"] == "triton" and abs(summary[1]["tuner_over_best"] - 1.1) < 1e-9
