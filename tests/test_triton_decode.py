@@ -261,8 +261,8 @@ def test_every_cpu_tiny_config() -> None:
     shape = TRITON_DECODE.grids["cpu-tiny"][-1]  # the largest: batch 2, kv 128
     inputs = TRITON_DECODE.make_inputs(shape, device=TRITON_DECODE.device())
     ref = inputs.reference()
-    configs = TRITON_DECODE.configs(shape)
-    assert len(configs) >= 6
+    configs = TRITON_DECODE.configs(dataclasses.replace(shape, lengths="graph"))  # with the by-load ones
+    assert len(configs) >= 6 and any("items_per_sm" in c for c in configs)
     atol, rtol = TRITON_DECODE.tolerance[shape.dtype]
     for config in configs:
         torch.testing.assert_close(TRITON_DECODE.run(inputs, config), ref, atol=atol, rtol=rtol, msg=str(config))
@@ -287,14 +287,16 @@ def test_op_config_space() -> None:
     assert (32, 2) in pairs and (32, 4) not in pairs and (64, 1) in pairs and (64, 2) not in pairs
     if not torch.cuda.is_available():  # the brief's CPU space, warps and stages fixed
         long = dataclasses.replace(tiny, kv_len=4096)
-        assert len(op.configs(long)) == 14 and {c["num_warps"] for c in op.configs(long)} == {4}
+        assert len(op.configs(long)) == 13 and {c["num_warps"] for c in op.configs(long)} == {4}
     # splits by each sequence's length where the keys hold two splits of it, else not
     by_length = [c for c in op.configs(dataclasses.replace(tiny, kv_len=4096)) if "tokens_per_split" in c]
     assert by_length and all(c["tokens_per_split"] * 2 <= 4096 for c in by_length)
     assert not [c for c in op.configs(dataclasses.replace(tiny, kv_len=16)) if "tokens_per_split" in c]
-    # splits by load where the keys hold two blocks of its kernel
-    assert [c for c in op.configs(dataclasses.replace(tiny, kv_len=32)) if "items_per_sm" in c]
-    assert not [c for c in op.configs(dataclasses.replace(tiny, kv_len=31)) if "items_per_sm" in c]
+    # splits by load for graphs (lengths unknown when captured), where the keys hold two blocks
+    graph = dataclasses.replace(tiny, lengths="graph")
+    assert [c for c in op.configs(dataclasses.replace(graph, kv_len=32)) if "items_per_sm" in c]
+    assert not [c for c in op.configs(dataclasses.replace(graph, kv_len=31)) if "items_per_sm" in c]
+    assert not [c for c in op.configs(dataclasses.replace(tiny, kv_len=32)) if "items_per_sm" in c]
     # configs stored before the knob (without it) are still valid; bad values are not
     old = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
     assert op.check(old, tiny) is None and op.check({**old, "tokens_per_split": 512}, tiny) is None
@@ -448,3 +450,7 @@ def test_the_gpu_space_leaves_out_the_kernels_that_never_won_unless_the_full_spa
     assert all(c in full for c in pruned) and len(pruned) < len(full)
     by_load = {(c["block_n"], c["num_warps"], c["num_stages"], c["items_per_sm"]) for c in full if "items_per_sm" in c}
     assert by_load == {(*k, i) for k in td.CUDA_LOAD_KERNEL_SHAPES for i in td.CUDA_ITEMS_PER_SM}
+    assert not any("items_per_sm" in c for c in pruned)  # per call: only in the full space
+    monkeypatch.setattr(settings, "FULL_SPACE", False)
+    graph = TRITON_DECODE.configs(dataclasses.replace(shape, lengths="graph"))
+    assert {c["items_per_sm"] for c in graph if "items_per_sm" in c} == set(td.CUDA_ITEMS_PER_SM)

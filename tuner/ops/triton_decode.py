@@ -80,7 +80,8 @@ CUDA_WAVES = 4
 CUDA_TOKENS_PER_SPLIT = (256, 512, 2048)
 CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 # splits from the call's load (items_per_sm), for graphs replayed over lengths no one knows
-# when they are captured: not yet measured, so a few of each (docs/decisions.md)
+# when they are captured (graph shapes only, unless settings.FULL_SPACE): not yet measured,
+# so a few of each (docs/decisions.md)
 CUDA_ITEMS_PER_SM = (2, 4, 8)
 CUDA_LOAD_KERNEL_SHAPES = ((64, 4, 2), (128, 4, 3))
 CPU_ITEMS_PER_SM = (16,)
@@ -687,7 +688,7 @@ def _cuda_splits(shape: DecodeShape) -> list[int]:
 def _configs(shape: DecodeShape) -> list[Config]:
     """Splits over the longest sequence (num_kv_splits, each sequence divides its keys among
     all of them) and, where the keys hold two splits or more, splits by each sequence's
-    own length (tokens_per_split) and by the call's load (items_per_sm)."""
+    own length (tokens_per_split) and, for graph shapes, by the call's load (items_per_sm)."""
     visible = _visible_len(shape)
     if torch.cuda.is_available():
         block_ns, splits = _block_ns(visible, CUDA_BLOCK_NS), _cuda_splits(shape)
@@ -717,12 +718,15 @@ def _configs(shape: DecodeShape) -> list[Config]:
         if _cdiv(visible, t) >= 2  # one split would be the even configs' single split
         for n, w, st in token_shapes
     ]
+    # by load: for graphs, whose lengths are unknown when captured; a call with its lengths
+    # known has a fixed config for them (and the serving sweeps' measured cost stays), unless
+    # the full space is asked
     by_load = [
         {"block_n": n, "num_kv_splits": max_splits, "num_warps": w, "num_stages": st, "items_per_sm": i}
         for i in loads
         for n, w, st in load_shapes
         if visible >= 2 * n  # room for two splits of a block
-    ]
+    ] if shape.lengths == "graph" or settings.FULL_SPACE else []
     return even + by_length + by_load
 
 
