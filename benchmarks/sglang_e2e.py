@@ -14,7 +14,8 @@ backend whose plain decode runs decode_attention (tuner.integrations.sglang), re
 the worker process before SGLang parses its arguments; --db is its TUNER_DB (graph records
 for the model's key: `tuner sweep decode_attention_graph --grid serving --model M`). The JSON
 is written after every backend; --resume keeps the backends it holds. Needs SGLang, its
-dependencies and a GPU: see docs/lab/sglang_integration_notes.md.
+dependencies and a GPU: `bash tools/prepare_sglang.sh` here, then on the GPU machine
+`bash .gpu/sglang/install` after the staging of ../shared/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -55,17 +56,27 @@ BUILT_IN = ("fa3", "flashinfer", "triton")
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 
 
+def _special(token_id: int, content: str) -> dict:
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True}
+
+
 def write_model_dir(model: str, path: Path) -> Path:
-    """config.json, and a tokenizer of one word (bench_one_batch loads a tokenizer, and feeds
-    token ids it draws itself: the tokenizer never encodes a prompt)."""
+    """config.json, and a tokenizer of a few words: bench_one_batch loads one whatever its
+    flags, from tokenizer.json and tokenizer_config.json both, and feeds token ids it draws
+    itself (below 10000), so the tokenizer never encodes a prompt."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(CONFIGS[model], indent=1))
+    specials = ["<unk>", "<s>", "</s>"]
     (path / "tokenizer.json").write_text(json.dumps({
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [_special(i, t) for i, t in enumerate(specials)], "normalizer": {"type": "Lowercase"},
         "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
-        "model": {"type": "WordLevel", "vocab": {"<unk>": 0, "a": 1}, "unk_token": "<unk>"}}))
+        "model": {"type": "WordLevel", "vocab": {t: i for i, t in enumerate(specials + ["a", "the"])},
+                  "unk_token": "<unk>"}}))
     (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "eos_token": "<unk>"}))
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": CONFIGS[model]["max_position_embeddings"], "clean_up_tokenization_spaces": False}))
     return path
 
 
@@ -106,6 +117,7 @@ def run_worker(mode: str, backend: str, argv: list[str], logits_out: Path | None
                log: Path, timeout_s: float) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                                      os.environ.get("PYTHONPATH")])))
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # nothing on this path needs a network
     if db:
         env["TUNER_DB"] = db
     command = [sys.executable, __file__, "--worker", mode, "--worker-backend", backend,
@@ -119,7 +131,8 @@ def run_worker(mode: str, backend: str, argv: list[str], logits_out: Path | None
 
 def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> None:
     """In its own process: SGLang's benchmark (mode "latency") or the first decode steps'
-    logits of one small batch (mode "logits"), with the tuner backend registered."""
+    logits of one small batch (mode "logits"), with the tuner backend registered (bench_one_batch
+    loads no plugins, and tuner is not installed where it runs from a checkout)."""
     if backend == "tuner":
         from tuner.integrations.sglang import register
 
