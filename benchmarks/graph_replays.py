@@ -89,14 +89,15 @@ def measure_shape(shape: DecodeShape, timer, device: str) -> dict:
     for i, config in enumerate(configs):
         ratios = [row[d] / row[i] for row in per_draw]  # speedup over the default, per draw
         rows.append(dict(config=config, family=family(config), mean_us=means[i], speedup=means[d] / means[i],
-                         worst_draw=min(ratios), best_draw=max(ratios), per_draw_us=per_draw and [r[i] for r in per_draw]))
+                         worst_draw=min(ratios), best_draw=max(ratios), per_draw_us=[r[i] for r in per_draw]))
     oracle = min(range(len(configs)), key=lambda i: means[i])
     best = {}
     for row in rows:
         if row["family"] not in best or row["mean_us"] < best[row["family"]]["mean_us"]:
             best[row["family"]] = row
     return dict(batch=shape.batch, bound=shape.kv_len,
-                draws=[dict(cap=cap, distribution=name, longest=max(x), keys=sum(x)) for (cap, name), x in zip(labels, lens)],
+                draws=[dict(cap=cap, distribution=name, longest=max(x), keys=sum(x))
+                       for (cap, name), x in zip(labels, lens)],
                 default_us=means[d], oracle=configs[oracle], oracle_speedup=means[d] / means[oracle],
                 best_of_family={k: dict(config=v["config"], speedup=v["speedup"], worst_draw=v["worst_draw"],
                                         best_draw=v["best_draw"]) for k, v in best.items()},

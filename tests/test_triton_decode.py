@@ -301,7 +301,8 @@ def test_op_config_space() -> None:
     old = {"block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
     assert op.check(old, tiny) is None and op.check({**old, "tokens_per_split": 512}, tiny) is None
     assert "tokens_per_split" in op.check({**old, "tokens_per_split": -1}, tiny)
-    assert op.check({**old, "items_per_sm": 4}, tiny) is None and "items_per_sm" in op.check({**old, "items_per_sm": 0.5})
+    assert op.check({**old, "items_per_sm": 4}, tiny) is None
+    assert "items_per_sm" in op.check({**old, "items_per_sm": 0.5})
     assert "give one" in op.check({**old, "items_per_sm": 4, "tokens_per_split": 512}, tiny)
     assert "unknown" in op.check({**old, "splits_per_token": 1}, tiny)
     # a sliding window shrinks what is split: 32 visible keys, not 4096

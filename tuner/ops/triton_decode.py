@@ -20,8 +20,9 @@ How the keys are split (a stage-1 kernel each; they share the attention and the 
   and a sequence whose keys fit one split gets its output there (the merge passes over it);
 - items_per_sm > 0 (splits by load): as by length, with tokens_per_split computed on the
   device at every call from the batch's keys, so that all splits of all kv heads come to
-  at most items_per_sm per SM (one split each where that is more). A graph captured once adapts to the lengths of each replay, as
-  FA3's own scheduler does: a light batch is split finely, a heavy one not at all.
+  at most items_per_sm per SM (one split each where that is more). A graph captured once
+  adapts to the lengths of each replay, as FA3's own scheduler does: a light batch is split
+  finely, a heavy one not at all.
 
 Triton is imported lazily, on first use: `import tuner` stays fast, and the interpreter
 (TRITON_INTERPRET=1, which Triton reads when @triton.jit runs) can be switched on before
@@ -539,8 +540,8 @@ def triton_paged_decode(
     persistent programs (see the module's docstring); a sequence in one split skips the
     merge. items_per_sm > 0 (splits by load): as tokens_per_split, with the split size
     computed on the device from the call's lengths, so that the splits of all sequences and
-    kv heads come to at most items_per_sm per SM (or one split each, where that is more). Either way, at most what PART_MAX_BYTES of
-    partial results hold.
+    kv heads come to at most items_per_sm per SM (or one split each, where that is more).
+    Either way, at most what PART_MAX_BYTES of partial results hold.
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
     batch, q_len, num_q_heads, head_dim = q.shape
