@@ -115,11 +115,13 @@ class Runtime:
         captured)."""
         winners = self.table().get((name, static_json), {})
         if frozen:
-            graph = graph_record(self.table().get((settings.GRAPH_RECORD_OPS.get(name, ""), static_json), {}), run)
-            if graph is not None:
-                config = graph[0].config if captured is None else captured(graph[0].config)
+            graph_records = self.table().get((settings.GRAPH_RECORD_OPS.get(name, ""), static_json), {})
+            found = graph_record(graph_records, run)
+            if found is not None:
+                record, how = found
+                config = record.config if captured is None else captured(record.config)
                 if accepts is None or accepts(config):
-                    return config, graph[1]
+                    return config, how
             return choose_frozen(winners, run, accepts=accepts, captured=captured)
         return choose(winners, run, max_distance=self.max_distance, accepts=accepts)
 
