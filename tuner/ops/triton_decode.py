@@ -40,7 +40,7 @@ import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -508,6 +508,86 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class _Layout(NamedTuple):
+    """How one call is cut into programs, decided on the host from the shapes and the config."""
+    group: int  # q heads per kv head
+    left: int  # keys a query sees to its left (-1: all)
+    right: int  # and to its right (-1: all; 0 causal)
+    mask_right: bool  # a causal mask among the call's own query tokens
+    num_splits: int  # per sequence, at most
+    by_tokens: bool  # stage 1 by length (or by load) on persistent programs
+    by_load: bool  # split size computed on the device from the call's lengths
+    target_items: int  # by load: what all splits of all kv heads come to at most
+    block_m: int  # rows (query token x q head) per program
+    row_blocks: int
+    block_d: int
+    block_dv: int
+
+    @property
+    def final(self) -> bool:
+        """One split for every sequence: stage 1 writes the output, no merge."""
+        return self.num_splits == 1
+
+
+def _check_args(q: torch.Tensor, k_cache: torch.Tensor, block_n: int, tokens_per_split: int,
+                items_per_sm: int) -> None:
+    num_q_heads, num_kv_heads = q.shape[2], k_cache.shape[2]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16 (tl.dot), got {block_n}")
+    if tokens_per_split < 0 or items_per_sm < 0:
+        raise ValueError(f"tokens_per_split and items_per_sm must be >= 0, got {tokens_per_split}, {items_per_sm}")
+    if tokens_per_split and items_per_sm:
+        raise ValueError("tokens_per_split and items_per_sm are two ways to size splits: give one")
+
+
+def _layout(q: torch.Tensor, num_kv_heads: int, head_dim_v: int, *, max_kv_len: int, causal: bool,
+            window: tuple[int, int], block_n: int, num_kv_splits: int, tokens_per_split: int, items_per_sm: int,
+            interpreted: bool) -> _Layout:
+    batch, q_len, num_q_heads, head_dim = q.shape
+    left = window[0] if window[0] >= 0 else -1
+    right = window[1] if window[1] >= 0 else -1
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    by_load = items_per_sm > 0
+    # the items a call's splits aim at: per SM (the interpreter runs programs in turn)
+    target_items = 0 if not by_load else items_per_sm * (INTERPRETED_SMS if interpreted else sm_count(q.device.index))
+    # at most num_kv_splits, and partial results within PART_MAX_BYTES (a split's: a float32
+    # output row and its log-sum-exp per (sequence, query, q head)); by load: splits of at least
+    # a block, and no sequence takes more than target_items over its kv heads; by length: as
+    # many as the longest visible span takes; the even split: as many as hold a block each
+    part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * (head_dim_v + 1) * 4, 1)
+    visible = visible_kv_len(max_kv_len, q_len, left)
+    if by_load:
+        wanted = min(_cdiv(visible, block_n), _cdiv(target_items, num_kv_heads))
+    elif tokens_per_split > 0:
+        wanted = _cdiv(visible, max(tokens_per_split, block_n))
+    else:
+        wanted = min(_cdiv(max_kv_len, block_n), MAX_GRID_Z)
+    num_splits = max(1, min(num_kv_splits, wanted, part_cap))
+    group = num_q_heads // num_kv_heads
+    block_m = min(MAX_BLOCK_M, max(16, _next_pow2(q_len * group)))  # tl.dot needs >= 16
+    # one split each: the even split's single program per unit, by whatever rule
+    by_tokens = (tokens_per_split > 0 or by_load) and num_splits > 1
+    return _Layout(group=group, left=left, right=right, mask_right=right >= 0 and q_len > 1, num_splits=num_splits,
+                   by_tokens=by_tokens, by_load=by_load and by_tokens, target_items=target_items, block_m=block_m,
+                   row_blocks=_cdiv(q_len * group, block_m), block_d=max(16, _next_pow2(head_dim)),
+                   block_dv=max(16, _next_pow2(head_dim_v)))
+
+
+def _partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The splits' partial outputs, their log-sum-exps, and a slot for the split size stage 1
+    computes by load, for the merge. The slot lies past the log-sum-exps, 16 bytes on, so its
+    pointer's alignment (which Triton specialises on) is the same for every shape, and one
+    compiled variant serves them all."""
+    batch, q_len, num_q_heads, head_dim_v = out.shape
+    part = torch.empty(batch, q_len, num_q_heads, num_splits, head_dim_v, dtype=torch.float32, device=out.device)
+    n_lse = batch * q_len * num_q_heads * num_splits
+    lse_slots = torch.empty(_cdiv(n_lse, 4) * 4 + 4, dtype=torch.float32, device=out.device)
+    return part, lse_slots[:n_lse].view(batch, q_len, num_q_heads, num_splits), lse_slots[-4:-3].view(torch.int32)
+
+
 def triton_paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -544,112 +624,90 @@ def triton_paged_decode(
     Either way, at most what PART_MAX_BYTES of partial results hold.
     compile_only: build the kernels this call would launch, launch nothing, return None.
     """
-    batch, q_len, num_q_heads, head_dim = q.shape
-    _, page_size, num_kv_heads, _ = k_cache.shape
-    head_dim_v = v_cache.shape[-1]
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two >= 16 (tl.dot), got {block_n}")
-    group = num_q_heads // num_kv_heads
+    _check_args(q, k_cache, block_n, tokens_per_split, items_per_sm)
     # the kernels index the last dim with unit stride
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     kernels = _kernels(interpret=q.device.type != "cuda")
     # TRITON_INTERPRET=1 set by the user interprets CUDA tensors too
     interpreted = type(kernels.split).__name__ == "InterpretedFunction"
-
-    left, right = window
-    left = left if left >= 0 else -1
-    right = right if right >= 0 else -1
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    if tokens_per_split < 0 or items_per_sm < 0:
-        raise ValueError(f"tokens_per_split and items_per_sm must be >= 0, got {tokens_per_split}, {items_per_sm}")
-    if tokens_per_split and items_per_sm:
-        raise ValueError("tokens_per_split and items_per_sm are two ways to size splits: give one")
-    by_load = items_per_sm > 0
-    # the items a call's splits aim at: per SM (the interpreter runs programs in turn)
-    target_items = 0 if not by_load else items_per_sm * (INTERPRETED_SMS if interpreted else sm_count(q.device.index))
-    by_tokens = tokens_per_split > 0 or by_load
-    # at most num_kv_splits, and partial results within PART_MAX_BYTES; splits by length: as
-    # many as the longest visible span takes, the even split: as many as hold a block each
-    # (a split's partial results: a float32 output row and its log-sum-exp per (sequence, query, q head))
-    part_cap = PART_MAX_BYTES // max(batch * q_len * num_q_heads * (head_dim_v + 1) * 4, 1)
-    if by_load:  # splits of at least a block, and no sequence takes more than target_items over its kv heads
-        wanted = min(_cdiv(visible_kv_len(max_kv_len, q_len, left), block_n), _cdiv(target_items, num_kv_heads))
-    elif by_tokens:
-        wanted = _cdiv(visible_kv_len(max_kv_len, q_len, left), max(tokens_per_split, block_n))
-    else:
-        wanted = min(_cdiv(max_kv_len, block_n), MAX_GRID_Z)
-    num_splits = max(1, min(num_kv_splits, wanted, part_cap))
-    mask_left, mask_right = left >= 0, right >= 0 and q_len > 1
-    rows = q_len * group
-    block_m = min(MAX_BLOCK_M, max(16, _next_pow2(rows)))  # tl.dot needs >= 16
-    row_blocks = _cdiv(rows, block_m)
-    block_d = max(16, _next_pow2(head_dim))
-    block_dv = max(16, _next_pow2(head_dim_v))
-    final = num_splits == 1
-    # float32 dots for float32 inputs (no tf32), and for bfloat16 in the interpreter, whose
-    # tl.dot multiplies bfloat16's raw uint16 bits (triton 3.9); GPUs use bf16 tensor cores
-    f32_dot = q.dtype == torch.float32 or (interpreted and q.dtype == torch.bfloat16)
-
+    batch, q_len, num_q_heads, head_dim = q.shape
+    num_kv_heads, head_dim_v = k_cache.shape[2], v_cache.shape[-1]
+    layout = _layout(q, num_kv_heads, head_dim_v, max_kv_len=max_kv_len, causal=causal, window=window,
+                     block_n=block_n, num_kv_splits=num_kv_splits, tokens_per_split=tokens_per_split,
+                     items_per_sm=items_per_sm, interpreted=interpreted)
     out = torch.empty(batch, q_len, num_q_heads, head_dim_v, dtype=q.dtype, device=q.device)
-    if final:
-        part, lse, split_size = out, out, out  # unused by the kernel: FINAL writes out directly
-    else:
-        part = torch.empty(batch, q_len, num_q_heads, num_splits, head_dim_v, dtype=torch.float32, device=q.device)
-        # a slot past the log-sum-exps holds the split size stage 1 computed by load, for the
-        # merge; 16 bytes on, so its pointer's alignment (which Triton specialises on) is the same
-        # for every shape, and one compiled variant serves them all
-        n_lse = batch * q_len * num_q_heads * num_splits
-        lse_slots = torch.empty(_cdiv(n_lse, 4) * 4 + 4, dtype=torch.float32, device=q.device)
-        lse = lse_slots[:n_lse].view(batch, q_len, num_q_heads, num_splits)
-        split_size = lse_slots[-4:-3].view(torch.int32)
+    # unused where stage 1 writes out directly
+    part, lse, split_size = (out, out, out) if layout.final else _partials(out, layout.num_splits)
     sinks_arg = sinks if sinks is not None else out  # a valid pointer, never read without sinks
-    lse_strides = lse.stride()[:3] if not final else (0, 0, 0)
-    part_strides = part.stride()[:4] if not final else (0, 0, 0, 0)
-    scale = 1.0 / math.sqrt(head_dim)
-
+    strides = dict(part=part.stride()[:4] if not layout.final else (0, 0, 0, 0),
+                   lse=lse.stride()[:3] if not layout.final else (0, 0, 0), out=out.stride()[:3])
     launch = (lambda kernel, grid: functools.partial(kernel.warmup, grid=grid)) if compile_only \
         else (lambda kernel, grid: kernel[grid])
-    common = (q, k_cache, v_cache, page_table, cache_seqlens, sinks_arg, part, lse, out,
-              *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *page_table.stride(),
-              *part_strides, *lse_strides, *out.stride()[:3])
-    constants = dict(GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, PAGE_SIZE=page_size,
-                     BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-                     MASK_LEFT=mask_left, MASK_RIGHT=mask_right, HAS_SOFTCAP=bool(softcap),
-                     HAS_SINKS=sinks is not None, F32_DOT=f32_dot, num_warps=num_warps, num_stages=num_stages)
-    softcap_arg = float(softcap or 1.0)
-    by_tokens = by_tokens and not final  # one split each: the even split's single program per unit
-    by_load = by_load and by_tokens
-    if by_tokens:  # the splits of each sequence's own length, on persistent programs
-        items = batch * row_blocks * num_splits * num_kv_heads  # at most
-        if by_load:  # at most the target, or one split per unit and kv head where that is more
-            items = min(items, max(target_items, batch * row_blocks * num_kv_heads))
-        programs = min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * sm_count(
-            q.device.index))
-        launch(kernels.by_length, (programs,))(
-            *common, batch, q_len, num_kv_heads, num_splits, tokens_per_split or block_n, max(target_items, 1),
-            programs, scale, softcap_arg, left, right, split_size, ROW_BLOCKS=row_blocks,
-            BLOCK_U=max(64, _next_pow2(batch * row_blocks)), BY_LOAD=by_load, **constants)
-    else:
-        launch(kernels.split, (batch * num_kv_heads, row_blocks, num_splits))(
-            *common, q_len, num_kv_heads, num_splits, scale, softcap_arg, left, right, FINAL=final, **constants)
-    if not final:
-        block_s = _next_pow2(num_splits)
-        # the split plan's constants matter to the by-length merge alone: the even split's
-        # gets fixed ones, so that one compiled merge serves every block size and window
-        plan = dict(GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, MASK_LEFT=mask_left, MASK_RIGHT=mask_right) \
-            if by_tokens else dict(GROUP=1, BLOCK_M=16, BLOCK_N=16, MASK_LEFT=False, MASK_RIGHT=False)
-        launch(kernels.merge, (batch * q_len * num_q_heads,))(
-            part, lse, cache_seqlens, sinks_arg, out, split_size,
-            *part_strides, *lse_strides, *out.stride()[:3],
-            q_len, num_q_heads, num_splits, tokens_per_split or block_n, left, right,
-            HEAD_DIM_V=head_dim_v, BLOCK_S=block_s, MERGE_CHUNK=min(block_s, max(1, MERGE_TILE // block_dv)),
-            BLOCK_DV=block_dv, HAS_SINKS=sinks is not None, BY_TOKENS=by_tokens, BY_LOAD=by_load, num_warps=4,
-            **plan,
-        )
+    grid = _stage1_grid(layout, batch, num_kv_heads, interpreted, q.device)
+    launch(kernels.by_length if layout.by_tokens else kernels.split, grid)(
+        q, k_cache, v_cache, page_table, cache_seqlens, sinks_arg, part, lse, out,
+        *q.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], *page_table.stride(),
+        *strides["part"], *strides["lse"], *strides["out"],
+        q_len=q_len, num_kv_heads=num_kv_heads, num_splits=layout.num_splits, scale=1.0 / math.sqrt(head_dim),
+        softcap=float(softcap or 1.0), left=layout.left, right=layout.right,
+        GROUP=layout.group, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, PAGE_SIZE=k_cache.shape[1],
+        BLOCK_M=layout.block_m, BLOCK_N=block_n, BLOCK_D=layout.block_d, BLOCK_DV=layout.block_dv,
+        MASK_LEFT=layout.left >= 0, MASK_RIGHT=layout.mask_right, HAS_SOFTCAP=bool(softcap),
+        HAS_SINKS=sinks is not None, F32_DOT=_f32_dot(q.dtype, interpreted), num_warps=num_warps,
+        num_stages=num_stages, **_stage1_kind_args(layout, batch, grid, tokens_per_split or block_n, split_size))
+    if not layout.final:
+        _merge(kernels.merge, launch, layout, part, lse, cache_seqlens, sinks_arg, out, split_size, strides,
+               block_n=block_n, tokens_per_split=tokens_per_split or block_n, has_sinks=sinks is not None)
     return None if compile_only else out
+
+
+def _f32_dot(dtype: torch.dtype, interpreted: bool) -> bool:
+    """float32 dots for float32 inputs (no tf32), and for bfloat16 in the interpreter, whose
+    tl.dot multiplies bfloat16's raw uint16 bits (triton 3.9); GPUs use bf16 tensor cores."""
+    return dtype == torch.float32 or (interpreted and dtype == torch.bfloat16)
+
+
+def _stage1_grid(layout: _Layout, batch: int, num_kv_heads: int, interpreted: bool,
+                 device: torch.device) -> tuple[int, ...]:
+    """By length: persistent programs, at most one per item there can be (by load: at most
+    the target, or one split per unit and kv head where that is more). Else a program per
+    (sequence x kv head, row block, split)."""
+    if not layout.by_tokens:
+        return batch * num_kv_heads, layout.row_blocks, layout.num_splits
+    units = batch * layout.row_blocks
+    items = units * layout.num_splits * num_kv_heads
+    if layout.by_load:
+        items = min(items, max(layout.target_items, units * num_kv_heads))
+    return (min(items, INTERPRETED_PROGRAMS if interpreted else PERSISTENT_PROGRAMS_PER_SM * sm_count(device.index)),)
+
+
+def _stage1_kind_args(layout: _Layout, batch: int, grid: tuple[int, ...], tokens_per_split: int,
+                      split_size: torch.Tensor) -> dict[str, Any]:
+    """The arguments that only one of the two stage-1 kernels takes."""
+    if not layout.by_tokens:
+        return dict(FINAL=layout.final)
+    return dict(batch=batch, tokens_per_split=tokens_per_split, target_items=max(layout.target_items, 1),
+                num_programs=grid[0], SplitSize=split_size, ROW_BLOCKS=layout.row_blocks,
+                BLOCK_U=max(64, _next_pow2(batch * layout.row_blocks)), BY_LOAD=layout.by_load)
+
+
+def _merge(kernel: Any, launch: Callable, layout: _Layout, part: torch.Tensor, lse: torch.Tensor,
+           cache_seqlens: torch.Tensor, sinks_arg: torch.Tensor, out: torch.Tensor, split_size: torch.Tensor,
+           strides: dict[str, tuple[int, ...]], *, block_n: int, tokens_per_split: int, has_sinks: bool) -> None:
+    """Stage 2: merge each (sequence, query, q head)'s splits by log-sum-exp."""
+    batch, q_len, num_q_heads, head_dim_v = out.shape
+    block_s = _next_pow2(layout.num_splits)
+    # the split plan's constants matter to the by-length merge alone: the even split's
+    # gets fixed ones, so that one compiled merge serves every block size and window
+    plan = dict(GROUP=layout.group, BLOCK_M=layout.block_m, BLOCK_N=block_n, MASK_LEFT=layout.left >= 0,
+                MASK_RIGHT=layout.mask_right) if layout.by_tokens \
+        else dict(GROUP=1, BLOCK_M=16, BLOCK_N=16, MASK_LEFT=False, MASK_RIGHT=False)
+    launch(kernel, (batch * q_len * num_q_heads,))(
+        part, lse, cache_seqlens, sinks_arg, out, split_size, *strides["part"], *strides["lse"], *strides["out"],
+        q_len, num_q_heads, layout.num_splits, tokens_per_split, layout.left, layout.right,
+        HEAD_DIM_V=head_dim_v, BLOCK_S=block_s, MERGE_CHUNK=min(block_s, max(1, MERGE_TILE // layout.block_dv)),
+        BLOCK_DV=layout.block_dv, HAS_SINKS=has_sinks, BY_TOKENS=layout.by_tokens, BY_LOAD=layout.by_load,
+        num_warps=4, **plan)
 
 
 # ---- the op ------------------------------------------------------------------------------
