@@ -94,24 +94,8 @@ def measure(
         return outcome
 
     first = strategy.first(configs, timer)
-    if trial.precompile is not None:
-        try:  # this rank's share of the first rung (the later rungs' find Triton's disk cache)
-            trial.precompile([s.config for i, s in enumerate(first) if (ranks is None or ranks.mine(i))
-                              and (resume is None or resume(s.config) is None)])
-        except Exception:  # best effort: a config that cannot be built fails when it runs
-            pass
-    outcomes = []
-    for i, step in enumerate(first):
-        if ranks is None or ranks.mine(i):
-            outcomes.append(run(step))
-        if advance is not None:
-            advance(1)
-    if ranks is not None and gather is not None:
-        ranks.barrier()
-        outcomes = gather([s.config for s in first], outcomes)
-        # every rank has read the first rung before rank 0's later rungs overwrite its rows:
-        # the ranks' first rungs, and a guided search's shortlists built on them, agree
-        ranks.barrier()
+    _precompile_mine(trial, first, ranks, resume)
+    outcomes = _first_rung(first, run, ranks, gather, advance)
     result.first_rung = list(outcomes)
     leader = ranks is None or ranks.rank == 0
     rung = max((s.rung for s in first), default=1)
@@ -133,6 +117,36 @@ def measure(
                 raise
             _keep_default(result, default)
     return result
+
+
+def _precompile_mine(trial: Trial, first: list[Step], ranks: Ranks | None, resume: Resume | None) -> None:
+    """Build this rank's share of the first rung ahead, what no stored measurement covers
+    (the later rungs' find Triton's disk cache)."""
+    if trial.precompile is None:
+        return
+    try:
+        trial.precompile([s.config for i, s in enumerate(first) if (ranks is None or ranks.mine(i))
+                          and (resume is None or resume(s.config) is None)])
+    except Exception:  # best effort: a config that cannot be built fails when it runs
+        pass
+
+
+def _first_rung(first: list[Step], run: Callable[[Step], Outcome], ranks: Ranks | None, gather: Gather | None,
+                advance: Callable[[int], None] | None) -> list[Outcome]:
+    """Every first-rung step's outcome: this rank's share run here, the others' gathered."""
+    outcomes = []
+    for i, step in enumerate(first):
+        if ranks is None or ranks.mine(i):
+            outcomes.append(run(step))
+        if advance is not None:
+            advance(1)
+    if ranks is not None and gather is not None:
+        ranks.barrier()
+        outcomes = gather([s.config for s in first], outcomes)
+        # every rank has read the first rung before rank 0's later rungs overwrite its rows:
+        # the ranks' first rungs, and a guided search's shortlists built on them, agree
+        ranks.barrier()
+    return outcomes
 
 
 def _keep_default(result: Measured, default: Config) -> None:
