@@ -464,7 +464,10 @@ def _prepare_env() -> None:
 
 
 def _kernels(interpret: bool) -> Kernels:
-    """The kernels, compiled (interpret=False) or run by Triton's interpreter; cached."""
+    """The kernels, compiled (interpret=False) or run by Triton's interpreter; cached. Every
+    call reads the cache: the lock is taken only to define them, the first time."""
+    if (kernels := _kernels_cache.get(interpret)) is not None:
+        return kernels
     with _kernels_lock:
         if interpret in _kernels_cache:
             return _kernels_cache[interpret]
