@@ -343,3 +343,34 @@ def test_a_plan_is_not_reused_once_the_longest_sequence_falls_into_another_bucke
     assert (wrapper.plans, wrapper.plans_reused) == (1, 1)
     _step(wrapper, np.array([5, 8]))  # bucket 8: its own record
     assert wrapper.plans == 2 and fake.instances[-1].plan_calls[-1]["fixed_split_size"] == 2
+
+
+def test_a_sweeps_calls_of_other_lengths_never_share_a_plan_but_copies_of_one_do(fake):
+    """Issue 36's fault: a timer captures a rotation of length draws into one CUDA graph, and
+    FlashInfer's plan reaches the device through a copy from its wrapper's host buffer, which
+    a replay reads again. Draws planned on one wrapper would all replay its last plan."""
+    from tuner.workload import make_decode_inputs
+
+    shape = DecodeShape(batch=3, kv_len=40, num_q_heads=4, num_kv_heads=2, head_dim=8, dtype="float32",
+                        lengths="serving")
+    draws = [[40, 3, 7], [12, 40, 30], [40, 3, 7]]  # the third: another copy of the first
+    config = dict(CUDA_CORES)
+    for lens in draws:
+        fi.FLASHINFER.run(make_decode_inputs(shape, seq_lens=lens), config)
+    planned = [inner for inner in fake.instances if inner.plan_calls]
+    # one wrapper per distinct draw, each planned once: no plan was ever replaced by another
+    assert len(planned) == 2 and all(len(inner.plan_calls) == 1 for inner in planned)
+    assert sorted(inner.plan_calls[0]["indptr"][-1].item() for inner in planned) == [50, 82]
+    assert len(planned[0].runs) == 2  # the copy ran on the first draw's plan
+
+
+def test_a_servers_eager_calls_of_one_config_share_one_wrapper(fake):
+    """decode_attention's FlashInfer calls (never captured) re-plan one wrapper per config,
+    rather than making one per set of lengths."""
+    q = torch.zeros(2, 1, 4, 8)
+    cache = torch.zeros(64, 1, 2, 8)
+    table = torch.arange(64, dtype=torch.int32).view(2, 32)
+    for lens in ([30, 3], [9, 31], [2, 2]):
+        fi.paged_attention(q, cache, cache, table, np.array(lens), dict(CUDA_CORES))
+    [inner] = [inner for inner in fake.instances if inner.plan_calls]
+    assert len(inner.runs) == 3

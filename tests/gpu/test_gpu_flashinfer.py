@@ -163,3 +163,34 @@ def test_decode_attention_runs_flashinfer_given_host_lengths():
     direct = paged_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, lens,
                              {k: v for k, v in config.items() if k != "backend"})
     torch.testing.assert_close(direct, ref, **TOL)
+
+
+def test_a_sweeps_rotation_of_length_draws_replays_each_draws_own_plan():
+    """Issue 36: the sweep's timer captures one call per length draw into one CUDA graph.
+    FlashInfer's plan reaches the device through a copy from its wrapper's host buffer that
+    each replay repeats; draws planned on one wrapper replayed the last draw's plan (wrong
+    outputs, or an illegal memory access past a sequence's keys). Every config, replayed
+    twice, matches each draw's reference."""
+    op = get_op("flashinfer")
+    shape = DecodeShape(batch=4, kv_len=8192, lengths="serving")
+    draws = [[8192, 40, 40, 40], [300, 8192, 8000, 5000], [17, 17, 8192, 17]]
+    inputs = [make_decode_inputs(shape, device="cuda", seed=i, seq_lens=lens) for i, lens in enumerate(draws)]
+    refs = [i.reference() for i in inputs]
+    stream = torch.cuda.Stream()
+    for config in op.configs(shape):
+        for i in inputs:  # warm-up, outside the capture, as the timer's (one draw) or a check's
+            op.run(i, config)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph.capture_begin()
+            outs = [op.run(i, config) for i in inputs]
+            graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        for _ in range(2):
+            graph.replay()
+            torch.cuda.synchronize()
+            for lens, out, ref in zip(draws, outs, refs):
+                torch.testing.assert_close(out, ref, **TOL, msg=lambda m: f"{config}, lengths {lens}: {m}")
+        del graph, outs

@@ -20,12 +20,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import torch
 
-from tuner.keys import canonical_json
 from tuner.workload.inputs import DecodeInputs
 from tuner.ops.base import Config, Op
 from tuner.ops.rules import IS_BOOL, config_error, is_int, one_of, optional
@@ -37,6 +36,10 @@ from tuner.workload.shapes import DecodeShape, grid
 
 OP_NAME = "flashinfer"
 WORKSPACE_BYTES = 512 * 2**20
+# wrappers kept for explicit-config calls (paged_attention): a sweep's timing holds at most a
+# few configs x a trial's dozen length draws at once; each FlashInfer wrapper holds an 8 MiB
+# device workspace and as much page-locked host memory
+OP_WRAPPERS = 128
 # FlashInfer's defaults: what a caller gets without tuner
 # (FlashInfer's `backend` argument is `flashinfer_backend` here: decode_attention's configs
 # carry their own "backend", the library that runs)
@@ -508,10 +511,17 @@ def _workspace(device: str) -> torch.Tensor:
     return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
-@functools.lru_cache(maxsize=64)
-def _op_wrapper(lib: Any, device: str, q_len_is_one: bool, config_json: str, config_items: tuple
+@functools.lru_cache(maxsize=OP_WRAPPERS)
+def _op_wrapper(lib: Any, device: str, q_len_is_one: bool, config_items: tuple, plan_slot: Hashable
                 ) -> _PlanReuseWrapper:
-    """One wrapper per config, device and flashinfer module (whose wrappers it holds)."""
+    """One wrapper per config, device, flashinfer module (whose wrappers it holds) and plan slot.
+
+    FlashInfer's plan() writes the plan into its wrapper's page-locked host buffer and copies
+    it to the device workspace with cudaMemcpyAsync: inside a CUDA graph capture that copy
+    becomes a node that reads the host buffer again at every replay. Captured calls that
+    shared a wrapper but planned differently (a sweep's rotation of length draws) would all
+    replay the wrapper's last plan: kernels launched for one plan, reading another's work
+    items, past their own keys (issue 36's illegal memory access, docs/decisions.md)."""
     cls = PlanReuseDecodeWrapper if q_len_is_one else PlanReusePrefillWrapper
     return cls(_workspace(device), "NHD", config=dict(config_items))
 
@@ -576,13 +586,15 @@ def _layout(page_table: torch.Tensor, seq_lens: np.ndarray, page_size: int, q_le
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                     seq_lens: np.ndarray, config: Config, causal: bool = True, window_left: int = -1,
-                    softcap: float | None = None) -> torch.Tensor:
+                    softcap: float | None = None, *, plan_slot: Hashable = None) -> torch.Tensor:
     """Paged attention in tuner's layouts (q [batch, q_len, heads, dim], k/v caches
     [pages, page_size, kv_heads, dim], page_table [batch, max_pages]) on FlashInfer with an
-    explicit config; seq_lens: each request's kv length, on the host."""
+    explicit config; seq_lens: each request's kv length, on the host. Calls of one config
+    share one wrapper, which re-plans as their lengths need, unless their plan_slot differs:
+    calls captured together into a CUDA graph must each have their own (see _op_wrapper)."""
     batch, q_len, heads, dim = q.shape
     layout = _layout(page_table, seq_lens, k_cache.shape[1], q_len)
-    wrapper = _op_wrapper(library(), str(q.device), q_len == 1, canonical_json(config), tuple(config.items()))
+    wrapper = _op_wrapper(library(), str(q.device), q_len == 1, tuple(sorted(config.items())), plan_slot)
     common = dict(window_left=window_left, logits_soft_cap=softcap or None, q_data_type=q.dtype,
                   kv_data_type=k_cache.dtype, seq_lens=layout.seq_lens)
     if q_len == 1:
@@ -606,8 +618,11 @@ def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
         lens = _UNIFORM_LENS.get((s.batch, s.kv_len))
         if lens is None:
             lens = _UNIFORM_LENS[(s.batch, s.kv_len)] = np.full(s.batch, s.kv_len, dtype=np.int64)
+    # timers capture a rotation of calls into one CUDA graph: each shape and set of lengths
+    # plans on its own wrapper, so a replay never runs one call's kernels on another's plan
     return paged_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, lens, config,
-                           causal=s.causal, window_left=s.window[0], softcap=s.softcap or None)
+                           causal=s.causal, window_left=s.window[0], softcap=s.softcap or None,
+                           plan_slot=(s, lens.tobytes()))
 
 
 FLASHINFER = Op(
