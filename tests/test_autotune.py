@@ -1036,11 +1036,22 @@ def test_misses_are_never_written_into_a_damaged_db(db_path):
 
 def test_a_misss_lengths_never_break_the_call_and_are_not_a_captures(db_path):
     TuningDB(db_path).close()
+
+    class OnGpu:  # a CUDA tensor's stand-in that counts its reads
+        device, reads = torch.device("cuda", 0), 0
+
+        def tolist(self):
+            self.reads += 1
+            return [1, 2]
+
+    on_gpu = OnGpu()
     tuner.configure(db=db_path, mode="lookup")
 
     def lengths(x, batch, kv):
         if batch == 3:
             raise RuntimeError("a broken hook")
+        if batch == 11:  # lengths left on the GPU: readable, at the price of a sync
+            return on_gpu
         return [1e300, 1e300, 0] if batch == 5 else [kv // 2, kv]
 
     @tuner.autotune("toy", configs=[{"block": 64}], default={"block": 32}, lengths=lengths,
@@ -1052,6 +1063,8 @@ def test_a_misss_lengths_never_break_the_call_and_are_not_a_captures(db_path):
     fn(torch.ones(2), 7, 2048)
     with tuner.graph_capture(1024):
         fn(torch.ones(2), 9, 2**17)  # a capture's lengths are not its traffic's
-    assert tuner.flush_misses() == 4
+    fn(torch.ones(2), 11, 2048)
+    assert tuner.flush_misses() == 5
     lengths_of = {m.problem.run_key.batch: m.lengths for m in TuningDB(db_path).misses(current_fingerprint_id())}
-    assert lengths_of == {3: None, 5: None, 7: (1, 1536.0, 2048.0, 512.0), 9: None}
+    assert lengths_of == {3: None, 5: None, 7: (1, 1536.0, 2048.0, 512.0), 9: None, 11: None}
+    assert on_gpu.reads == 0

@@ -16,9 +16,10 @@ MAX_LENGTH = 2.0**40  # a kv length beyond any cache (tuner.workload.shapes' lim
 
 def length_stats(lengths: Any) -> tuple[float, float, float] | None:
     """(mean, longest, standard deviation) of a call's host-side kv lengths (a sequence, a
-    CPU tensor or an array), or None when there are none or they are not plain numbers."""
-    if lengths is None:
-        return None
+    CPU tensor or an array), or None when there are none, they are not plain numbers, or
+    they are on a device."""
+    if lengths is None or getattr(getattr(lengths, "device", None), "type", "cpu") != "cpu":
+        return None  # a device tensor: reading it would wait for the GPU
     try:
         values = [float(n) for n in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
     except (TypeError, ValueError):
