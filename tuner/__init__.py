@@ -1,15 +1,19 @@
 """tuner: kernel autotuning with a persistent tuning DB for LLM-serving attention kernels.
 
-Public API: autotune, configure, flush_misses, graph_capture, TuningDB, TunerError, __version__. The
-functions and TuningDB load on
-first use, so `import tuner` (and `tuner --help`) does not pay for torch and SQLAlchemy.
+Public API: autotune, configure, flush_misses, graph_capture, TuningDB, TunerError,
+__version__. The functions and TuningDB load on first use, so `import tuner` (and
+`tuner --help`) does not pay for torch and SQLAlchemy.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import TunerError
+from tuner.version import __version__
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from tuner.db import TuningDB
+    from tuner.runtime import autotune, configure, flush_misses, graph_capture
+
 __all__ = ["TunerError", "TuningDB", "__version__", "autotune", "configure", "flush_misses", "graph_capture"]
 
 _LAZY = {"autotune": "tuner.runtime", "configure": "tuner.runtime", "flush_misses": "tuner.runtime",

@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner import __version__, settings
+from tuner import settings
+from tuner.version import __version__
 
 try:  # typer from 0.26 on carries its own copy of click
     from typer._click import exceptions as click_exceptions

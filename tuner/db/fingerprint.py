@@ -25,6 +25,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tuner.version import __version__
 from tuner.keys import canonical_json
 
 # (distribution names to try, first found wins; the module, for its __version__)
@@ -123,8 +124,6 @@ def fingerprint_id(data: dict[str, Any]) -> str:
 
 @functools.cache
 def current_fingerprint() -> dict[str, Any]:
-    from tuner import __version__
-
     data = _device_fields()
     for field, (names, module) in _LIBRARIES.items():
         data[field] = library_version(names, module)

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from tuner.version import __version__
 from tuner.db import rows as check
 from tuner.db.fingerprint import fingerprint_id
 from tuner.db.store import TuningDB
@@ -42,8 +43,6 @@ class DocumentError(TunerError):
 def export_document(db: TuningDB, *, op: str | None = None) -> dict[str, Any]:
     records = db.records(op=op)
     fingerprints = db.fingerprints()
-    from tuner import __version__
-
     return {
         "schema": EXPORT_SCHEMA,
         "version": EXPORT_VERSION,
