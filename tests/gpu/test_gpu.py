@@ -18,7 +18,7 @@ def test_cuda_graph_timer_captures_and_rotates():
     timer = CudaGraphTimer(warmup=2, repeats=5)
     timing = timer([lambda x=x: x @ x for x in a])
     assert not timer.last_capture_failed
-    assert timing.samples == 5 and 0 < timing.median_us < 10_000 and timing.spread_us >= 0
+    assert timing.samples == 5 and timing.median_us > 0 and timing.spread_us >= 0
     fast, slow = timer.paired([lambda: a[0] + 1], [lambda: a[0] @ a[0] @ a[0]])
     assert fast.samples == slow.samples == 5
 

@@ -209,6 +209,8 @@ def test_a_graph_flashinfer_wrapper_stays_on_its_inner_wrapper_when_a_plan_takes
 
 
 def test_the_fingerprint_names_the_kernel_libraries_versions():
+    if fa3_op.unavailable() is not None and fi.unavailable() is not None:
+        pytest.skip("neither sgl-kernel nor FlashInfer is installed")
     fp = current_fingerprint()
     if fa3_op.unavailable() is None:
         assert fp["sgl_kernel"]
@@ -340,7 +342,7 @@ def test_a_serving_sweep_on_the_gpu_stores_winners_that_hold_on_every_batch_of_t
     mix (tuner.bench.decide's parts); FlashInfer left out, as for graphs."""
     from tuner.db import TuningDB
     from tuner.ops import get_op
-    from tuner.ops.decode_attention import backends_only
+    from tuner.ops.decode_attention import BY_FILL, backends_only, fill_parts
     from tuner.sweep import MEASURED, sweep
 
     shapes = [DecodeShape(batch=b, kv_len=kv, num_q_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM,
@@ -350,17 +352,21 @@ def test_a_serving_sweep_on_the_gpu_stores_winners_that_hold_on_every_batch_of_t
         results = sweep(get_op("decode_attention"), shapes, db)
     assert [r.status for r in results] == [MEASURED, MEASURED]
     for r in results:
-        assert r.winner["backend"] in ("fa3", "triton_decode")
+        assert r.winner["backend"] in ("fa3", "triton_decode", BY_FILL)
         assert r.speedup is None or r.speedup >= 1.0  # a winner beat the default, or is it
     records = db.records()
     assert len(records) == 2 and all(rec.method.get("lengths") == "serving" for rec in records)
-    # a winner other than the default held again on a second trial of other lengths
     for rec in records:
+        # a by_fill record: the dense pass's config beside the plain winner W ("other")
+        dense, plain = fill_parts(rec.config) if rec.config["backend"] == BY_FILL else (None, rec.config)
+        # a plain winner other than the default held again on a second trial of other lengths
         again = rec.method.get("second_trial")
-        if rec.config != rec.default_config:
+        if plain != rec.default_config:
             assert again is not None and again["held"] and again["winner_us"] < again["default_us"]
         else:
             assert again is None or not again["held"]
+        if dense is not None:  # and a dense config held by its own rule (it loses nowhere)
+            assert rec.method["dense_pass"]["second_trial"]["held"] and not rec.method["dense_pass"]["kept"]
 
 
 def test_a_plain_capture_after_a_warm_up_call_does_not_freeze_the_bounds_winner(tmp_path):
