@@ -3,12 +3,9 @@ measurement) and TuningDB.save_measurements (a shape's together) into an SQLite 
 TUNER_BENCH_DB_URL, e.g. a PostgreSQL server), median and minimum us per measurement over
 repeated runs.
 
-    python benchmarks/db_write_cost.py [--label L] [--out benchmarks/results/cpu/db_write_cost.json]
+    python benchmarks/db_write_cost.py [--label L] [--out $OUT/db_write_cost.json]
 
-A sweep stored every measurement as it was made, one transaction each; on the H200's host
-that cost 1.7-2.9 ms per write (cProfiles of serving-grid sweeps;
-docs/decisions.md, "The DB"). It now stores a shape's measurements
-together once the shape is measured (a run cut short resumes from whole shapes).
+Why a sweep stores a shape's measurements together: docs/decisions.md, "The DB".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Hot-path cost of @tuner.autotune: decorated vs bare call, median ns per call.
 
-    python benchmarks/lookup_overhead.py [--out benchmarks/results/cpu/lookup_overhead.json]
+    python benchmarks/lookup_overhead.py --out $OUT/lookup_overhead.json
 
 FA3-style keys (q dtype, q heads, kv heads, head dim; batch, q len, kv len) on a no-op
 kernel whose winner is in the DB, so every measured call is a memo hit; the winner is one
@@ -8,9 +8,7 @@ a CUDA-graph capture must not freeze, so on a GPU machine each hit checks whethe
 is counted (tuner.runtime.capture_watch; none is here), except for
 autotune_combined_key_frozen_safe, whose winner wins at every kv bucket. Also the
 hand-written key tuple + dict lookup (the same keys, inline): the floor any lookup pays.
-The project aims at under 1 us per lookup; on a loaded 2-core
-development machine the hand-written floor itself measures about 1.0-1.3 us, and the
-decorator with key= adds about 0.3-0.4 us to it (see the committed JSON).
+The project aims at under 1 us per lookup (figures: benchmarks/RESULTS.md, "Host cost").
 """
 
 from __future__ import annotations
@@ -83,7 +81,7 @@ def per_call_ns(stmts: dict[str, str], globals_: dict) -> dict[str, list[float]]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu/lookup_overhead.json"))
+    parser.add_argument("--out", type=Path, required=True, help="the JSON to write")
     args = parser.parse_args()
 
     q = torch.empty(64, 1, 32, 128, dtype=torch.bfloat16)

@@ -3,8 +3,8 @@ those cases and per length distribution, tuner's geomean over FA3's default, the
 the share of the oracle's gain tuner captures, the worst case and how many cases ran slower
 than the default by more than 2%. No GPU: it reads the runs' JSON.
 
-    python benchmarks/serving_compare.py before=benchmarks/results/h200/serving_shipped_as_called.json.xz \\
-        after=benchmarks/results/h200/serving_shipped_dense_pass.json.xz [--modes per_call,graph_declared]
+    python benchmarks/serving_compare.py before=BEFORE.json.xz after=AFTER.json \\
+        [--modes per_call,graph_declared]
 
 (NAME=PATH; a .json file, or one compressed with xz, as the committed results are)
 """

@@ -202,5 +202,5 @@ PROGRESS_EVERY_S = 30.0
 # an H200 with Triton's cache warm (docs/decisions.md, "Search"); another search: exhaustive's
 PLAN_S_PER_CANDIDATE_GPU = {"exhaustive": 0.0204, "halving": 0.0094, "guided": 0.008}
 # ... and on a fresh H200 (empty Triton cache, so compiles included), where measured: a whole
-# serving grid by default, 344.5 s for 11,345 candidates (docs/decisions.md, "Search")
+# serving grid by default (docs/decisions.md, "Search")
 PLAN_FRESH_S_PER_CANDIDATE_GPU = {"guided": 0.0304}

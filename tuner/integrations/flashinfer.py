@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tuner.keys import STATIC_FIELDS, static_key_from_tuple
+from tuner.keys import static_key_from_tuple
 from tuner.ops.base import TUNED, Config
 from tuner.ops.flashinfer import DECODE_RULES, OP_NAME, PREFILL_RULES, PlanReuseDecodeWrapper, PlanReusePrefillWrapper
 from tuner.ops.rules import config_error
@@ -25,9 +25,6 @@ def _accepts(config: Config, static: Any, q_len: int) -> bool:
     """A stored config the wrapper can plan: a decode config for one query token, a prefill
     config for more (a borrowed q_len-2 record is a prefill config)."""
     return config_error(config, DECODE_RULES if q_len == 1 else PREFILL_RULES) is None
-
-
-_WINDOW = STATIC_FIELDS.index("window")
 
 
 @functools.cache

@@ -43,7 +43,6 @@ from tuner.keys import AttentionRunKey, AttentionStaticKey, kv_bucket_low
 from tuner.runtime.borrowing import Winner, choose, winner_gain
 
 KERNEL = "sgl_fa3_kvcache_ns:v1"
-CONFIG_ROOT = "lightllm/common/triton_utils/autotune_kernel_configs"
 MAX_NAME_BYTES = 255  # a file or directory name, on every filesystem LightLLM runs on
 # LightLLM's wrapper runs decode (MTP verify included: a few query tokens); the run key's
 # width must stay below 10**7 to keep batch * 10**13 + q * 10**7 + width unambiguous

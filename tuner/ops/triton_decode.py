@@ -86,8 +86,7 @@ CUDA_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2), (128, 4, 3))
 CUDA_ITEMS_PER_SM = (2, 4, 8)
 CUDA_LOAD_KERNEL_SHAPES = ((64, 4, 2), (128, 4, 3))
 CPU_ITEMS_PER_SM = (16,)
-# pruned unless settings.FULL_SPACE: never within 3% of the best in the stored H200 sweeps
-# (1,140-1,247 problems), or within it on 27 and 32 of them with one win in all
+# pruned unless settings.FULL_SPACE: (almost) never near the best in the H200 sweeps
 # (docs/decisions.md, "Pruning the config space")
 PRUNED_KERNEL_SHAPES = ((32, 4, 3), (64, 4, 3), (64, 8, 3))
 PRUNED_TOKEN_KERNEL_SHAPES = ((32, 4, 2), (64, 4, 2))

@@ -42,9 +42,8 @@ class CaptureSensitive(dict):
     """A memoised config that a CUDA-graph capture must not freeze: for its key the frozen
     rule (tuner.runtime.borrowing.choose_frozen) picks another. A server's warm-up call at
     the capture bound memoises the bound's winner, which a graph replayed over shorter
-    lengths then runs for all of them, at half the default's speed on some
-    (docs/decisions.md, "The frozen rule for CUDA graphs"); the hot path resolves such a
-    config again under capture, and only such. Only where CUDA is (a capture can happen),
+    lengths would then run for all of them (docs/decisions.md, "The frozen rule for CUDA
+    graphs"); the hot path resolves such a config again under capture, and only such. Only where CUDA is (a capture can happen),
     so the hot path's query needs no is_available(); and it asks only while
     tuner.runtime.capture_watch counts a capture."""
 
