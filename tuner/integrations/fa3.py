@@ -3,13 +3,16 @@ arguments and defaults and runs each call with the tuned num_splits and pack_gqa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.keys import STATIC_FIELDS, canonical_json, host_flags, host_scalar, static_key_from_tuple
 from tuner.ops.base import TUNED
 from tuner.ops import fa3 as fa3_op
 from tuner.ops.fa3 import DEFAULT, EXTRAS, OP_NAME, Config, check_config, config_space
 from tuner.runtime import autotune
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # What the caller decided stays decided:
 # - num_splits=0 and pack_gqa=None are sgl-kernel's own defaults, "let the library choose"
@@ -92,14 +95,19 @@ def _accepts(config: Config, *args: Any, **kwargs: Any) -> bool:
 
 @autotune(OP_NAME, configs=_call_configs, default=DEFAULT, key=_call_key, static_json=_static_json,
           accepts=_accepts)
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
-                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
-                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
-                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
-                            window_size=(-1, -1), attention_chunk=None, softcap=0.0, rotary_interleaved=True,
-                            scheduler_metadata=None, num_splits=0, pack_gqa=None, only_qv=False,
-                            sm_margin=0, return_softmax_lse=False, sinks=None, score_mod=None,
-                            aux_tensors=None, ver=3, out=None, *, config):
+def flash_attn_with_kvcache(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None = None, v: Tensor | None = None,
+    qv: Tensor | None = None, rotary_cos: Tensor | None = None, rotary_sin: Tensor | None = None,
+    cache_seqlens: int | Tensor | None = None, cache_batch_idx: Tensor | None = None,
+    cache_leftpad: Tensor | None = None, page_table: Tensor | None = None, cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k_new: Tensor | None = None, max_seqlen_q: int | None = None, rotary_seqlens: Tensor | None = None,
+    q_descale: Tensor | None = None, k_descale: Tensor | None = None, v_descale: Tensor | None = None,
+    softmax_scale: float | None = None, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int | None = None, softcap: float = 0.0, rotary_interleaved: bool = True,
+    scheduler_metadata: Tensor | None = None, num_splits: int = 0, pack_gqa: bool | None = None,
+    only_qv: bool = False, sm_margin: int = 0, return_softmax_lse: bool = False, sinks: Tensor | None = None,
+    score_mod: Any = None, aux_tensors: Any = None, ver: int = 3, out: Tensor | None = None, *, config: Config,
+) -> Tensor | tuple[Tensor, ...]:
     """sgl_kernel.flash_attn.flash_attn_with_kvcache, same arguments and defaults. Where the
     caller leaves num_splits=0 and pack_gqa=None (the library's choice), both come from the
     tuning DB (nearest run key, else FA3's default); a num_splits > 0 or a pack_gqa the
