@@ -1,4 +1,3 @@
-import time
 import warnings
 
 import pytest
@@ -12,8 +11,31 @@ FP = (current_fingerprint_id(), current_fingerprint())
 STATIC = ("float32", 8, 2)
 
 
-def make_fn(calls=None, slow=None):
-    """A decorated function that records the config each call ran with."""
+class FakeClock:
+    """The wall-clock timer's clock, advanced by what each call costs: tune mode's timings are
+    exact, whatever the machine's load, and nothing sleeps."""
+
+    BASE_S = 0.001  # every call's cost: no timing is zero
+
+    def __init__(self, monkeypatch):
+        import tuner.bench.timer as timer_module
+
+        self.now = 0
+        monkeypatch.setattr(timer_module.time, "perf_counter_ns", lambda: self.now)
+
+    def spend(self, seconds: float) -> None:
+        self.now += int((self.BASE_S + seconds) * 1e9)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    return FakeClock(monkeypatch)
+
+
+def make_fn(calls=None, slow=None, clock=None):
+    """A decorated function that records the config each call ran with; slow: seconds more a
+    config's call costs on the fake clock."""
+    assert not slow or clock is not None, "slow calls are timed on the fake clock"
     slow = slow or {}
 
     @tuner.autotune(
@@ -26,7 +48,8 @@ def make_fn(calls=None, slow=None):
     def fn(x, batch, kv, *, config):
         if calls is not None:
             calls.append(config["block"])
-        time.sleep(slow.get(config["block"], 0.0))
+        if clock is not None:
+            clock.spend(slow.get(config["block"], 0.0))
         return x * 2
 
     return fn
@@ -136,10 +159,10 @@ def test_the_snapshot_is_read_once_and_lookups_are_memoised(db_path):
     assert run(fn, 16, 2048, calls) == 16
 
 
-def test_tune_mode_tunes_a_missing_key_once_and_stores_it(db_path):
+def test_tune_mode_tunes_a_missing_key_once_and_stores_it(db_path, clock):
     tuner.configure(db=db_path, mode="tune")
     calls = []
-    fn = make_fn(calls, slow={32: 0.004, 64: 0.004})  # block 16 is clearly fastest
+    fn = make_fn(calls, slow={32: 0.004, 64: 0.004}, clock=clock)  # block 16 is clearly fastest
     out = fn(torch.ones(2), 4, 100)
     assert torch.equal(out, torch.full((2,), 2.0))
     assert set(calls) == {16, 32, 64}  # every candidate ran
@@ -167,7 +190,7 @@ def test_tune_mode_does_not_retune_stored_keys_but_force_does(db_path):
     assert len(calls) == 1  # once per key per process
 
 
-def test_tune_mode_stores_nothing_when_the_confirming_run_fails(db_path, monkeypatch):
+def test_tune_mode_stores_nothing_when_the_confirming_run_fails(db_path, monkeypatch, clock):
     """A failed side-by-side re-timing stored the default as the key's tuned winner, and an
     exact record is never tuned again: the key kept the default for good."""
     from tuner.bench import WallClockTimer
@@ -176,7 +199,7 @@ def test_tune_mode_stores_nothing_when_the_confirming_run_fails(db_path, monkeyp
         raise torch.OutOfMemoryError("CUDA out of memory")
     monkeypatch.setattr(WallClockTimer, "paired", out_of_memory)
     tuner.configure(db=db_path, mode="tune")
-    fn = make_fn(slow={32: 0.004, 64: 0.004})
+    fn = make_fn(slow={32: 0.004, 64: 0.004}, clock=clock)
     with pytest.raises(torch.OutOfMemoryError):
         fn(torch.ones(2), 4, 100)
     tuner.configure(mode="off")  # writes what the process holds
@@ -196,13 +219,13 @@ def _paired_results(monkeypatch, *wins):
     monkeypatch.setattr(WallClockTimer, "paired", paired)
 
 
-def test_tune_mode_stores_the_default_when_its_winner_loses_the_confirming_re_timing(db_path, monkeypatch):
+def test_tune_mode_stores_the_default_when_its_winner_loses_the_confirming_re_timing(db_path, monkeypatch, clock):
     """Tune mode stored a config that re-timed 2.9x slower than the default as a 1.84x winner:
     one side-by-side timing on a loaded host decided it. A second one must agree."""
     _paired_results(monkeypatch, True, False)  # wins the first side-by-side, loses the second
     tuner.configure(db=db_path, mode="tune")
     calls = []
-    fn = make_fn(calls, slow={32: 0.004, 64: 0.004})
+    fn = make_fn(calls, slow={32: 0.004, 64: 0.004}, clock=clock)
     fn(torch.ones(2), 4, 100)
     assert run(fn, 4, 100, calls) == 32 and calls == [32]  # the default serves, and the key is not tuned again
     tuner.configure(mode="off")
@@ -211,17 +234,17 @@ def test_tune_mode_stores_the_default_when_its_winner_loses_the_confirming_re_ti
     assert record.method["confirmed"]["held"] is False and record.method["confirmed"]["config"] == {"block": 16}
 
 
-def test_tune_mode_stores_a_winner_that_holds_its_confirming_re_timing_and_says_so(db_path, monkeypatch):
+def test_tune_mode_stores_a_winner_that_holds_its_confirming_re_timing_and_says_so(db_path, monkeypatch, clock):
     _paired_results(monkeypatch, True, True)
     tuner.configure(db=db_path, mode="tune")
-    fn = make_fn(slow={32: 0.004, 64: 0.004})
+    fn = make_fn(slow={32: 0.004, 64: 0.004}, clock=clock)
     fn(torch.ones(2), 4, 100)
     tuner.configure(mode="off")
     [record] = TuningDB(db_path).records()
     assert record.config == {"block": 16} and record.method["confirmed"]["held"] is True
 
 
-def test_tune_mode_stores_nothing_when_its_confirming_re_timing_fails(db_path, monkeypatch):
+def test_tune_mode_stores_nothing_when_its_confirming_re_timing_fails(db_path, monkeypatch, clock):
     from tuner.bench import Timing, WallClockTimer
 
     fast, slow = Timing(10.0, 0.1, 5), Timing(20.0, 0.1, 5)
@@ -234,7 +257,7 @@ def test_tune_mode_stores_nothing_when_its_confirming_re_timing_fails(db_path, m
             raise torch.OutOfMemoryError("CUDA out of memory") from None
     monkeypatch.setattr(WallClockTimer, "paired", paired)
     tuner.configure(db=db_path, mode="tune")
-    fn = make_fn(slow={32: 0.004, 64: 0.004})
+    fn = make_fn(slow={32: 0.004, 64: 0.004}, clock=clock)
     fn(torch.ones(2), 4, 100)
     tuner.configure(mode="off")
     assert TuningDB(db_path).records() == []
@@ -831,11 +854,11 @@ def test_configure_lets_force_mode_tune_again(tmp_path):
         assert len(TuningDB(tmp_path / name).records()) == 1
 
 
-def test_tune_mode_with_an_unwritable_db_warns_and_still_serves_the_winner(tmp_path):
+def test_tune_mode_with_an_unwritable_db_warns_and_still_serves_the_winner(tmp_path, clock):
     (tmp_path / "t.db.lock").mkdir()  # the DB cannot be created here
     tuner.configure(db=tmp_path / "t.db", mode="tune")
     calls = []
-    fn = make_fn(calls, slow={32: 0.004, 64: 0.004})
+    fn = make_fn(calls, slow={32: 0.004, 64: 0.004}, clock=clock)
     with pytest.warns(UserWarning, match="could not store"):
         fn(torch.ones(2), 4, 100)
     assert run(fn, 4, 100, calls) == 16
@@ -923,7 +946,7 @@ def test_a_kv_length_that_is_no_integer_is_one_clear_value_error(kv):
     assert fn(torch.ones(1), 2048) == 32
 
 
-def test_tune_mode_checks_each_config_against_a_copy_when_the_kernel_writes_into_out(db_path):
+def test_tune_mode_checks_each_config_against_a_copy_when_the_kernel_writes_into_out(db_path, clock):
     """A kernel writing into the caller's out= returns that one tensor for every config: each
     was checked against itself, and a wrong (but fast) config was crowned."""
     tuner.configure(db=db_path, mode="tune")
@@ -932,7 +955,7 @@ def test_tune_mode_checks_each_config_against_a_copy_when_the_kernel_writes_into
                     static_key=lambda x, out: ("f32",), run_key=lambda x, out: (1, 1, 16))
     def fn(x, out, *, config):
         if config["right"]:
-            time.sleep(0.002)  # the right config is the slow one
+            clock.spend(0.002)  # the right config is the slow one
             out.copy_(x * 2)
         else:
             out.fill_(7.0)
@@ -944,7 +967,7 @@ def test_tune_mode_checks_each_config_against_a_copy_when_the_kernel_writes_into
     assert record.config == {"right": True} and out.tolist() == [2.0] * 4
 
 
-def test_tune_mode_tunes_calls_that_return_the_softmax_lse_too(db_path):
+def test_tune_mode_tunes_calls_that_return_the_softmax_lse_too(db_path, clock):
     """FA3 with return_softmax_lse returns (out, lse): tune mode compared the tuple and
     called every config wrong, so such calls were never tuned."""
     tuner.configure(db=db_path, mode="tune")
@@ -952,8 +975,7 @@ def test_tune_mode_tunes_calls_that_return_the_softmax_lse_too(db_path):
     @tuner.autotune("with_lse", configs=[{"fast": False}, {"fast": True}], default={"fast": False},
                     static_key=lambda x: ("f32",), run_key=lambda x: (1, 1, 16))
     def fn(x, *, config):
-        if not config["fast"]:
-            time.sleep(0.003)
+        clock.spend(0.0 if config["fast"] else 0.003)
         return x * 2, x.sum(-1)
 
     fn(torch.ones(4, 4))
