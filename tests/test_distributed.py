@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+
 import torch
 
 from tuner.db import TuningDB, current_fingerprint_id
