@@ -374,3 +374,18 @@ def test_a_servers_eager_calls_of_one_config_share_one_wrapper(fake):
         fi.paged_attention(q, cache, cache, table, np.array(lens), dict(CUDA_CORES))
     [inner] = [inner for inner in fake.instances if inner.plan_calls]
     assert len(inner.runs) == 3
+
+
+def test_a_plan_made_under_capture_is_not_reused_after_it(fake, monkeypatch):
+    """A plan made while a CUDA graph is captured reaches the device only when the graph
+    replays; had the capture failed, reusing it would read a workspace never written."""
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.empty(8), "NHD", config=dict(CUDA_CORES))
+    lens = np.array([10, 3, 7])
+    monkeypatch.setattr(fi, "_capturing", lambda: True)
+    _step(wrapper, lens)
+    _step(wrapper, lens)
+    assert wrapper.plans == 2 and wrapper.plans_reused == 0
+    monkeypatch.setattr(fi, "_capturing", lambda: False)
+    _step(wrapper, lens)
+    _step(wrapper, lens)
+    assert wrapper.plans == 3 and wrapper.plans_reused == 1

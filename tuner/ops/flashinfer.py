@@ -36,10 +36,11 @@ from tuner.workload.shapes import DecodeShape, grid
 
 OP_NAME = "flashinfer"
 WORKSPACE_BYTES = 512 * 2**20
-# wrappers kept for explicit-config calls (paged_attention): a sweep's timing holds at most a
-# few configs x a trial's dozen length draws at once; each FlashInfer wrapper holds an 8 MiB
-# device workspace and as much page-locked host memory
-OP_WRAPPERS = 128
+# wrappers kept for explicit-config calls (paged_attention): a sweep's timing captures at most
+# two configs x a trial's dozen length draws at once, and each must outlive its graph. Each
+# FlashInfer wrapper holds an 8 MiB device workspace and as much page-locked host memory
+# (a prefill wrapper also a 64 MiB index buffer), for as long as it is kept
+OP_WRAPPERS = 48
 # FlashInfer's defaults: what a caller gets without tuner
 # (FlashInfer's `backend` argument is `flashinfer_backend` here: decode_attention's configs
 # carry their own "backend", the library that runs)
@@ -282,7 +283,11 @@ class _PlanReuseWrapper:
                                           len(lens), qo_lens)
         bucket = kv_len_bucket(max(kv_max, 1))
         lo, hi = valid_bounds(coverage, lens.copy(), bucket)
-        self._plan = None if call is None else _Plan(inner, call, lo, hi, bucket // 2)
+        # a plan made under capture reaches the device only when the graph replays (its copy
+        # is a graph node): should the capture fail, a later call reusing it would read a
+        # workspace never written, so the next call plans again
+        kept = call is not None and not _capturing()
+        self._plan = _Plan(inner, call, lo, hi, bucket // 2) if kept else None
         self._active = inner
         self.plans += 1
 
@@ -506,6 +511,10 @@ class PlanReusePrefillWrapper(_PlanReuseWrapper):
 # -- the sweepable op -----------------------------------------------------------------------
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @functools.cache
 def _workspace(device: str) -> torch.Tensor:
     return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -618,11 +627,12 @@ def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
         lens = _UNIFORM_LENS.get((s.batch, s.kv_len))
         if lens is None:
             lens = _UNIFORM_LENS[(s.batch, s.kv_len)] = np.full(s.batch, s.kv_len, dtype=np.int64)
-    # timers capture a rotation of calls into one CUDA graph: each shape and set of lengths
+    # timers capture a rotation of calls into one CUDA graph: each set of lengths of a trial
     # plans on its own wrapper, so a replay never runs one call's kernels on another's plan
+    # (uniform lengths: every copy plans alike, one wrapper serves them all)
+    slot = None if inputs.seq_lens_host is None else lens.tobytes()
     return paged_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, lens, config,
-                           causal=s.causal, window_left=s.window[0], softcap=s.softcap or None,
-                           plan_slot=(s, lens.tobytes()))
+                           causal=s.causal, window_left=s.window[0], softcap=s.softcap or None, plan_slot=slot)
 
 
 FLASHINFER = Op(

@@ -18,8 +18,8 @@ def length_stats(lengths: Any) -> tuple[float, float, float] | None:
     """(mean, longest, standard deviation) of a call's host-side kv lengths (a sequence, a
     CPU tensor or an array), or None when there are none, they are not plain numbers, or
     they are on a device."""
-    if lengths is None or getattr(getattr(lengths, "device", None), "type", "cpu") != "cpu":
-        return None  # a device tensor: reading it would wait for the GPU
+    if lengths is None or str(getattr(lengths, "device", "cpu")).split(":")[0] != "cpu":
+        return None  # on a device (a CUDA tensor, a CuPy array): reading it would wait for the GPU
     try:
         values = [float(n) for n in (lengths.tolist() if hasattr(lengths, "tolist") else lengths)]
     except (TypeError, ValueError):
