@@ -548,8 +548,9 @@ def _layout(q: torch.Tensor, num_kv_heads: int, head_dim_v: int, *, max_kv_len: 
             window: tuple[int, int], block_n: int, num_kv_splits: int, tokens_per_split: int, items_per_sm: int,
             interpreted: bool) -> _Layout:
     batch, q_len, num_q_heads, head_dim = q.shape
-    left = window[0] if window[0] >= 0 else -1
-    right = window[1] if window[1] >= 0 else -1
+    left, right = window
+    left = left if left >= 0 else -1
+    right = right if right >= 0 else -1
     if causal:
         right = 0 if right < 0 else min(right, 0)
     by_load = items_per_sm > 0
