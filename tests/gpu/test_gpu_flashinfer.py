@@ -194,3 +194,17 @@ def test_a_sweeps_rotation_of_length_draws_replays_each_draws_own_plan():
             for lens, out, ref in zip(draws, outs, refs):
                 torch.testing.assert_close(out, ref, **TOL, msg=lambda m: f"{config}, lengths {lens}: {m}")
         del graph, outs
+
+
+def test_a_serving_sweep_of_flashinfer_measures_every_config_in_one_process(tmp_path):
+    """Issue 36's sweep died with an illegal memory access after timing FlashInfer on mixed
+    lengths (each draw's kernels had replayed the last draw's plan). The sweep's own path:
+    every config checked and timed under CUDA-graph replay, none fails."""
+    from tuner.db import TuningDB
+    from tuner.sweep import MEASURED, sweep
+
+    shape = DecodeShape(batch=4, kv_len=65536, lengths="serving")  # 32/8 heads: every FlashInfer kernel runs
+    with TuningDB(tmp_path / "fi.db") as db:
+        [result] = sweep(get_op("flashinfer"), [shape], db, strategy="exhaustive")
+    torch.cuda.synchronize()  # a fault would surface here, if not before
+    assert result.status == MEASURED and result.failures == 0 and result.measured > 1, result
