@@ -14,8 +14,8 @@ import torch
 
 from tuner.db import Problem
 from tuner.errors import TunerError
-from tuner.keys import attention_run_key, canonical_json, kv_bucket_exponent
-from tuner.ranks import current_ranks
+from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_bucket_exponent
+from tuner.ranks import Ranks, current_ranks
 from tuner.runtime.borrowing import Config
 from tuner.runtime.capture import declared_kv_len
 from tuner.runtime.capture_watch import CAPTURES, watch_captures
@@ -132,14 +132,7 @@ class AutotunedFunction:
         may_tune = tune and not capturing()
         if not exact and (mode == "lookup" or declared):  # tune and force modes tune it instead
             runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
-        wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
-        if declared:
-            wants_tune = False  # (all ranks declare alike: no rank waits for another)
-        ranks = current_ranks() if mode in ("tune", "force") and not declared else None
-        if ranks is not None and not capturing():
-            # all ranks make the same calls (tensor parallel): they tune together if any
-            # rank has to, so a rank with a DB hit never leaves another waiting
-            wants_tune = ranks.any(wants_tune)
+        wants_tune, ranks = self._tune_wanted(mode, exact, memo_key, declared)
         if wants_tune:
             if not may_tune:
                 return config  # resolve again later, where it may tune
@@ -147,15 +140,33 @@ class AutotunedFunction:
                                ranks) or config
             self.tuned.add(memo_key)
         if not declared and torch.cuda.is_available():  # (not capturing: that returned above)
-            frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True,
-                                              captured=self._captured)
-            # in tune and force modes the table changes under the memo: a non-default config
-            # the rule keeps now may not be kept after another bucket is tuned
-            if config != (default if frozen_stored is None else frozen_stored) or (
-                    mode in ("tune", "force") and config != default):
-                watch_captures()
-                config = CaptureSensitive(config)
+            config = self._marked_for_capture(config, default, static_json, run, accepts, mode)
         return self._memoise(memo_key, config, epoch)
+
+    def _tune_wanted(self, mode: str, exact: bool, memo_key: tuple, declared: bool) -> tuple[bool, Ranks | None]:
+        """Whether this key is tuned now, and the ranks that tune it together (if any)."""
+        if declared:
+            return False, None  # (all ranks declare alike: no rank waits for another)
+        wants_tune = (mode == "tune" and not exact) or (mode == "force" and memo_key not in self.tuned)
+        ranks = current_ranks() if mode in ("tune", "force") else None
+        if ranks is not None and not capturing():
+            # all ranks make the same calls (tensor parallel): they tune together if any
+            # rank has to, so a rank with a DB hit never leaves another waiting
+            wants_tune = ranks.any(wants_tune)
+        return wants_tune, ranks
+
+    def _marked_for_capture(self, config: Config, default: Config, static_json: str, run: AttentionRunKey,
+                            accepts: Callable[[Config], bool] | None, mode: str) -> Config:
+        """config, as CaptureSensitive where a capture must resolve it again (the frozen rule
+        picks another for its key)."""
+        frozen_stored, _ = runtime.lookup(self.name, static_json, run, accepts, frozen=True, captured=self._captured)
+        # in tune and force modes the table changes under the memo: a non-default config
+        # the rule keeps now may not be kept after another bucket is tuned
+        if config != (default if frozen_stored is None else frozen_stored) or (
+                mode in ("tune", "force") and config != default):
+            watch_captures()
+            return CaptureSensitive(config)
+        return config
 
     def _call_lengths(self, args: tuple, kwargs: dict, declared: bool) -> tuple[float, float, float] | None:
         """The call's length statistics for its miss: none under graph capture or a
