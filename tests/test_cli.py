@@ -921,17 +921,17 @@ def test_the_sweep_table_in_a_log_keeps_its_notes_whole_with_long_timings(monkey
     of 10 ms and more, "already in DB" wrapped, and a resumed run's log no longer said it."""
     from rich.console import Console
 
-    import tuner.cli as cli_module
+    import tuner.cli.sweep as sweep_module
     from tuner.sweep import ShapeResult
     from tuner.workload import DecodeShape
 
     shape = DecodeShape(batch=16, kv_len=8192, num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")
     skipped = ShapeResult(shape, "skipped", {"chunk": 128, "block": 123456}, 123456.7, 234567.8, 0, 0, 0, note="")
     log = io.StringIO()  # not a terminal: rich lays it out on 80 columns
-    monkeypatch.setattr(cli_module, "console", Console(file=log))
-    cli_module._print_wide(cli_module._sweep_table("torch_split_decode", [skipped]))
+    monkeypatch.setattr(sweep_module, "console", Console(file=log))
+    sweep_module._print_wide(sweep_module._sweep_table("torch_split_decode", [skipped]))
     assert "already in DB" in log.getvalue()
-    assert cli_module.console.width == 80  # the console itself is left as it was
+    assert sweep_module.console.width == 80  # the console itself is left as it was
 
 
 def test_plan_says_the_shapes_and_candidates_and_runs_nothing(tmp_path, db_path, tiny_shapes):

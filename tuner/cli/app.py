@@ -1,0 +1,142 @@
+"""The `tuner` command's frame: the typer app, its consoles, bad input as one line, the DB options and `main()`."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typing_extensions import Annotated
+
+from tuner.version import __version__
+
+try:  # typer from 0.26 on carries its own copy of click
+    from typer._click import exceptions as click_exceptions
+except ImportError:
+    from click import exceptions as click_exceptions
+from tuner.errors import TunerError
+
+
+def _flags_take_no_value() -> None:
+    """typer 0.29's help prints a type beside every option, so a flag reads as taking one
+    (`--force <bool>`), which the parser refuses: print none for flags."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:
+        return
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_tuner_flags", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if getattr(self, "is_flag", False) and not getattr(self, "metavar", None) else shown(self, ctx)
+
+    display_type_rich._tuner_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
+
+
+def _finite(value: float | None) -> float | None:
+    """Float options: inf and nan pass typer's ranges (nan compares false to every bound)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, got {value}")
+    return value
+
+
+app = typer.Typer(
+    name="tuner",
+    help="Kernel autotuning with a persistent tuning DB for LLM-serving attention kernels.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+DbOption = Annotated[
+    Optional[str],
+    typer.Option("--db", help="Tuning DB: SQLAlchemy URL or SQLite file path (default: $TUNER_DB, else the embedded SQLite file)."),
+]
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Bad input of any kind: one line on stderr, exit code 2."""
+    try:
+        yield
+    except TunerError as e:
+        _print_error(str(e))
+        raise typer.Exit(2) from None
+
+
+def _print_error(message: str) -> None:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
+def _open_db(db: str | None, *, create: bool = True):
+    from tuner.db import TuningDB
+
+    return TuningDB(db, create=create)
+
+
+def _check_op(database, op: str | None) -> None:
+    """--op names one of tuner's ops or an op (a user's own @autotune function) the DB holds."""
+    if op is None:
+        return
+    from tuner.ops import list_ops
+
+    known = sorted(o.name for o in list_ops())
+    if op not in known and op not in database.op_names():
+        raise TunerError(f"unknown op {op!r}: not one of tuner's ops ({', '.join(known)}) and nothing of it "
+                         f"in {database.display_url}")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        console.print(f"tuner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    """Sweep ops over shapes into the tuning DB; the runtime picks the winners up."""
+
+
+# how this process was started, for a sweep's supervisor to start its worker alike: set only
+# while main() runs as the console script (from sys.argv); None where the CLI is called
+# in-process (with an argv, as tests do), and the sweep then runs in this process
+_INVOCATION: list[str] | None = None
+
+
+def _invocation() -> list[str]:
+    program = sys.argv[0]
+    start = ["-m", "tuner"] if Path(program).name == "__main__.py" else [program]
+    return [sys.executable, *start, *sys.argv[1:]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: usage errors, like every other bad input, are one line and exit 2."""
+    global _INVOCATION
+    _INVOCATION = _invocation() if argv is None else None
+    try:
+        code = app(args=argv, prog_name="tuner", standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as e:
+        help_text = e.format_message()  # typer's rich help prints itself and leaves this empty
+        if help_text.strip():
+            console.print(help_text, markup=False, highlight=False)
+        code = 0
+    except click_exceptions.UsageError as e:
+        _print_error(e.format_message().strip().replace("\n", " "))
+        code = 2
+    except typer.Abort:
+        code = 130
+    sys.exit(code if isinstance(code, int) else 0)
