@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.app import DbOption, _open_db, _user_errors, app, console, err
+from tuner.cli.base import DbOption, _open_db, _user_errors, app, console, err
 from tuner.errors import TunerError
 
 

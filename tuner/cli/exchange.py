@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.app import DbOption, _check_op, _finite, _open_db, _user_errors, app, console
+from tuner.cli.base import DbOption, _check_op, _finite, _open_db, _user_errors, app, console
 from tuner.errors import TunerError
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import json
 import threading
 import time
@@ -20,12 +19,11 @@ from rich.table import Table
 from typing_extensions import Annotated
 
 from tuner import settings
-from tuner.cli.app import DbOption, _finite, _open_db, _user_errors, app, console, err
+from tuner.cli import base  # its _INVOCATION, as main() set it
+from tuner.cli.base import DbOption, _finite, _open_db, _user_errors, app, console, err
 from tuner.cli.format import _fmt_config, _fmt_us
 from tuner.errors import TunerError
 
-# the module, whose _INVOCATION main() sets (read as it is then); the name tuner.cli.app is the typer app
-app_module = importlib.import_module("tuner.cli.app")
 _SWEEP = settings.TIMERS["sweep-cpu"]  # the sweep's timing options' defaults
 
 
@@ -216,8 +214,8 @@ def sweep_command(
 
         ranks = ranks_from_launcher()  # under torchrun: share the work, agree on the winners
         flight = worker_flight()
-        if isolate and ranks is None and flight is None and app_module._INVOCATION is not None:
-            raise typer.Exit(supervise(app_module._INVOCATION, database))
+        if isolate and ranks is None and flight is None and base._INVOCATION is not None:
+            raise typer.Exit(supervise(base._INVOCATION, database))
         _run_sweep(op, shapes, database, ranks, force=force,
                    sweep_options=dict(timer=timer, force=force, min_gain=min_gain, strategy=strategy, ranks=ranks,
                                       second_trial=second_trial, dense_pass=dense_pass, flight=flight,
