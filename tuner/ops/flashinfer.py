@@ -530,7 +530,8 @@ def _op_wrapper(lib: Any, device: str, q_len_is_one: bool, config_items: tuple, 
     becomes a node that reads the host buffer again at every replay. Captured calls that
     shared a wrapper but planned differently (a sweep's rotation of length draws) would all
     replay the wrapper's last plan: kernels launched for one plan, reading another's work
-    items, past their own keys (issue 36's illegal memory access, docs/decisions.md)."""
+    items, past their own keys (the likely cause of issue 36's illegal memory access,
+    docs/decisions.md)."""
     cls = PlanReuseDecodeWrapper if q_len_is_one else PlanReusePrefillWrapper
     return cls(_workspace(device), "NHD", config=dict(config_items))
 
