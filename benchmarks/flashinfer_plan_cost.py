@@ -26,7 +26,7 @@ import torch
 
 from tuner.db import current_fingerprint
 from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper
-from tuner.ops.flashinfer import library
+from tuner.ops.flashinfer_wrappers import library
 from tuner.ops.flashinfer_plan import paged_metadata
 
 HEADS, KV_HEADS, DIM = 32, 8, 128

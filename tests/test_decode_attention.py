@@ -50,6 +50,7 @@ import pytest  # noqa: E402
 from support import fake_flashinfer  # noqa: E402
 from support.recorders import recording_triton  # noqa: E402
 import tuner.ops.flashinfer as fi  # noqa: E402
+import tuner.ops.flashinfer_wrappers as fiw  # noqa: E402
 from tuner.db import Problem, current_fingerprint, current_fingerprint_id  # noqa: E402
 from tuner.keys import attention_run_key  # noqa: E402
 
@@ -64,7 +65,7 @@ def with_fake_flashinfer(monkeypatch):
     """FlashInfer "installed": its wrappers replaced by tests/support/fake_flashinfer.py."""
     module = fake_flashinfer.module()
     module.BatchPrefillWithPagedKVCacheWrapper = module.BatchDecodeWithPagedKVCacheWrapper
-    monkeypatch.setattr(fi, "library", lambda: module)
+    monkeypatch.setattr(fiw, "library", lambda: module)
     monkeypatch.setitem(BACKENDS, "flashinfer", _with_op(BACKENDS["flashinfer"], unavailable=lambda: None))
     return module
 

@@ -9,6 +9,7 @@ import torch
 from support import fake_flashinfer
 import tuner
 import tuner.ops.flashinfer as fi
+import tuner.ops.flashinfer_wrappers as fiw
 from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.bench import Timing
@@ -96,7 +97,7 @@ def test_paged_metadata():
 @pytest.fixture
 def fake(monkeypatch):
     module = fake_flashinfer.module()
-    monkeypatch.setattr(fi, "library", lambda: module)
+    monkeypatch.setattr(fiw, "library", lambda: module)
     return module.BatchDecodeWithPagedKVCacheWrapper
 
 
@@ -381,11 +382,11 @@ def test_a_plan_made_under_capture_is_not_reused_after_it(fake, monkeypatch):
     replays; had the capture failed, reusing it would read a workspace never written."""
     wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.empty(8), "NHD", config=dict(CUDA_CORES))
     lens = np.array([10, 3, 7])
-    monkeypatch.setattr(fi, "_capturing", lambda: True)
+    monkeypatch.setattr(fiw, "_capturing", lambda: True)
     _step(wrapper, lens)
     _step(wrapper, lens)
     assert wrapper.plans == 2 and wrapper.plans_reused == 0
-    monkeypatch.setattr(fi, "_capturing", lambda: False)
+    monkeypatch.setattr(fiw, "_capturing", lambda: False)
     _step(wrapper, lens)
     _step(wrapper, lens)
     assert wrapper.plans == 3 and wrapper.plans_reused == 1

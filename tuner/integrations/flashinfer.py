@@ -1,5 +1,5 @@
 """FlashInfer's paged decode and prefill wrappers with their plan arguments from the tuning
-DB: tuner.ops.flashinfer's plan-reuse wrappers, choosing each plan's config by the runtime's
+DB: tuner.ops.flashinfer_wrappers' plan-reuse wrappers, choosing each plan's config by the runtime's
 lookup (exact run key, else a neighbour's by the borrowing rule, else FlashInfer's
 default)."""
 
@@ -12,7 +12,8 @@ import torch
 
 from tuner.keys import static_key_from_tuple
 from tuner.ops.base import TUNED, Config
-from tuner.ops.flashinfer import DECODE_RULES, OP_NAME, PREFILL_RULES, PlanReuseDecodeWrapper, PlanReusePrefillWrapper
+from tuner.ops.flashinfer import DECODE_RULES, OP_NAME, PREFILL_RULES
+from tuner.ops.flashinfer_wrappers import PlanReuseDecodeWrapper, PlanReusePrefillWrapper
 from tuner.ops.rules import config_error
 from tuner.runtime import ConfigLookup
 
