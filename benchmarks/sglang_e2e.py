@@ -4,16 +4,25 @@ and triton backends, dummy weights from a public config.json, each backend in it
 
     python benchmarks/sglang_e2e.py --out $OUT/sglang_e2e.json --model llama-3.1-8b \\
         [--backends tuner,fa3,flashinfer,triton] [--batches 1,8,32,128] \\
-        [--input-lens 1024,4096,16384,32768] [--output-len 32] [--db graph.db]
+        [--input-lens 1024,4096,16384,32768] [--output-len 32] [--db graph.db] [--no-logits | --no-latency]
+    python benchmarks/sglang_e2e.py --merge A.json B.json ... --out all.json     # no GPU
 
-For each backend: bench_one_batch's median decode latency and throughput per (batch,
-input length), from its result file; then the logits of the first decode steps of one small
-batch (fixed token ids fed at every step, so every backend decodes the same inputs), compared
-with the fa3 backend's relative to their largest magnitude. The tuner backend is SGLang's FA3
+Latency: per backend and input length, one bench_one_batch process (an out-of-memory point
+costs that length only) over the batch sizes whose prefill fits MAX_PREFILL_TOKENS and whose
+input and output fit the model's context; its median decode latency and throughput per
+(batch, input length), from its result file; decode graphs captured for those batch sizes
+only. Logits: per backend, the first decode steps of one small batch (fixed token ids fed at
+every step, so every backend decodes the same inputs), with the dummy weights drawn again,
+seeded, at scales where attention shows in the logits (the dummy load format's uniform
++-1e-3 makes every attention uniform), each step copied out as it comes (SGLang's graphs
+return views of one shared buffer); compared with the fa3 backend's relative to their
+largest magnitude, the built-in backends' own differences being the noise floor. The
+logits go beside --out (ITS_NAME.BACKEND.logits.pt). The tuner backend is SGLang's FA3
 backend whose plain decode runs decode_attention (tuner.integrations.sglang), registered in
 the worker process before SGLang parses its arguments; --db is its TUNER_DB (graph records
-for the model's key: `tuner sweep decode_attention_graph --grid serving --model M`). The JSON
-is written after every backend; --resume keeps the backends it holds. Needs SGLang, its
+for the model's key: `tuner sweep decode_attention_graph --grid serving --model M`). The
+JSON is written after every backend; --resume keeps the backends --out already holds, and
+--merge joins the JSON of several runs (one backend a device call, say). Needs SGLang, its
 dependencies and a GPU: `bash tools/prepare_sglang.sh` here, then on the GPU machine
 `bash .gpu/sglang/install` after the staging of ../shared/gpu/README.md.
 """
@@ -54,6 +63,9 @@ CONFIGS = {
 }
 BUILT_IN = ("fa3", "flashinfer", "triton")
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
+# bench_one_batch prefills a whole batch in one forward: past this many tokens its activations
+# alone (an 8B model's MLP) outgrow what the KV cache leaves
+MAX_PREFILL_TOKENS = 131072
 
 
 def _special(token_id: int, content: str) -> dict:
@@ -80,12 +92,27 @@ def write_model_dir(model: str, path: Path) -> Path:
     return path
 
 
-def bench_argv(model_dir: Path, backend: str, args: argparse.Namespace, result: Path) -> list[str]:
-    """SGLang's arguments for bench_one_batch's latency test."""
+def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int, args: argparse.Namespace,
+               result: Path) -> list[str]:
+    """SGLang's arguments for bench_one_batch's latency test of one input length, its decode
+    graphs captured for these batch sizes only."""
+    sizes = [str(b) for b in batches]
     return ["--model-path", str(model_dir), "--load-format", "dummy", "--attention-backend", backend,
-            "--batch-size", *args.batches.split(","), "--input-len", *args.input_lens.split(","),
-            "--output-len", str(args.output_len), "--result-filename", str(result), "--run-name", backend,
-            "--mem-fraction-static", str(args.mem_fraction)]
+            "--batch-size", *sizes, "--input-len", str(input_len), "--output-len", str(args.output_len),
+            "--result-filename", str(result), "--run-name", backend, "--mem-fraction-static", str(args.mem_fraction),
+            "--cuda-graph-bs-decode", *sizes]
+
+
+def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:
+    """(input length, its batch sizes) to run: prefills within MAX_PREFILL_TOKENS, input and
+    output within the model's context (SGLang sizes its tables by it and checks no length)."""
+    context = CONFIGS[model]["max_position_embeddings"]
+    points = []
+    for n in input_lens:
+        fits = [b for b in batches if b * n <= MAX_PREFILL_TOKENS]
+        if fits and n + output_len <= context:
+            points.append((n, fits))
+    return points
 
 
 def summarize(rows: dict[str, list[dict]]) -> list[dict]:
@@ -129,6 +156,23 @@ def run_worker(mode: str, backend: str, argv: list[str], logits_out: Path | None
             return 124
 
 
+def reinit_weights(model) -> None:
+    """The dummy weights drawn again, in place (captured graphs keep reading them), seeded by
+    parameter name so every backend's process draws the same: norms 1, biases 0, embeddings
+    N(0, 1), other matrices N(0, 1/fan_in), so attention scores are of order 1 and a wrong
+    attention output shows in the logits."""
+    import torch
+
+    with torch.no_grad():
+        for i, (name, param) in enumerate(sorted(model.named_parameters())):
+            if param.dim() == 1:
+                param.fill_(1.0 if "norm" in name else 0.0)
+                continue
+            generator = torch.Generator(device=param.device).manual_seed(i)
+            std = 1.0 if "embed" in name else param.shape[-1] ** -0.5
+            param.copy_(torch.randn(param.shape, generator=generator, device=param.device) * std)
+
+
 def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> None:
     """In its own process: SGLang's benchmark (mode "latency") or the first decode steps'
     logits of one small batch (mode "logits"), with the tuner backend registered (bench_one_batch
@@ -152,15 +196,74 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
     one_batch.BenchArgs.add_cli_args(parser)
     server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
     runner, _ = one_batch.load_model(server_args, PortArgs.init_new(server_args), 0, 0)
+    reinit_weights(runner.torch_runner.model)
     np.random.seed(0)
     reqs = one_batch.prepare_synthetic_inputs_for_latency_test(LOGITS_BATCH, LOGITS_INPUT)
     _, logits, batch = runner.extend(reqs)
-    steps = [logits]
+    steps = [logits.to("cpu", torch.float32, copy=True)]  # copied now: the next step overwrites the buffer it views
     for step in range(LOGITS_STEPS):  # the same token ids for every backend, not its own samples
         ids = torch.full((LOGITS_BATCH,), 100 + step, dtype=torch.int64, device=logits.device)
         _, logits = runner.decode(ids, batch)
-        steps.append(logits)
-    torch.save(torch.stack([s.float().cpu() for s in steps]), logits_out)
+        steps.append(logits.to("cpu", torch.float32, copy=True))
+    torch.save(torch.stack(steps), logits_out)
+
+
+def logits_path(out: Path, backend: str) -> Path:
+    return out.with_name(f"{out.stem}.{backend}.logits.pt")
+
+
+def run_latency(backend: str, model_dir: Path, args: argparse.Namespace, work: Path, log: Path) -> dict:
+    """bench_one_batch per input length: exit codes, and the rows of its result files."""
+    exits, rows = {}, []
+    batches = [int(b) for b in args.batches.split(",")]
+    input_lens = [int(n) for n in args.input_lens.split(",")]
+    for input_len, fits in latency_points(args.model, batches, input_lens, args.output_len):
+        result = work / f"{backend}.{input_len}.jsonl"
+        argv = bench_argv(model_dir, backend, fits, input_len, args, result)
+        exits[str(input_len)] = run_worker("latency", backend, argv, None, args.db, log, args.timeout)
+        rows += [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
+    return dict(exit_codes=exits, rows=rows)
+
+
+def agreements(logits_files: dict[str, Path]) -> dict[str, float]:
+    """Each backend's logits against fa3's (relative max error), where both files are here."""
+    present = {b: f for b, f in logits_files.items() if f.exists()}
+    if "fa3" not in present:
+        return {}
+    import torch
+
+    reference = torch.load(present["fa3"])
+    return {b: logits_agreement(reference, torch.load(f)) for b, f in present.items() if b != "fa3"}
+
+
+def document(args: argparse.Namespace, started: float, results: dict, logits_files: dict[str, Path],
+             agreement: dict[str, float]) -> dict:
+    return dict(header("sglang_e2e", started), model=args.model, config=CONFIGS[args.model],
+                batches=args.batches, input_lens=args.input_lens, output_len=args.output_len,
+                max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
+                logits_files={b: f.name for b, f in logits_files.items()},
+                logits_vs_fa3_relative_max_error=agreement,
+                summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}))
+
+
+def merge(files: list[str], out: Path) -> None:
+    """Join several runs' JSON: each backend's results from the first file that holds them;
+    the logits compared again where their files lie beside their JSON."""
+    docs = [(Path(f), json.loads(Path(f).read_text())) for f in files]
+    results, logits_files, agreement = {}, {}, {}
+    for path, doc in docs:
+        for backend, result in doc["results"].items():
+            results.setdefault(backend, result)
+        for backend, name in doc.get("logits_files", {}).items():
+            logits_files.setdefault(backend, path.with_name(name))
+        for backend, error in doc.get("logits_vs_fa3_relative_max_error", {}).items():
+            agreement.setdefault(backend, error)
+    agreement.update(agreements(logits_files))
+    first = docs[0][1]
+    merged = dict(first, results=results, logits_files={b: str(f) for b, f in logits_files.items()},
+                  logits_vs_fa3_relative_max_error=agreement, merged_from=[str(p) for p, _ in docs],
+                  summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}))
+    out.write_text(json.dumps(merged, indent=1))
 
 
 def main() -> None:
@@ -173,8 +276,11 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--mem-fraction", type=float, default=0.85)
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
-    ap.add_argument("--timeout", type=float, default=540.0, help="seconds a backend's worker may take")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one worker (one input length) may take")
+    ap.add_argument("--latency", action=argparse.BooleanOptionalAction, default=True, help="bench_one_batch runs")
+    ap.add_argument("--logits", action=argparse.BooleanOptionalAction, default=True, help="the logits comparison")
     ap.add_argument("--resume", action="store_true", help="keep the backends --out already holds")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="join these runs' JSON into --out (no GPU)")
     ap.add_argument("--worker", choices=("latency", "logits"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-backend", help=argparse.SUPPRESS)
     ap.add_argument("--worker-logits", help=argparse.SUPPRESS)
@@ -184,38 +290,32 @@ def main() -> None:
         return
     if not args.out:
         ap.error("--out is required")
-    started = time.perf_counter()
     out = Path(args.out)
+    if args.merge:
+        merge(args.merge, out)
+        return
+    started = time.perf_counter()
     doc = json.loads(out.read_text()) if args.resume and out.exists() else {}
-    results, logits_files = doc.get("results", {}), doc.get("logits_files", {})
+    results = doc.get("results", {})
+    logits_files = {b: out.with_name(name) for b, name in doc.get("logits_files", {}).items()}
     work = Path(tempfile.mkdtemp(prefix="sglang-e2e-"))
     model_dir = write_model_dir(args.model, work / args.model)
     for backend in args.backends.split(","):
         if backend in results:
             continue
-        result, log, logits = work / f"{backend}.jsonl", out.with_suffix(f".{backend}.log"), work / f"{backend}.pt"
-        rc = run_worker("latency", backend, bench_argv(model_dir, backend, args, result), None, args.db, log,
-                        args.timeout)
-        rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
-        small = bench_argv(model_dir, backend, argparse.Namespace(**{**vars(args), "batches": str(LOGITS_BATCH),
-                                                                     "input_lens": str(LOGITS_INPUT)}), result)
-        logits_rc = run_worker("logits", backend, small, logits, args.db, log, args.timeout)
-        results[backend] = dict(exit_code=rc, logits_exit_code=logits_rc, rows=rows)
-        if logits.exists():
-            logits_files[backend] = str(logits)
-        agreement = {}
-        if "fa3" in logits_files:
-            import torch
-
-            reference = torch.load(logits_files["fa3"])
-            agreement = {b: logits_agreement(reference, torch.load(f)) for b, f in logits_files.items() if b != "fa3"}
-        doc = dict(header("sglang_e2e", started), model=args.model, config=CONFIGS[args.model],
-                   batches=args.batches, input_lens=args.input_lens, output_len=args.output_len,
-                   results=results, logits_files=logits_files,
-                   logits_vs_fa3_relative_max_error=agreement,
-                   summary=summarize({b: r["rows"] for b, r in results.items()}))
+        log = out.with_suffix(f".{backend}.log")
+        result = dict(latency=run_latency(backend, model_dir, args, work, log)) if args.latency else {}
+        if args.logits:
+            argv = bench_argv(model_dir, backend, [LOGITS_BATCH], LOGITS_INPUT, args, work / "logits.jsonl")
+            result["logits_exit_code"] = run_worker("logits", backend, argv, logits_path(out, backend), args.db, log,
+                                                    args.timeout)
+            if logits_path(out, backend).exists():
+                logits_files[backend] = logits_path(out, backend)
+        results[backend] = result
+        doc = document(args, started, results, logits_files, agreements(logits_files))
         out.write_text(json.dumps(doc, indent=1))
-        print(f"{backend}: exit {rc}, {len(rows)} rows; logits exit {logits_rc}", flush=True)
+        print(f"{backend}: {json.dumps({k: v for k, v in result.items() if k != 'latency'})} "
+              f"{json.dumps(result.get('latency', {}).get('exit_codes', {}))}", flush=True)
     for entry in doc.get("summary", []):
         print(json.dumps(entry), flush=True)
 

@@ -472,6 +472,54 @@ def test_graph_replays_smoke_times_every_config_on_every_replayed_draw(tmp_path)
     assert {"triton_by_load", "triton_by_length", "triton_fixed"} <= set(shape["best_of_family"])
 
 
+def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang(tmp_path):
+    """Issue 38's harness end to end on a stand-in of SGLang's bench_one_batch
+    (tests/support/fake_sglang_bench): a worker per backend and input length, so a run that
+    dies costs that length only; the decode graphs' batch sizes handed over; the tuner backend
+    registered before SGLang parses its name; each step's logits copied out of the buffer the
+    next step overwrites; weights drawn again alike in every process, so equal attention gives
+    equal logits and a broken one does not; and runs joined by --merge."""
+    e2e = benchmark_module("sglang_e2e")
+    fake = ROOT / "tests" / "support" / "fake_sglang_bench"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]), FAKE_SGLANG_CRASH="triton:4096")
+
+    def run(out, backends):
+        result = subprocess.run([sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", backends,
+                                 "--batches", "1,8,64", "--input-lens", "1024,4096", "--output-len", "4"],
+                                cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    first = run(tmp_path / "a.json", "fa3,triton")
+    second = run(tmp_path / "b.json", "tuner,broken")
+    latency = first["results"]["triton"]["latency"]
+    assert latency["exit_codes"]["1024"] == 0 and latency["exit_codes"]["4096"] != 0  # the crash took 4096 only
+    assert {(r["batch_size"], r["input_len"]) for r in latency["rows"]} == {(1, 1024), (8, 1024), (64, 1024)}
+    fa3_rows = first["results"]["fa3"]["latency"]["rows"]
+    # 64 x 4096 is past MAX_PREFILL_TOKENS: not run; each run's decode graphs are its batch sizes
+    assert {(r["batch_size"], r["input_len"], tuple(r["graph_bs"])) for r in fa3_rows} == {
+        (1, 1024, (1, 8, 64)), (8, 1024, (1, 8, 64)), (64, 1024, (1, 8, 64)), (1, 4096, (1, 8)), (8, 4096, (1, 8))}
+    steps = torch.load(tmp_path / "a.fa3.logits.pt")
+    assert steps.shape[0] == e2e.LOGITS_STEPS + 1 and not torch.equal(steps[1], steps[2])
+    assert first["logits_vs_fa3_relative_max_error"] == {"triton": 0.0}
+    merged = tmp_path / "all.json"
+    subprocess.run([sys.executable, "sglang_e2e.py", "--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                    "--out", str(merged)], cwd=ROOT / "benchmarks", env=env, check=True, timeout=300)
+    doc = json.loads(merged.read_text())
+    assert set(doc["results"]) == {"fa3", "triton", "tuner", "broken"}
+    errors = doc["logits_vs_fa3_relative_max_error"]
+    assert errors["triton"] == errors["tuner"] == 0.0 and errors["broken"] > 0.1  # a wrong attention shows
+    row = next(r for r in doc["summary"] if (r["batch"], r["input_len"]) == (8, 4096))
+    assert row["best_built_in"] == "fa3" and abs(row["tuner_over_best"] - 1.1) < 1e-9
+
+
+def test_sglang_e2e_runs_only_what_fits_the_model_and_a_prefill():
+    e2e = benchmark_module("sglang_e2e")
+    assert e2e.latency_points("qwen2.5-7b", [1, 8], [16384, 32768], 32) == [(16384, [1, 8])]  # context 32768
+    assert e2e.latency_points("llama-3.1-8b", [1, 4, 8, 128], [1024, 32768], 32) == [
+        (1024, [1, 4, 8, 128]), (32768, [1, 4])]
+
+
 def test_sglang_e2e_builds_the_model_tuner_tunes_and_compares_with_the_best_built_in_backend(tmp_path):
     """Issue 38's end-to-end harness, without SGLang: its model directories read as the same
     attention key as tuner's model table (so a graph sweep of `--model M` covers the run), and
