@@ -11,9 +11,8 @@ A shape is a capture batch size and bound (DecodeShape lengths "graph"); its dra
 tuner.workload.traffic.graph_draws (one batch of each length distribution at each octave cap),
 built and checked against the reference as the graph sweep builds them
 (tuner.sweep.trials.build_trial: page table and max length at the bound, no host lengths).
-Each draw is then timed on a rotation of its own copies, cold in the L2 by its own bytes read
-(the sweep's trial sizes its copies for all draws together, so a draw timed alone there can
-find its pages in the L2; each draw's copies and rotation bytes are in the JSON). On each draw
+Each draw is timed alone on its part of the trial, a rotation of its own copies, cold in the
+L2 by its own bytes read (each draw's copies and rotation bytes are in the JSON). On each draw
 every config that ran right is timed in one interleaved run, a CUDA graph captured per config
 and draw (nothing on the host sees the lengths: max length and table width are the bound, as
 when one graph replays them all; "capture_failed" says where a config was timed eagerly). A
@@ -25,8 +24,6 @@ a shape that cannot run is an error row.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import sys
 import time
@@ -39,15 +36,12 @@ from common.run_info import header
 from tuner import settings
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.runner import check_config, one_line, rotation
-from tuner.bench.trial import cold_l2_copies
 from tuner.bench.select import OK
 from tuner.ops.decode_attention import DECODE_ATTENTION_GRAPH as OP
 from tuner.sweep.trials import build_trial
 from tuner.workload import DecodeShape
-from tuner.workload.rotation import bytes_read, fresh_page_copies
+from tuner.workload.rotation import bytes_read
 from tuner.workload.traffic import DISTRIBUTIONS, graph_caps, graph_draws
-
-MAX_DRAW_COPIES = 256  # a draw of a few tokens a sequence still rotates through 2x the L2, nearly
 
 
 def family(config: dict) -> str:
@@ -82,24 +76,14 @@ def timed_side_by_side(timer, rotations: list) -> list[float]:
     return [timer(r).median_us for r in rotations]
 
 
-def draw_runs(shape: DecodeShape, lens: list[int], device: str) -> tuple[list, int, int]:
-    """One replayed draw's own rotation (the inputs the trial checked, seed 0, as a replay
-    sees them: no host lengths), its number of copies and the bytes it reads in all."""
-    inputs = OP.make_inputs(shape, device=device, seed=0, seq_lens=lens)
-    count = cold_l2_copies(bytes_read(inputs), device, max_copies=MAX_DRAW_COPIES)
-    copies = [dataclasses.replace(c, seq_lens_host=None) for c in fresh_page_copies(inputs, count)]
-    return [functools.partial(OP.run, c) for c in copies], count, count * bytes_read(inputs)
-
-
-def time_draws(shape: DecodeShape, configs: list[dict], timer, device: str) -> tuple[list, list]:
-    """Per draw: each config's microseconds (in configs' order), and how the draw was timed."""
+def time_draws(trial, configs: list[dict], timer) -> tuple[list, list]:
+    """Per draw (the trial's parts): each config's microseconds (in configs' order), and how
+    the draw was timed."""
     per_draw, timed = [], []
-    for lens in graph_draws(shape.batch, shape.kv_len, 0):
-        runs, count, nbytes = draw_runs(shape, lens, device)
-        per_draw.append(timed_side_by_side(timer, [rotation(runs, c) for c in configs]))
-        timed.append(dict(copies=count, rotation_bytes=nbytes,
+    for part in trial.parts or [trial.runs]:
+        per_draw.append(timed_side_by_side(timer, [rotation(part, c) for c in configs]))
+        timed.append(dict(copies=len(part), rotation_bytes=sum(bytes_read(run.args[0]) for run in part),
                           capture_failed=bool(getattr(timer, "last_capture_failed", False))))
-        del runs  # this draw's copies, before the next draw's are made
     return per_draw, timed
 
 
@@ -107,12 +91,11 @@ def measure_shape(shape: DecodeShape, timer, device: str) -> dict:
     trial = build_trial(OP, shape, device, seed=0)
     default = OP.default(shape)
     configs, failed = checked_configs(trial, OP.configs(shape))
-    del trial  # checked: each draw is timed on copies of its own
     if default not in configs:
         return dict(batch=shape.batch, bound=shape.kv_len, error="the default did not run right", failed=failed)
     lens = graph_draws(shape.batch, shape.kv_len, 0)
     labels = [(cap, name) for cap in graph_caps(shape.batch, shape.kv_len) for name in DISTRIBUTIONS]
-    per_draw, timed = time_draws(shape, configs, timer, device)
+    per_draw, timed = time_draws(trial, configs, timer)
     d = configs.index(default)
     means = [sum(row[i] for row in per_draw) / len(per_draw) for i in range(len(configs))]
     rows = []

@@ -44,9 +44,10 @@ class MixTimer:
         return self._time(a), self._time(b)
 
 
-# a serving trial's runs: two copies each of two batches (run c * 2 + j is copy c of batch j)
+# a serving trial's runs: two copies each of two batches (run c * 2 + j is copy c of batch j);
+# its parts: each batch's runs over copies of its own
 MIX_RUNS = [lambda config, j=j: (config["c"], j) for _ in range(2) for j in range(2)]
-MIX_PARTS = [[0, 2], [1, 3]]
+MIX_PARTS = [[MIX_RUNS[0], MIX_RUNS[2]], [MIX_RUNS[1], MIX_RUNS[3]]]
 
 
 class InterleavingMixTimer(MixTimer):

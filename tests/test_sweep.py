@@ -408,20 +408,33 @@ def test_a_serving_batch_runs_as_a_call_of_it_does_at_its_own_longest_length():
         assert inputs.page_table.shape[1] == -(-max(lens) // 16) * 16  # its width, in whole 16-page units
 
 
-def test_a_serving_trials_parts_are_each_batchs_runs_over_its_copies(monkeypatch):
-    """decide() holds a winner to every batch of the mix: each part must be one batch's
-    copies, and every run in exactly one part."""
+def test_a_serving_trials_parts_are_each_batchs_runs_over_copies_cold_on_their_own(monkeypatch):
+    """decide() holds a winner to every batch of the mix, each timed alone: a part is one
+    batch's copies, as many as that batch alone needs for a cold L2 (a part with the copies
+    sized for the whole mix found a small batch's pages in the L2); the whole rotation runs
+    as many copies of each batch as the mix needs."""
     import tuner.sweep.trials as trial_module
+    from tuner.workload.rotation import bytes_read
     from tuner.workload.traffic import serving_draws
 
-    monkeypatch.setattr(trial_module, "cold_l2_copies", lambda nbytes, device: 2)
+    mix_bytes = []
+
+    def copies(nbytes, device, max_copies=64):  # the mix needs 2; a batch alone, one per 1,000 bytes
+        mix_bytes.append(nbytes)
+        return 2 if len(mix_bytes) == 1 else max(1, nbytes // 1000)
+
+    monkeypatch.setattr(trial_module, "cold_l2_copies", copies)
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
     trial = trial_module.build_trial(get_op("torch_split_decode"), shape, "cpu", seed=5)
     draws = serving_draws(3, 64, 5)
     assert len(draws) == 6  # batch 3: two rounds of the three distributions
-    assert len(trial.runs) == 12 and sorted(i for part in trial.parts for i in part) == list(range(12))
+    assert len(trial.runs) == 12 and len(trial.parts) == 6
+    assert [run.args[0].lengths() for run in trial.runs] == draws + draws  # copy c of batch j at c * 6 + j
     for part, lens in zip(trial.parts, draws, strict=True):
-        assert [trial.runs[i].args[0].lengths() for i in part] == [lens, lens]
+        inputs = [run.args[0] for run in part]
+        assert all(i.lengths() == lens for i in inputs)
+        assert len(inputs) == max(2, bytes_read(inputs[0]) // 1000)  # its own count, at least the mix's
+        assert len({i.page_table.data_ptr() for i in inputs}) == len(inputs)  # each copy its own pages
     full = trial_module.build_trial(get_op("torch_split_decode"), dataclasses.replace(shape, lengths="full"), "cpu")
     assert full.parts == []  # one batch: nothing to hold a winner to beyond the mean
 
@@ -750,7 +763,8 @@ def test_a_second_trial_asking_no_gain_still_refuses_a_config_the_default_beats(
             a[0](), b[0]()
             return tuple(Timing(t, 1.0, 7) for t in self.times.pop(0))
 
-    mix = Trial(runs=[lambda config: out] * 2, reference=out, tolerance=(1e-3, 1e-3), kv_len=64, parts=[[0], [1]])
+    run = lambda config: out  # noqa: E731
+    mix = Trial(runs=[run] * 2, reference=out, tolerance=(1e-3, 1e-3), kv_len=64, parts=[[run], [run]])
     # ahead on the mix (96.5 against 100), 3% behind on its second batch: it loses there
     behind = confirm_again(mix, mine, default, PartsTimer([(90.0, 100.0), (103.0, 100.0)]), must_gain=False)
     assert not behind.held and behind.winner.median_us == pytest.approx(96.5)

@@ -115,7 +115,7 @@ def decide(
     *,
     timer: Any,
     min_gain: float = settings.MIN_GAIN,
-    parts: Sequence[Sequence[int]] = (),
+    parts: Sequence[Sequence[Callable[[dict[str, Any]], Any]]] = (),
 ) -> tuple[Outcome | None, Timing | None]:
     """The winner and the default's timing.
 
@@ -126,7 +126,7 @@ def decide(
     default look slow. Failed candidates never win; if the default failed, the fastest
     correct candidate wins; if nothing ran right, there is no winner.
 
-    parts (a serving trial's runs, one list of run indices per batch of its mix): a
+    parts (a serving trial's batches, the runs of each over its own copies): a
     challenger that wins on the mix must also not lose to the default on any one batch by
     more than settings.MAX_PART_LOSS, timed side by side on that batch alone; one that does
     gives way to the next fastest (settings.CONFIRM_TRIES challengers in all), else the
@@ -148,17 +148,16 @@ def decide(
     return replace(default, timing=t_default), t_default
 
 
-def side_by_side(runs: Runs, parts: Sequence[Sequence[int]], config: dict[str, Any], default: dict[str, Any],
-                 timer: Any) -> tuple[tuple[Timing, Timing], bool]:
+def side_by_side(runs: Runs, parts: Sequence[Sequence[Callable[[dict[str, Any]], Any]]], config: dict[str, Any],
+                 default: dict[str, Any], timer: Any) -> tuple[tuple[Timing, Timing], bool]:
     """config and default timed side by side: on the whole rotation when there are no parts;
     else on each part alone (in one interleaved run where the timer has one), their mix's
-    timings being the parts' means (each part holds as many runs). Also whether config lost
-    to the default on no part by more than settings.MAX_PART_LOSS. A part's rotation holds
-    fewer bytes than the mix's, so its L2 may be warmer; both configs are timed alike."""
+    timings being the parts' means. Also whether config lost to the default on no part by
+    more than settings.MAX_PART_LOSS. Each part rotates through copies of its own batch,
+    cold in the L2 as the whole rotation is (tuner.bench.trial.Trial.parts)."""
     if not parts:
         return timer.paired(rotation(runs, config), rotation(runs, default)), True
-    calls = [runs] if callable(runs) else list(runs)
-    subsets = [[calls[i] for i in part] for part in parts]
+    subsets = [list(part) for part in parts]
     if hasattr(timer, "interleaved"):
         timings = timer.interleaved([rotation(sub, c) for c in (config, default) for sub in subsets])
         mine, theirs = timings[:len(parts)], timings[len(parts):]

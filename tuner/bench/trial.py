@@ -30,7 +30,9 @@ class Trial:
     kv_len: int
     checks: Sequence[tuple[int, Any]] = ()
     precompile: Callable[[list[Config]], None] | None = None
-    parts: Sequence[Sequence[int]] = ()  # a mix's runs, one list of indices per batch (tuner.bench.decide)
+    # a mix's batches, each timed alone (tuner.bench.decide): per batch, runs over copies of it
+    # alone reading twice the L2, as the whole rotation does over all of them
+    parts: Sequence[Sequence[Callable[[Config], Any]]] = ()
 
 
 def cold_l2_copies(nbytes: int, device: str, max_copies: int = 64) -> int:
@@ -39,6 +41,10 @@ def cold_l2_copies(nbytes: int, device: str, max_copies: int = 64) -> int:
     the wall-clock timer measures whole calls, and one copy is used."""
     if device != "cuda":
         return 1
-    l2_bytes = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-    l2_bytes = l2_bytes or settings.DEFAULT_L2_BYTES
-    return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(nbytes, 1))))
+    return max(1, min(max_copies, math.ceil(2 * l2_bytes() / max(nbytes, 1))))
+
+
+def l2_bytes() -> int:
+    """The current GPU's L2 (settings.DEFAULT_L2_BYTES where it does not say)."""
+    size = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+    return size or settings.DEFAULT_L2_BYTES

@@ -12,7 +12,7 @@ import torch
 
 from tuner import settings
 from tuner.bench import boundary_sync, one_line
-from tuner.bench.trial import Trial, cold_l2_copies
+from tuner.bench.trial import Trial, cold_l2_copies, l2_bytes
 from tuner.ops import Config, Op
 from tuner.search.pipeline import SecondTrial, confirm_again
 from tuner.workload import DecodeInputs
@@ -30,6 +30,10 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
         caps = graph_caps(shape.batch, shape.kv_len)
         need = (3 * sum(caps) + 2 * caps[-1]) * shape.batch * shape.static_key().kv_bytes_per_token()
     if device == "cuda":
+        if shape.lengths != "full":  # each batch's own copies, for its part: about twice the L2 each
+            batches = 3 * (len(graph_caps(shape.batch, shape.kv_len)) if shape.lengths == "graph"
+                           else draws_per_distribution(shape.batch))
+            need += batches * 2 * l2_bytes()
         # what PyTorch's cache holds unused is free to this process too
         free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     else:
@@ -101,7 +105,12 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
             batches.append(op.make_inputs(called, device=device, seed=seed, seq_lens=lens, table_width=width))
     references = [inputs.reference() for inputs in batches]
     count = cold_l2_copies(sum(bytes_read(inputs) for inputs in batches), device)
-    copies = [fresh_page_copies(inputs, count) for inputs in batches]
+    # a batch of a mix is also timed alone (its part): copies enough that it alone reads
+    # twice the L2; the whole rotation takes the first `count` of each
+    own = [count if len(batches) == 1 else max(count, cold_l2_copies(bytes_read(inputs), device,
+                                                                     settings.PART_MAX_COPIES))
+           for inputs in batches]
+    copies = [fresh_page_copies(inputs, n) for inputs, n in zip(batches, own)]
     if shape.lengths == "graph":  # a replay has no host lengths (a copy's pages were laid out by them)
         copies = [[dataclasses.replace(c, seq_lens_host=None) for c in per_batch] for per_batch in copies]
     del batches  # their caches live on in the copies' pools
@@ -109,8 +118,8 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     # the batches differ only in lengths, which kernels read from the device: one batch's
     # kernels are every batch's
     precompile = functools.partial(op.precompile, copies[0][0]) if op.precompile is not None else None
-    # runs[c * len(copies) + j] is copy c of batch j
-    parts = [list(range(j, len(runs), len(copies))) for j in range(len(copies))] if len(copies) > 1 else []
+    # runs[c * len(copies) + j] is copy c of batch j; a part runs every copy of its batch
+    parts = [[functools.partial(op.run, c) for c in per_batch] for per_batch in copies] if len(copies) > 1 else []
     return Trial(runs=runs, reference=references[0], tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len,
                  checks=[(i, ref) for i, ref in enumerate(references) if i > 0], precompile=precompile,
                  parts=parts)
