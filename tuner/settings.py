@@ -168,9 +168,10 @@ COMPILE_WORKERS = min(16, os.cpu_count() or 1)
 
 # the L2 a cold-cache rotation must exceed twice over when the device does not say (H200's)
 DEFAULT_L2_BYTES = 60 * 2**20
-# a mix's batch timed alone rotates through at most this many copies of itself: a batch of a
-# few short sequences still reads about twice the L2 (tuner.sweep.trials.build_trial)
-PART_MAX_COPIES = 256
+# a mix's batch timed alone rotates through at most this many copies of itself (as a whole
+# trial does): more would lengthen every sample of a batch of a few short sequences, whose
+# calls are bound by their launches more than by their reads (tuner.sweep.trials.build_trial)
+PART_MAX_COPIES = 64
 
 # the most JSON text tuner reads from one file, after gzip decompression (tuner.jsonfile): well
 # above the shipped tunings' 7.3 MiB; past it a file (/dev/zero, a gzip bomb) is refused
