@@ -43,7 +43,7 @@ def _flags_take_no_value() -> None:
 _flags_take_no_value()
 
 
-def _finite(value: float | None) -> float | None:
+def finite(value: float | None) -> float | None:
     """Float options: inf and nan pass typer's ranges (nan compares false to every bound)."""
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"must be a finite number, got {value}")
@@ -67,7 +67,7 @@ DbOption = Annotated[
 
 
 @contextlib.contextmanager
-def _user_errors() -> Iterator[None]:
+def user_errors() -> Iterator[None]:
     """Bad input of any kind: one line on stderr, exit code 2."""
     try:
         yield
@@ -80,13 +80,13 @@ def _print_error(message: str) -> None:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
-def _open_db(db: str | None, *, create: bool = True):
+def open_db(db: str | None, *, create: bool = True):
     from tuner.db import TuningDB
 
     return TuningDB(db, create=create)
 
 
-def _check_op(database, op: str | None) -> None:
+def check_op(database, op: str | None) -> None:
     """--op names one of tuner's ops or an op (a user's own @autotune function) the DB holds."""
     if op is None:
         return

@@ -10,14 +10,14 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, _open_db, _user_errors, app, console, err
+from tuner.cli.base import DbOption, open_db, user_errors, app, console, err
 from tuner.errors import TunerError
 
 
 @app.command("doctor")
 def doctor_command(db: DbOption = None) -> None:
     """Check the environment: fingerprint, shipped tunings, tuning DB, counts, integrity."""
-    with _user_errors():
+    with user_errors():
         from tuner.db import current_fingerprint, current_fingerprint_id
         from tuner.ops import list_ops
 
@@ -40,7 +40,7 @@ def doctor_command(db: DbOption = None) -> None:
         from tuner.db import DamagedDBError, DBError, MissingDBError, applies
 
         try:
-            database = _open_db(db, create=False)
+            database = open_db(db, create=False)
         except MissingDBError as e:  # nothing wrong: nothing tuned here yet
             console.print(f"tuning DB: {escape(str(e))}")
             _print_problems(shipped_problems)
@@ -123,10 +123,10 @@ def prune_command(
 
     Records of an older tuner or another driver on the same GPU and libraries still apply, and are kept.
     """
-    with _user_errors():
+    with user_errors():
         from tuner.db import current_fingerprint
 
-        database = _open_db(db, create=False)
+        database = open_db(db, create=False)
         with contextlib.suppress(TunerError):  # malformed fingerprints: their ids still show
             fps = database.fingerprints()
         fps = locals().get("fps", {})

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, _check_op, _finite, _open_db, _user_errors, app, console
+from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console
 from tuner.errors import TunerError
 
 
@@ -24,18 +24,18 @@ def report_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")],
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
-    bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, callback=_finite, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
+    bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, callback=finite, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
     environment: Annotated[Optional[str], typer.Option("--environment", "-e", help="Report the winners of this environment id (`tuner doctor` lists them), e.g. a GPU's from a laptop; default: those that apply here.")] = None,
 ) -> None:
     """Plot an environment's winners (speedup over the default, roofline fraction) and write a Markdown summary."""
-    with _user_errors():
+    with user_errors():
         from tuner.db import current_fingerprint
         from tuner.report import summary_rows, write_report
 
         if out.exists() and not out.is_dir():
             raise TunerError(f"--out {out} is a file; the report is a directory")
-        database = _open_db(db, create=False)
-        _check_op(database, op)
+        database = open_db(db, create=False)
+        check_op(database, op)
         if environment is not None and environment not in database.fingerprints():
             known = ", ".join(sorted(database.fingerprints())) or "none"
             raise TunerError(f"--environment {environment!r} is not in the DB (it holds: {known})")
@@ -121,9 +121,9 @@ def export_command(
     force: Annotated[bool, typer.Option("--force", help="lightllm: replace config files that exist already.")] = False,
 ) -> None:
     """Write the stored winners (with their environments) to a file or, for LightLLM, a directory."""
-    with _user_errors():
-        database = _open_db(db, create=False)
-        _check_op(database, op)
+    with user_errors():
+        database = open_db(db, create=False)
+        check_op(database, op)
         if format is ExportFormat.lightllm:
             from tuner.integrations.lightllm import KERNEL, lightllm_export
 
@@ -165,7 +165,7 @@ def import_command(
     replace: Annotated[bool, typer.Option("--replace", help="Replace stored winners even where the stored one is newer (what is replaced is kept in the DB's history).")] = False,
 ) -> None:
     """Load winners from a JSON export. The whole file is validated first (each config against its op's rules); on any error nothing is written. A stored winner newer than the imported one is kept, unless --replace."""
-    with _user_errors():
+    with user_errors():
         from tuner.db.jsonio import DocumentError, load_document, parse_document
         from tuner.ops import check_record
 
@@ -174,7 +174,7 @@ def import_command(
             why = check_record(problem.op, problem.static_key, problem.run_key, fields["config"])
             if why is not None:
                 raise DocumentError(f"{file}: the record of {problem.op} at {problem.run_key.to_json()}: {why}")
-        database = _open_db(db)
+        database = open_db(db)
         database.require_sound("import into")
         result = database.save_records(rows, replace=replace)
         console.print(f"imported {result.written + result.replaced} winners into {escape(database.display_url)} "

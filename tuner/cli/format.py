@@ -5,11 +5,11 @@ from __future__ import annotations
 from rich.markup import escape
 
 
-def _fmt_us(value: float | None) -> str:
+def fmt_us(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f}"
 
 
-def _fmt_config(config: dict | None) -> str:
+def fmt_config(config: dict | None) -> str:
     if not config:
         return "-"
     return escape(" ".join(f"{k}={v}" for k, v in config.items()))

@@ -10,8 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, _check_op, _open_db, _user_errors, app, console
-from tuner.cli.format import _fmt_config, _fmt_us
+from tuner.cli.base import DbOption, check_op, open_db, user_errors, app, console
+from tuner.cli.format import fmt_config, fmt_us
 from tuner.errors import TunerError
 from tuner.keys import AttentionStaticKey
 
@@ -28,11 +28,11 @@ def show_command(
     misses: Annotated[bool, typer.Option("--misses", help="Instead: the keys the runtime served from the nearest winner or the default, still untuned (`sweep OP --from-misses` tunes them).")] = False,
 ) -> None:
     """Show the stored winners that apply in this environment (--all: every environment's)."""
-    with _user_errors():
+    with user_errors():
         from tuner.db import current_fingerprint, current_fingerprint_id
 
-        database = _open_db(db, create=False)
-        _check_op(database, op)
+        database = open_db(db, create=False)
+        check_op(database, op)
         fp = current_fingerprint_id()
         if misses:
             _show_misses(database, fp, op, db)
@@ -52,7 +52,7 @@ def show_command(
             header = ("batch", "q", "kv <=", "config", "us", "default us", "speedup")
             cells = [[
                 str(r.problem.run_key.batch), str(r.problem.run_key.max_q_len), f"{r.problem.run_key.kv_len_bucket:,}",
-                _fmt_config(r.config), _fmt_us(r.median_us), _fmt_us(r.default_median_us),
+                fmt_config(r.config), fmt_us(r.median_us), fmt_us(r.default_median_us),
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
             ] for r in rows]
             table = Table(title=title)

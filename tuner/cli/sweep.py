@@ -20,8 +20,8 @@ from typing_extensions import Annotated
 
 from tuner import settings
 from tuner.cli import base  # its _INVOCATION, as main() set it
-from tuner.cli.base import DbOption, _finite, _open_db, _user_errors, app, console, err
-from tuner.cli.format import _fmt_config, _fmt_us
+from tuner.cli.base import DbOption, finite, open_db, user_errors, app, console, err
+from tuner.cli.format import fmt_config, fmt_us
 from tuner.errors import TunerError
 
 _SWEEP = settings.TIMERS["sweep-cpu"]  # the sweep's timing options' defaults
@@ -34,7 +34,7 @@ def _open_db_to_sweep(db: str | None, force: bool):
     from tuner.db import DamagedDBError, DBError
 
     try:
-        database = _open_db(db)
+        database = open_db(db)
     except DamagedDBError as e:
         return _set_aside_and_open(db, e, force)
     damage = database.damage()  # a truncated file opens, then fails mid-sweep
@@ -61,7 +61,7 @@ def _set_aside_and_open(db: str | None, damage: Exception, force: bool):
     aside = set_aside(db)  # refuses anything that is not tuner's own file
     err.print(f"[yellow]warning:[/] {escape(str(damage))}; renamed it to {escape(str(aside))}", highlight=False,
               soft_wrap=True)
-    return _open_db(db)
+    return open_db(db)
 
 
 @app.command("ops")
@@ -154,8 +154,8 @@ def sweep_command(
     backends: Annotated[Optional[str], typer.Option("--backends", help="decode_attention only: search only these backends, comma-separated. Default: fa3,triton_decode where every shape is a serving batch (FlashInfer's per-call plan cannot be held by a captured decode graph), else every installed one.")] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed calls before timing each config.")] = _SWEEP.warmup,
     repeats: Annotated[int, typer.Option(min=1, help="Timed calls per config (at most).")] = _SWEEP.repeats,
-    max_seconds: Annotated[float, typer.Option(min=0.001, callback=_finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
-    min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=_finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = settings.MIN_GAIN,
+    max_seconds: Annotated[float, typer.Option(min=0.001, callback=finite, help="CPU only: stop timing a config after this long (once 5 calls are timed).")] = _SWEEP.max_seconds,
+    min_gain: Annotated[float, typer.Option(min=0.0, max=1.0, callback=finite, help="A winner must beat the default by this fraction, and by more than the noise.")] = settings.MIN_GAIN,
     second_trial: Annotated[bool, typer.Option("--second-trial/--no-second-trial", help="Serving shapes: confirm each winner once more, side by side with the default, on a second batch of freshly drawn lengths, and keep the default where it does not hold (one draw of lengths can crown a config that loses on another).")] = True,
     model: Annotated[Optional[str], typer.Option("--model", rich_help_panel="Your model", help="Sweep the grid (or shapes file) at this model's attention heads: a name from the built-in table (e.g. llama-3.1-8b, qwen3-30b-a3b, gemma-2-9b, gpt-oss-20b; an unknown name lists them) or a Hugging Face config.json (or its directory), read offline. Models with sliding-window layers give a static key per layer kind.")] = None,
     tp: Annotated[Optional[str], typer.Option("--tp", rich_help_panel="Your model", help="With --model: tensor-parallel sizes, e.g. 1,2,4,8; each gives its per-GPU heads (default 1).")] = None,
@@ -174,7 +174,7 @@ def sweep_command(
 
     Resumable: rerun the same command after an interruption and only what is missing is measured. Each candidate is checked against the reference before it is timed; a winner must beat the library default by more than the noise.
     """
-    with _user_errors(), contextlib.ExitStack() as scope:
+    with user_errors(), contextlib.ExitStack() as scope:
         from tuner.bench import timer_for
         from tuner.ops import get_op
 
@@ -431,8 +431,8 @@ def _sweep_table(op_name: str, results: list) -> Table:
             note = f"{note} {r.resumed} resumed".strip()
         row = [] if common else [r.shape.static_label()]
         row += [
-            str(r.shape.batch), str(r.shape.q_len), f"{r.shape.kv_len:,}", _fmt_us(r.default_us),
-            _fmt_config(r.winner), _fmt_us(r.winner_us),
+            str(r.shape.batch), str(r.shape.q_len), f"{r.shape.kv_len:,}", fmt_us(r.default_us),
+            fmt_config(r.winner), fmt_us(r.winner_us),
             "-" if r.speedup is None else f"{r.speedup:.2f}x", note,
         ]
         table.add_row(*row)
