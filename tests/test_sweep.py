@@ -417,24 +417,31 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_copies_cold_on_their_o
     from tuner.workload.rotation import bytes_read
     from tuner.workload.traffic import serving_draws
 
-    mix_bytes = []
+    asked = []
 
     def copies(nbytes, device, max_copies=64):  # the mix needs 2; a batch alone, one per 1,000 bytes
-        mix_bytes.append(nbytes)
-        return 2 if len(mix_bytes) == 1 else max(1, nbytes // 1000)
+        asked.append(max_copies)
+        return 2 if len(asked) == 1 else min(max_copies, max(1, nbytes // 1000))
 
     monkeypatch.setattr(trial_module, "cold_l2_copies", copies)
+    monkeypatch.setattr(trial_module, "l2_bytes", lambda: 2**30)  # room for any page tables
+    monkeypatch.setattr(trial_module.settings, "PART_MAX_COPIES", 40)
     shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
-    trial = trial_module.build_trial(get_op("torch_split_decode"), shape, "cpu", seed=5)
+    # "cuda": the part copies' rule is for GPUs (one copy of anything on a CPU); the inputs stay on the CPU
+    plain = get_op("torch_split_decode")
+    op = dataclasses.replace(plain, make_inputs=lambda shape, device, **kw: plain.make_inputs(shape, "cpu", **kw))
+    monkeypatch.setattr(trial_module, "too_big", lambda shape, device: None)
+    trial = trial_module.build_trial(op, shape, "cuda", seed=5)
     draws = serving_draws(3, 64, 5)
     assert len(draws) == 6  # batch 3: two rounds of the three distributions
-    assert len(trial.runs) == 12 and len(trial.parts) == 6
-    assert [run.args[0].lengths() for run in trial.runs] == draws + draws  # copy c of batch j at c * 6 + j
-    for part, lens in zip(trial.parts, draws, strict=True):
+    assert len(trial.runs) == 12 and len(trial.parts) == 6 and asked[1:] == [40] * 6
+    for j, (part, lens) in enumerate(zip(trial.parts, draws, strict=True)):
         inputs = [run.args[0] for run in part]
         assert all(i.lengths() == lens for i in inputs)
-        assert len(inputs) == max(2, bytes_read(inputs[0]) // 1000)  # its own count, at least the mix's
+        assert len(inputs) == min(40, max(2, bytes_read(inputs[0]) // 1000))  # its own, at least the mix's
         assert len({i.page_table.data_ptr() for i in inputs}) == len(inputs)  # each copy its own pages
+        # the whole rotation runs the first copies of each batch: copy c of batch j at c * 6 + j
+        assert all(trial.runs[c * 6 + j].args[0] is inputs[c] for c in range(2))
     full = trial_module.build_trial(get_op("torch_split_decode"), dataclasses.replace(shape, lengths="full"), "cpu")
     assert full.parts == []  # one batch: nothing to hold a winner to beyond the mean
 

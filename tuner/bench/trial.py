@@ -31,7 +31,8 @@ class Trial:
     checks: Sequence[tuple[int, Any]] = ()
     precompile: Callable[[list[Config]], None] | None = None
     # a mix's batches, each timed alone (tuner.bench.decide): per batch, runs over copies of it
-    # alone reading twice the L2, as the whole rotation does over all of them
+    # alone, as many as read twice the L2 within settings.PART_MAX_COPIES and the copies'
+    # memory (tuner.sweep.trials.part_copies)
     parts: Sequence[Sequence[Callable[[Config], Any]]] = ()
 
 

@@ -30,10 +30,11 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
         caps = graph_caps(shape.batch, shape.kv_len)
         need = (3 * sum(caps) + 2 * caps[-1]) * shape.batch * shape.static_key().kv_bytes_per_token()
     if device == "cuda":
-        if shape.lengths != "full":  # each batch's own copies, for its part: about twice the L2 each
+        if shape.lengths != "full":  # each batch's own copies for its part (part_copies): its
+            # pages and its page tables, at most twice the L2 each
             batches = 3 * (len(graph_caps(shape.batch, shape.kv_len)) if shape.lengths == "graph"
                            else draws_per_distribution(shape.batch))
-            need += batches * 2 * l2_bytes()
+            need += batches * 4 * l2_bytes()
         # what PyTorch's cache holds unused is free to this process too
         free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     else:
@@ -85,7 +86,8 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
 
     A "serving" shape's trial holds batches of each length distribution (serving_draws); its
     rotation runs them in turn, so a timing is their mean: the expected time over the mix,
-    each batch weighted alike. The copies for a cold L2 are of the whole set. reach_top: a
+    each batch weighted alike: copies of each for a cold L2 over the whole set, and more of each
+    for its part, timed alone (part_copies). reach_top: a
     serving trial's first batch reaches the bucket's top (serving_draws). Each serving batch
     runs as a call of it does (as_called). A "graph" shape's trial holds the batches its
     graph replays (graph_draws), each as wide as the bound and with no host lengths. draws:
@@ -105,12 +107,8 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
             batches.append(op.make_inputs(called, device=device, seed=seed, seq_lens=lens, table_width=width))
     references = [inputs.reference() for inputs in batches]
     count = cold_l2_copies(sum(bytes_read(inputs) for inputs in batches), device)
-    # a batch of a mix is also timed alone (its part): copies enough that it alone reads
-    # twice the L2; the whole rotation takes the first `count` of each
-    own = [count if len(batches) == 1 else max(count, cold_l2_copies(bytes_read(inputs), device,
-                                                                     settings.PART_MAX_COPIES))
-           for inputs in batches]
-    copies = [fresh_page_copies(inputs, n) for inputs, n in zip(batches, own)]
+    own = [count if len(batches) == 1 else part_copies(inputs, count, device) for inputs in batches]
+    copies = [fresh_page_copies(inputs, n) for inputs, n in zip(batches, own)]  # the rotation takes `count` of each
     if shape.lengths == "graph":  # a replay has no host lengths (a copy's pages were laid out by them)
         copies = [[dataclasses.replace(c, seq_lens_host=None) for c in per_batch] for per_batch in copies]
     del batches  # their caches live on in the copies' pools
@@ -123,6 +121,18 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     return Trial(runs=runs, reference=references[0], tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len,
                  checks=[(i, ref) for i, ref in enumerate(references) if i > 0], precompile=precompile,
                  parts=parts)
+
+
+def part_copies(inputs: DecodeInputs, count: int, device: str) -> int:
+    """Copies of a mix's batch, which is also timed alone (its part): as many as it alone
+    needs to read twice the L2 (at most settings.PART_MAX_COPIES), at least the mix's
+    `count`. Each copy holds a page table of its own: those past `count` take at most twice
+    the L2 of memory (a wide graph bound's tables outweigh the pages a short batch reads)."""
+    alone = cold_l2_copies(bytes_read(inputs), device, settings.PART_MAX_COPIES)
+    if device != "cuda" or alone <= count:
+        return count
+    room = 2 * l2_bytes() // max(inputs.page_table.nbytes, 1)
+    return count + min(alone - count, room)
 
 
 def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
