@@ -21,8 +21,9 @@ logits go beside --out (ITS_NAME.BACKEND.logits.pt). The tuner backend is SGLang
 backend whose plain decode runs decode_attention (tuner.integrations.sglang), registered in
 the worker process before SGLang parses its arguments; --db is its TUNER_DB (graph records
 for the model's key: `tuner sweep decode_attention_graph --grid serving --model M`). The
-JSON is written after every backend; --resume keeps the backends --out already holds, and
---merge joins the JSON of several runs (one backend a device call, say). Needs SGLang, its
+JSON is written after every worker, its result files kept beside it (ITS_NAME.work/); no
+worker starts past --deadline; --resume keeps what ran and runs the rest, and --merge joins
+the JSON of several runs (one backend, or its latency alone, a device call, say). Needs SGLang, its
 dependencies and a GPU: `bash tools/prepare_sglang.sh` here, then on the GPU machine
 `bash .gpu/sglang/install` after the staging of ../shared/gpu/README.md.
 """
@@ -34,8 +35,8 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from common.run_info import header
@@ -164,11 +165,11 @@ def reinit_weights(model) -> None:
     import torch
 
     with torch.no_grad():
-        for i, (name, param) in enumerate(sorted(model.named_parameters())):
+        for name, param in model.named_parameters():
             if param.dim() == 1:
                 param.fill_(1.0 if "norm" in name else 0.0)
                 continue
-            generator = torch.Generator(device=param.device).manual_seed(i)
+            generator = torch.Generator(device=param.device).manual_seed(zlib.crc32(name.encode()))
             std = 1.0 if "embed" in name else param.shape[-1] ** -0.5
             param.copy_(torch.randn(param.shape, generator=generator, device=param.device) * std)
 
@@ -195,6 +196,8 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
     ServerArgs.add_cli_args(parser)
     one_batch.BenchArgs.add_cli_args(parser)
     server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    if hasattr(one_batch, "_set_envs_and_config"):  # as the benchmark's own main() does first
+        one_batch._set_envs_and_config(server_args)
     runner, _ = one_batch.load_model(server_args, PortArgs.init_new(server_args), 0, 0)
     reinit_weights(runner.torch_runner.model)
     np.random.seed(0)
@@ -212,17 +215,61 @@ def logits_path(out: Path, backend: str) -> Path:
     return out.with_name(f"{out.stem}.{backend}.logits.pt")
 
 
-def run_latency(backend: str, model_dir: Path, args: argparse.Namespace, work: Path, log: Path) -> dict:
-    """bench_one_batch per input length: exit codes, and the rows of its result files."""
-    exits, rows = {}, []
+class Run:
+    """One invocation's results, written to --out after every worker (a device call may end
+    mid-backend); with --resume, what --out holds: each input length that ran (exit 0) and
+    each logits file a worker finished are kept."""
+
+    def __init__(self, args: argparse.Namespace, out: Path) -> None:
+        self.args, self.out, self.started = args, out, time.perf_counter()
+        doc = json.loads(out.read_text()) if args.resume and out.exists() else {}
+        self.results: dict[str, dict] = doc.get("results", {})
+        self.logits_files = {b: out.parent / name for b, name in doc.get("logits_files", {}).items()}
+
+    def left_s(self) -> float:
+        return self.args.deadline - (time.perf_counter() - self.started)
+
+    def save(self) -> dict:
+        doc = document(self.args, self.started, self.results, self.logits_files, self.out)
+        self.out.write_text(json.dumps(doc, indent=1))
+        return doc
+
+
+def run_latency(run: Run, backend: str, model_dir: Path, work: Path, log: Path) -> None:
+    """bench_one_batch per input length not yet run: exit codes, and the rows of its result files."""
+    args = run.args
+    latency = run.results.setdefault(backend, {}).setdefault("latency", dict(exit_codes={}, rows=[]))
     batches = [int(b) for b in args.batches.split(",")]
     input_lens = [int(n) for n in args.input_lens.split(",")]
     for input_len, fits in latency_points(args.model, batches, input_lens, args.output_len):
+        if latency["exit_codes"].get(str(input_len)) == 0:
+            continue
+        if run.left_s() < 30:
+            latency["exit_codes"][str(input_len)] = "not run: --deadline"
+            continue
         result = work / f"{backend}.{input_len}.jsonl"
+        result.unlink(missing_ok=True)
         argv = bench_argv(model_dir, backend, fits, input_len, args, result)
-        exits[str(input_len)] = run_worker("latency", backend, argv, None, args.db, log, args.timeout)
-        rows += [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
-    return dict(exit_codes=exits, rows=rows)
+        code = run_worker("latency", backend, argv, None, args.db, log, min(args.timeout, run.left_s()))
+        latency["exit_codes"][str(input_len)] = code
+        latency["rows"] = [r for r in latency["rows"] if r["input_len"] != input_len]
+        latency["rows"] += [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
+        run.save()
+
+
+def run_logits(run: Run, backend: str, model_dir: Path, work: Path, log: Path) -> None:
+    """The logits worker, unless its file is already here from a worker that finished."""
+    entry = run.results.setdefault(backend, {})
+    path = logits_path(run.out, backend)
+    if entry.get("logits_exit_code") == 0 and path.exists():
+        return
+    path.unlink(missing_ok=True)  # a worker that fails must not be scored on an older file
+    argv = bench_argv(model_dir, backend, [LOGITS_BATCH], LOGITS_INPUT, run.args, work / "logits.jsonl")
+    code = run_worker("logits", backend, argv, path, run.args.db, log, min(run.args.timeout, run.left_s()))
+    entry["logits_exit_code"] = code
+    if code == 0 and path.exists():
+        run.logits_files[backend] = path
+    run.save()
 
 
 def agreements(logits_files: dict[str, Path]) -> dict[str, float]:
@@ -237,33 +284,50 @@ def agreements(logits_files: dict[str, Path]) -> dict[str, float]:
 
 
 def document(args: argparse.Namespace, started: float, results: dict, logits_files: dict[str, Path],
-             agreement: dict[str, float]) -> dict:
+             out: Path) -> dict:
     return dict(header("sglang_e2e", started), model=args.model, config=CONFIGS[args.model],
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len,
                 max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
-                logits_files={b: f.name for b, f in logits_files.items()},
-                logits_vs_fa3_relative_max_error=agreement,
+                logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
+                logits_vs_fa3_relative_max_error=agreements(logits_files),
                 summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}))
 
 
-def merge(files: list[str], out: Path) -> None:
-    """Join several runs' JSON: each backend's results from the first file that holds them;
-    the logits compared again where their files lie beside their JSON."""
-    docs = [(Path(f), json.loads(Path(f).read_text())) for f in files]
-    results, logits_files, agreement = {}, {}, {}
-    for path, doc in docs:
+def merge_result(into: dict, result: dict) -> None:
+    """A backend's results from another run joined in: its input lengths that ran where these
+    did not, its logits where these have none."""
+    if "latency" in result:
+        mine = into.setdefault("latency", dict(exit_codes={}, rows=[]))
+        for length, code in result["latency"]["exit_codes"].items():
+            if mine["exit_codes"].get(length) != 0:
+                mine["exit_codes"][length] = code
+                mine["rows"] = [r for r in mine["rows"] if str(r["input_len"]) != length]
+                mine["rows"] += [r for r in result["latency"]["rows"] if str(r["input_len"]) == length]
+    if "logits_exit_code" in result and into.get("logits_exit_code") != 0:
+        into["logits_exit_code"] = result["logits_exit_code"]
+
+
+def merge(files: list[str], out: Path, args: argparse.Namespace) -> dict:
+    """Join several runs' JSON, backend by backend and part by part (a run may hold one
+    backend's latency and another run its logits); the logits compared again where their
+    files lie where their JSON says."""
+    results: dict[str, dict] = {}
+    logits_files: dict[str, Path] = {}
+    docs = []
+    for f in files:
+        doc = json.loads(Path(f).read_text())
+        docs.append(doc)
         for backend, result in doc["results"].items():
-            results.setdefault(backend, result)
+            merge_result(results.setdefault(backend, {}), result)
         for backend, name in doc.get("logits_files", {}).items():
-            logits_files.setdefault(backend, path.with_name(name))
-        for backend, error in doc.get("logits_vs_fa3_relative_max_error", {}).items():
-            agreement.setdefault(backend, error)
-    agreement.update(agreements(logits_files))
-    first = docs[0][1]
-    merged = dict(first, results=results, logits_files={b: str(f) for b, f in logits_files.items()},
-                  logits_vs_fa3_relative_max_error=agreement, merged_from=[str(p) for p, _ in docs],
-                  summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}))
+            if doc["results"].get(backend, {}).get("logits_exit_code") == 0:
+                logits_files.setdefault(backend, (Path(f).parent / name).resolve())
+    first = docs[0]
+    args.model, args.batches, args.input_lens, args.output_len = (first["model"], first["batches"],
+                                                                  first["input_lens"], first["output_len"])
+    merged = dict(document(args, time.perf_counter(), results, logits_files, out), merged_from=files)
     out.write_text(json.dumps(merged, indent=1))
+    return merged
 
 
 def main() -> None:
@@ -277,9 +341,10 @@ def main() -> None:
     ap.add_argument("--mem-fraction", type=float, default=0.85)
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one worker (one input length) may take")
+    ap.add_argument("--deadline", type=float, default=560.0, help="start no worker after this many seconds")
     ap.add_argument("--latency", action=argparse.BooleanOptionalAction, default=True, help="bench_one_batch runs")
     ap.add_argument("--logits", action=argparse.BooleanOptionalAction, default=True, help="the logits comparison")
-    ap.add_argument("--resume", action="store_true", help="keep the backends --out already holds")
+    ap.add_argument("--resume", action="store_true", help="keep what --out already holds, run the rest")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="join these runs' JSON into --out (no GPU)")
     ap.add_argument("--worker", choices=("latency", "logits"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-backend", help=argparse.SUPPRESS)
@@ -292,32 +357,24 @@ def main() -> None:
         ap.error("--out is required")
     out = Path(args.out)
     if args.merge:
-        merge(args.merge, out)
-        return
-    started = time.perf_counter()
-    doc = json.loads(out.read_text()) if args.resume and out.exists() else {}
-    results = doc.get("results", {})
-    logits_files = {b: out.with_name(name) for b, name in doc.get("logits_files", {}).items()}
-    work = Path(tempfile.mkdtemp(prefix="sglang-e2e-"))
-    model_dir = write_model_dir(args.model, work / args.model)
-    for backend in args.backends.split(","):
-        if backend in results:
-            continue
-        log = out.with_suffix(f".{backend}.log")
-        result = dict(latency=run_latency(backend, model_dir, args, work, log)) if args.latency else {}
-        if args.logits:
-            argv = bench_argv(model_dir, backend, [LOGITS_BATCH], LOGITS_INPUT, args, work / "logits.jsonl")
-            result["logits_exit_code"] = run_worker("logits", backend, argv, logits_path(out, backend), args.db, log,
-                                                    args.timeout)
-            if logits_path(out, backend).exists():
-                logits_files[backend] = logits_path(out, backend)
-        results[backend] = result
-        doc = document(args, started, results, logits_files, agreements(logits_files))
-        out.write_text(json.dumps(doc, indent=1))
-        print(f"{backend}: {json.dumps({k: v for k, v in result.items() if k != 'latency'})} "
-              f"{json.dumps(result.get('latency', {}).get('exit_codes', {}))}", flush=True)
+        doc = merge(args.merge, out, args)
+    else:
+        run = Run(args, out)
+        work = out.with_name(f"{out.stem}.work")  # beside --out: what a cut-short call ran comes back
+        model_dir = write_model_dir(args.model, work / args.model)
+        for backend in args.backends.split(","):
+            log = out.with_suffix(f".{backend}.log")
+            if args.latency:
+                run_latency(run, backend, model_dir, work, log)
+            if args.logits:
+                run_logits(run, backend, model_dir, work, log)
+            result = run.results.get(backend, {})
+            print(f"{backend}: latency {json.dumps(result.get('latency', {}).get('exit_codes', {}))}, "
+                  f"logits exit {result.get('logits_exit_code')}", flush=True)
+        doc = run.save()
     for entry in doc.get("summary", []):
         print(json.dumps(entry), flush=True)
+    print(f"logits vs fa3 (relative max error): {json.dumps(doc['logits_vs_fa3_relative_max_error'])}", flush=True)
 
 
 if __name__ == "__main__":

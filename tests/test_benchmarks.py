@@ -478,20 +478,22 @@ def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang
     dies costs that length only; the decode graphs' batch sizes handed over; the tuner backend
     registered before SGLang parses its name; each step's logits copied out of the buffer the
     next step overwrites; weights drawn again alike in every process, so equal attention gives
-    equal logits and a broken one does not; and runs joined by --merge."""
+    equal logits and a broken one does not; a failed logits worker never scored on an older
+    file; and runs split by backend and by part joined by --merge."""
     e2e = benchmark_module("sglang_e2e")
     fake = ROOT / "tests" / "support" / "fake_sglang_bench"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]), FAKE_SGLANG_CRASH="triton:4096")
 
-    def run(out, backends):
+    def run(out, backends, *flags, crash="triton:4096"):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]), FAKE_SGLANG_CRASH=crash)
         result = subprocess.run([sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", backends,
-                                 "--batches", "1,8,64", "--input-lens", "1024,4096", "--output-len", "4"],
+                                 "--batches", "1,8,64", "--input-lens", "1024,4096", "--output-len", "4", *flags],
                                 cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads(out.read_text())
 
     first = run(tmp_path / "a.json", "fa3,triton")
-    second = run(tmp_path / "b.json", "tuner,broken")
+    logits_only = run(tmp_path / "b.json", "tuner,broken", "--no-latency")
+    run(tmp_path / "c.json", "tuner", "--no-logits")
     latency = first["results"]["triton"]["latency"]
     assert latency["exit_codes"]["1024"] == 0 and latency["exit_codes"]["4096"] != 0  # the crash took 4096 only
     assert {(r["batch_size"], r["input_len"]) for r in latency["rows"]} == {(1, 1024), (8, 1024), (64, 1024)}
@@ -502,15 +504,30 @@ def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang
     steps = torch.load(tmp_path / "a.fa3.logits.pt")
     assert steps.shape[0] == e2e.LOGITS_STEPS + 1 and not torch.equal(steps[1], steps[2])
     assert first["logits_vs_fa3_relative_max_error"] == {"triton": 0.0}
+    assert "latency" not in logits_only["results"]["tuner"]
+    # a logits worker that fails leaves no file to score, even where an older one lay
+    stale = tmp_path / "d.broken.logits.pt"
+    stale.write_bytes((tmp_path / "a.fa3.logits.pt").read_bytes())
+    failed = run(tmp_path / "d.json", "broken", "--no-latency", crash="broken:logits")
+    assert failed["results"]["broken"]["logits_exit_code"] != 0 and failed["logits_files"] == {}
+    assert not stale.exists()
     merged = tmp_path / "all.json"
-    subprocess.run([sys.executable, "sglang_e2e.py", "--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
-                    "--out", str(merged)], cwd=ROOT / "benchmarks", env=env, check=True, timeout=300)
+    subprocess.run([sys.executable, "sglang_e2e.py", "--merge", *(str(tmp_path / f"{n}.json") for n in "abcd"),
+                    "--out", str(merged)], cwd=ROOT / "benchmarks", check=True, timeout=300,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
     doc = json.loads(merged.read_text())
     assert set(doc["results"]) == {"fa3", "triton", "tuner", "broken"}
+    assert doc["results"]["tuner"]["logits_exit_code"] == 0 and doc["results"]["tuner"]["latency"]["rows"]
+    assert doc["results"]["broken"]["logits_exit_code"] == 0  # the run that finished
     errors = doc["logits_vs_fa3_relative_max_error"]
     assert errors["triton"] == errors["tuner"] == 0.0 and errors["broken"] > 0.1  # a wrong attention shows
     row = next(r for r in doc["summary"] if (r["batch"], r["input_len"]) == (8, 4096))
     assert row["best_built_in"] == "fa3" and abs(row["tuner_over_best"] - 1.1) < 1e-9
+    # a merged file merges again (its logits paths stay relative to it)
+    again = tmp_path / "again.json"
+    subprocess.run([sys.executable, "sglang_e2e.py", "--merge", str(merged), "--out", str(again)],
+                   cwd=ROOT / "benchmarks", check=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert json.loads(again.read_text())["logits_vs_fa3_relative_max_error"] == errors
 
 
 def test_sglang_e2e_runs_only_what_fits_the_model_and_a_prefill():

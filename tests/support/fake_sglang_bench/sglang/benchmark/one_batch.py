@@ -1,5 +1,5 @@
 """bench_one_batch's latency test and model loading, faked: throughput from the backend's name
-(FAKE_SGLANG_CRASH="backend:input_len" makes that run die), and a model whose weights each
+(FAKE_SGLANG_CRASH="backend:input_len", or "backend:logits" for load_model, makes that run die), and a model whose weights each
 process draws at random (as the dummy load format does) and whose logits come back as views
 of one buffer that every step overwrites (as SGLang's graphs return them)."""
 
@@ -85,6 +85,8 @@ class _Runner:
 
 
 def load_model(server_args, port_args, gpu_id, tp_rank):
+    if os.environ.get("FAKE_SGLANG_CRASH") == f"{server_args.attention_backend}:logits":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (fake)")
     return _Runner(server_args.attention_backend), None
 
 
