@@ -9,7 +9,7 @@
 - capture: graph_capture(lengths), configs for CUDA graphs chosen for the declared lengths
 """
 
-from typing import Any, Callable
+from typing import Callable
 
 from tuner.keys import AttentionRunKey
 from tuner.runtime.borrowing import Config, Winner, winner_gain
@@ -22,7 +22,7 @@ __all__ = ["MODES", "AutotunedFunction", "ConfigLookup", "Winner", "autotune", "
 
 
 def lookup(name: str, static_json: str, run: AttentionRunKey,
-           accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, Any]:
+           accepts: Callable[[Config], bool] | None = None) -> tuple[Config | None, str]:
     """The config the runtime serves for (op name, static key JSON, run key) and how it was
     found: "exact", "nearest" or "default" (None)."""
     return runtime.lookup(name, static_json, run, accepts)
