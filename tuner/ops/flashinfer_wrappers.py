@@ -34,6 +34,7 @@ DECODE_DEFAULT: Config = {"use_tensor_cores": False, "flashinfer_backend": "auto
                           "disable_split_kv": False}
 PREFILL_DEFAULT: Config = {"flashinfer_backend": "auto", "fixed_split_size": None, "disable_split_kv": False}
 
+
 @functools.cache
 def library() -> Any:
     """The flashinfer module, imported on first use (tests put a stand-in in its place)."""
