@@ -25,6 +25,16 @@ class _Tuned:
 TUNED: Any = _Tuned()
 
 
+@functools.cache
+def _has_cuda() -> bool:
+    return torch.cuda.is_available()  # ~0.5 us a call: asked once, as no capture can begin without it
+
+
+def stream_capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph."""
+    return _has_cuda() and torch.cuda.is_current_stream_capturing()
+
+
 @functools.lru_cache(maxsize=16)
 def sm_count(device_index: int | None = None) -> int:
     """The GPU's SM count (the current device's by default), what a GPU op's config space is

@@ -25,7 +25,7 @@ import torch
 from tuner.errors import TunerError
 from tuner.keys import host_flags, host_scalar
 from tuner.ops import fa3 as fa3_op
-from tuner.ops.base import Config, Op
+from tuner.ops.base import Config, Op, stream_capturing
 from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
@@ -61,13 +61,7 @@ class Backend:
         return (self.takes is None or self.takes(*call)) and (self.graph_capturable or not _capturing())
 
 
-@functools.cache
-def _has_cuda() -> bool:
-    return torch.cuda.is_available()  # ~0.5 us a call: asked once, as no capture can begin without it
-
-
-def _capturing() -> bool:
-    return _has_cuda() and torch.cuda.is_current_stream_capturing()
+_capturing = stream_capturing  # (a module name of its own: tests fake a capture here)
 
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tuner.keys import kv_len_bucket
-from tuner.ops.base import TUNED, Config
+from tuner.ops.base import TUNED, Config, stream_capturing
 from tuner.ops.flashinfer_plan import coverage_from_plan, host_seq_lens, paged_metadata, valid_bounds
 
 # FlashInfer's defaults: what a caller gets without tuner
@@ -445,5 +445,4 @@ class PlanReusePrefillWrapper(_PlanReuseWrapper):
         self._planned(inner, call, lens, kv_max, indptr, indices, last_page_len, qo_lens)
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+_capturing = stream_capturing  # (a module name of its own: tests fake a capture here)
