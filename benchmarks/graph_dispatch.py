@@ -44,6 +44,7 @@ from serving import _calls as graph_calls
 from serving import cases as serving_cases
 
 import tuner
+from tuner import settings
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import decode_attention
@@ -51,23 +52,28 @@ from tuner.keys.run import kv_len_bucket
 from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
-from tuner.workload.traffic import draw_lengths
+from tuner.workload.traffic import draw_lengths, is_dense
 
 VARIANTS = ("default", "ideal", "dispatch", "bare")
 NO_BUCKET = 2**31 - 1  # a padding bucket top no length reaches
 
 
 @triton.jit
-def _branch_flags_kernel(seqlens, batch, tops, branch_of, flags, n_branches,
+def _branch_flags_kernel(seqlens, batch, tops, branch_of, flags, n_branches, dense_fill,
                          N_TOPS: tl.constexpr, BLOCK: tl.constexpr, K: tl.constexpr):
-    """flags[k] = (k is the branch of the kv bucket that holds the longest of seqlens[:batch])."""
+    """flags[k] = (k is the branch of the kv bucket that holds the longest of seqlens[:batch],
+    in its dense column (branch_of[N_TOPS + bucket]) where the lengths sum to dense_fill x
+    batch x the longest or more, else in its other one (branch_of[bucket]))."""
     longest = tl.max(tl.zeros([BLOCK], dtype=tl.int32), 0)
+    total = tl.sum(tl.zeros([BLOCK], dtype=tl.float32), 0)
     for start in range(0, batch, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         lens = tl.load(seqlens + offs, mask=offs < batch, other=0)
         longest = tl.maximum(longest, tl.max(lens, 0))
+        total += tl.sum(lens.to(tl.float32), 0)
     bucket = tl.sum((tl.load(tops + tl.arange(0, N_TOPS)) < longest).to(tl.int32), 0)
-    branch = tl.load(branch_of + bucket)
+    dense = (total >= dense_fill * batch * longest.to(tl.float32)) & (longest > 0)
+    branch = tl.load(branch_of + bucket + dense.to(tl.int32) * N_TOPS)
     k = tl.arange(0, K)
     tl.store(flags + k, k == branch, mask=k < n_branches)
 
@@ -77,19 +83,20 @@ class GraphDispatch:
     config. Called outside a capture (a warm-up), every branch runs and the flagged one's
     output is returned."""
 
-    def __init__(self, tops: list[int], branch_of: list[int], configs: list[dict], device: str) -> None:
+    def __init__(self, tops: list[int], branch_of: dict[bool, list[int]], configs: list[dict], device: str) -> None:
         self.configs = configs
         n_tops = triton.next_power_of_2(len(tops))
         self.tops = torch.full((n_tops,), NO_BUCKET, dtype=torch.int32, device=device)
         self.tops[:len(tops)] = torch.tensor(tops, dtype=torch.int32)
-        self.branch_of = torch.zeros(n_tops, dtype=torch.int32, device=device)
-        self.branch_of[:len(branch_of)] = torch.tensor(branch_of, dtype=torch.int32)
+        self.branch_of = torch.zeros(2 * n_tops, dtype=torch.int32, device=device)  # other, then dense
+        for column, dense in enumerate((False, True)):
+            self.branch_of[column * n_tops:column * n_tops + len(tops)] = torch.tensor(branch_of[dense])
         self.k = triton.next_power_of_2(len(configs))
         self.flags = torch.zeros(self.k, dtype=torch.bool, device=device)
 
     def choose(self, seqlens: torch.Tensor) -> None:
         _branch_flags_kernel[(1,)](seqlens, seqlens.shape[0], self.tops, self.branch_of, self.flags,
-                                   len(self.configs), N_TOPS=self.tops.shape[0], BLOCK=128, K=self.k)
+                                   len(self.configs), settings.DENSE_FILL, N_TOPS=self.tops.shape[0], BLOCK=128, K=self.k)
 
     def __call__(self, args: tuple, kwargs: dict) -> torch.Tensor:
         self.choose(args[4])
@@ -105,25 +112,30 @@ class GraphDispatch:
         return out
 
 
-def branch_table(dispatch, args: tuple, kwargs: dict, batch: int, bound: int) -> tuple[list[int], list[int], list[dict]]:
-    """Every kv bucket top up to the bound; for each, the index of the config a call of this
-    batch size whose longest sequence fills that bucket resolves to (by the per-call lookup,
-    without host lengths); and those configs, each once."""
-    tops, branch_of, configs = [], [], []
+def branch_table(dispatch, args: tuple, kwargs: dict, batch: int, bound: int
+                 ) -> tuple[list[int], dict[bool, list[int]], list[dict]]:
+    """Every kv bucket top up to the bound; for dense batches and for others, each bucket's
+    index of the config the per-call lookup gives a call of this batch size whose longest
+    sequence fills that bucket (a by_fill record's dense or other config); those configs, once each."""
+    tops, configs = [], []
+    branch_of: dict[bool, list[int]] = {False: [], True: []}
     for exponent in range(bound.bit_length()):
         top = 1 << exponent
         call = list(args)
         call[5] = top  # max_kv_len: the bucket the lookup keys on
-        config = fill_branch(dispatch.config_for(*call, **kwargs), None, top, batch)
-        if config not in configs:
-            configs.append(config)
+        record = dispatch.config_for(*call, **kwargs)
         tops.append(top)
-        branch_of.append(configs.index(config))
+        for dense, lens in ((False, None), (True, [top] * batch)):
+            config = fill_branch(record, lens, top, batch)
+            if config not in configs:
+                configs.append(config)
+            branch_of[dense].append(configs.index(config))
     return tops, branch_of, configs
 
 
-def expected_branch(tops: list[int], branch_of: list[int], lens: list[int]) -> int:
-    return branch_of[tops.index(kv_len_bucket(max(lens)))]
+def expected_branch(tops: list[int], branch_of: dict[bool, list[int]], lens: list[int]) -> int:
+    longest = max(lens)
+    return branch_of[longest > 0 and is_dense(sum(lens), len(lens), longest)][tops.index(kv_len_bucket(longest))]
 
 
 def run_case(case: dict, spec: dict, device: str, timer, bound: int, seed: int) -> dict:
@@ -146,7 +158,7 @@ def run_case(case: dict, spec: dict, device: str, timer, bound: int, seed: int) 
     dispatch = GraphDispatch(tops, branch_of, configs, device)
     bare = GraphDispatch(tops, branch_of, [default] * len(configs), device)
     row = dict(case, kv_max=max(lens), copies=n, default=default, ideal=ideal, branches=configs,
-               branch_of_bucket=dict(zip(tops, branch_of)), expected_branch=expected_branch(tops, branch_of, lens))
+               branch_of_bucket={d: dict(zip(tops, b)) for d, b in (('other', branch_of[False]), ('dense', branch_of[True]))}, expected_branch=expected_branch(tops, branch_of, lens))
     rotations = [[lambda a=a, k=k: decode_attention(*a, **k, config=default) for a, k in graph],
                  [lambda a=a, k=k: decode_attention(*a, **k, config=ideal) for a, k in graph],
                  [lambda a=a, k=k: dispatch(a, k) for a, k in graph],

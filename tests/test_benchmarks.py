@@ -477,8 +477,17 @@ def test_graph_dispatch_runs_the_branch_of_the_longest_sequences_kv_bucket(tmp_p
     flags exactly the branch the host rule names (the kv bucket of the batch's longest
     sequence), and that branch's output is the one returned."""
     gd = benchmark_module("graph_dispatch")
-    assert gd.expected_branch([1, 2, 4, 8], [0, 0, 1, 2], [3, 1, 2]) == 1  # longest 3: bucket 4
-    assert gd.expected_branch([1, 2, 4, 8], [0, 0, 1, 2], [5]) == 2
+    table = {False: [0, 0, 1, 2], True: [0, 0, 3, 2]}
+    assert gd.expected_branch([1, 2, 4, 8], table, [3, 1, 0]) == 1  # longest 3: bucket 4; 4 of 9, not dense
+    assert gd.expected_branch([1, 2, 4, 8], table, [3, 2, 0]) == 3  # 5 of 9: dense
+    assert gd.expected_branch([1, 2, 4, 8], table, [5]) == 2
+    # the device step itself, on lengths the host rule sorts into each column
+    tops = [1 << e for e in range(8)]
+    other, dense = [0, 0, 0, 0, 0, 1, 1, 2], [0, 0, 0, 0, 0, 3, 1, 2]
+    step = gd.GraphDispatch(tops, {False: other, True: dense}, [{}] * 4, "cpu")
+    for lens in ([20, 30, 10], [20, 3, 1], [128], [100, 1, 1, 1], [0, 0], [33, 33]):
+        step.choose(torch.tensor(lens, dtype=torch.int32))
+        assert step.flags.nonzero().flatten().tolist() == [gd.expected_branch(tops, {False: other, True: dense}, lens)]
     out = tmp_path / "graph_dispatch.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "graph_dispatch.py", "--smoke", "--out", str(out)],
