@@ -16,7 +16,9 @@ read), four ways side by side:
 - dispatch: the device step and one IF node per distinct config of the batch size's kv buckets
   up to the bound, each branch writing one output;
 - bare: the same device step and as many IF nodes, every branch FA3's default: the dispatch's
-  own cost.
+  own cost;
+- ideal_in_node: the device step and one IF node, always taken, around the ideal config: the
+  least a dispatch can cost (against ideal).
 After the timing, the dispatch graph is replayed once more and the branch that ran, and its
 output, are checked against the host's expectation. Needs torch's conditional-node capture
 (CUDAGraph.begin_capture_to_if_node, CUDA >= 12.4); where it is missing, each case says so.
@@ -54,7 +56,7 @@ from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.traffic import draw_lengths, is_dense
 
-VARIANTS = ("default", "ideal", "dispatch", "bare")
+VARIANTS = ("default", "ideal", "dispatch", "bare", "ideal_in_node")
 NO_BUCKET = 2**31 - 1  # a padding bucket top no length reaches
 
 
@@ -157,12 +159,14 @@ def run_case(case: dict, spec: dict, device: str, timer, bound: int, seed: int) 
     tops, branch_of, configs = branch_table(lookup, ga, gk, case["batch"], bound)
     dispatch = GraphDispatch(tops, branch_of, configs, device)
     bare = GraphDispatch(tops, branch_of, [default] * len(configs), device)
+    in_node = GraphDispatch(tops, {False: [0] * len(tops), True: [0] * len(tops)}, [ideal], device)
     row = dict(case, kv_max=max(lens), copies=n, default=default, ideal=ideal, branches=configs,
                branch_of_bucket={d: dict(zip(tops, b)) for d, b in (('other', branch_of[False]), ('dense', branch_of[True]))}, expected_branch=expected_branch(tops, branch_of, lens))
     rotations = [[lambda a=a, k=k: decode_attention(*a, **k, config=default) for a, k in graph],
                  [lambda a=a, k=k: decode_attention(*a, **k, config=ideal) for a, k in graph],
                  [lambda a=a, k=k: dispatch(a, k) for a, k in graph],
-                 [lambda a=a, k=k: bare(a, k) for a, k in graph]]
+                 [lambda a=a, k=k: bare(a, k) for a, k in graph],
+                 [lambda a=a, k=k: in_node(a, k) for a, k in graph]]
     timings = timer.interleaved(rotations) if hasattr(timer, "interleaved") else [timer(r) for r in rotations]
     row["capture_failed"] = bool(getattr(timer, "last_capture_failed", False))
     row["us"] = {v: t.median_us for v, t in zip(VARIANTS, timings)}
@@ -193,6 +197,10 @@ def check_replay(dispatch: GraphDispatch, args: tuple, kwargs: dict, expected: d
     return {"branch_ran": ran, "max_error_vs_expected": float((out.float() - reference.float()).abs().max())}
 
 
+def _median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
 def summarize(rows: list[dict]) -> dict:
     done = [r for r in rows if "us" in r]
     return {
@@ -203,7 +211,8 @@ def summarize(rows: list[dict]) -> dict:
         "dispatch_slower_than_default_by_2pct": sum(r["over_default"]["dispatch"] < 1 / 1.02 for r in done),
         "dispatch_worst_over_default": min((r["over_default"]["dispatch"] for r in done), default=None),
         # the dispatch's own cost: bare's time over the default's, in us
-        "bare_cost_us_median": sorted(r["us"]["bare"] - r["us"]["default"] for r in done)[len(done) // 2] if done else None,
+        "bare_cost_us_median": _median([r["us"]["bare"] - r["us"]["default"] for r in done]),
+        "one_node_cost_us_median": _median([r["us"]["ideal_in_node"] - r["us"]["ideal"] for r in done]),
     }
 
 
