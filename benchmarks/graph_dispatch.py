@@ -161,7 +161,9 @@ def run_case(case: dict, spec: dict, device: str, timer, bound: int, seed: int) 
     bare = GraphDispatch(tops, branch_of, [default] * len(configs), device)
     in_node = GraphDispatch(tops, {False: [0] * len(tops), True: [0] * len(tops)}, [ideal], device)
     row = dict(case, kv_max=max(lens), copies=n, default=default, ideal=ideal, branches=configs,
-               branch_of_bucket={d: dict(zip(tops, b)) for d, b in (('other', branch_of[False]), ('dense', branch_of[True]))}, expected_branch=expected_branch(tops, branch_of, lens))
+               branch_of_bucket={name: dict(zip(tops, branch_of[dense])) for name, dense in (("other", False),
+                                                                                             ("dense", True))},
+               expected_branch=expected_branch(tops, branch_of, lens))
     rotations = [[lambda a=a, k=k: decode_attention(*a, **k, config=default) for a, k in graph],
                  [lambda a=a, k=k: decode_attention(*a, **k, config=ideal) for a, k in graph],
                  [lambda a=a, k=k: dispatch(a, k) for a, k in graph],
