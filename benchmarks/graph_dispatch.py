@@ -98,7 +98,8 @@ class GraphDispatch:
 
     def choose(self, seqlens: torch.Tensor) -> None:
         _branch_flags_kernel[(1,)](seqlens, seqlens.shape[0], self.tops, self.branch_of, self.flags,
-                                   len(self.configs), settings.DENSE_FILL, N_TOPS=self.tops.shape[0], BLOCK=128, K=self.k)
+                                   len(self.configs), settings.DENSE_FILL, N_TOPS=self.tops.shape[0], BLOCK=128,
+                                   K=self.k)
 
     def __call__(self, args: tuple, kwargs: dict) -> torch.Tensor:
         self.choose(args[4])
@@ -221,8 +222,9 @@ def summarize(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_options(ap)
-    ap.add_argument("--heads", default="32/8", help="one head configuration as Q/KV [hdD] ... (default: Llama 3.1 8B's, "
-                                                   "which the shipped tunings cover)")
+    ap.add_argument("--heads", default="32/8",
+                    help="one head configuration as Q/KV [hdD] ... (default: Llama 3.1 8B's, which the shipped "
+                         "tunings cover)")
     ap.add_argument("--db", type=Path, help="a user DB over the shipped tunings (default: shipped only)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
