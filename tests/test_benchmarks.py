@@ -475,7 +475,7 @@ def test_graph_replays_smoke_times_every_config_on_every_replayed_draw(tmp_path)
 def test_graph_dispatch_runs_the_branch_of_the_longest_sequences_kv_bucket(tmp_path):
     """Issue 37's per-replay dispatch probe: the device step (its Triton kernel, interpreted)
     flags exactly the branch the host rule names (the kv bucket of the batch's longest
-    sequence), and that branch's output is the one returned."""
+    sequence, and whether the batch is dense), and that branch's output is the one returned."""
     gd = benchmark_module("graph_dispatch")
     table = {False: [0, 0, 1, 2], True: [0, 0, 3, 2]}
     assert gd.expected_branch([1, 2, 4, 8], table, [3, 1, 0]) == 1  # longest 3: bucket 4; 4 of 9, not dense
