@@ -83,6 +83,6 @@ def run_cases(todo: list[tuple[int, T]], seconds: float, device: str, run: Calla
         if device == "cuda":
             torch.cuda.empty_cache()
         line = f"{row['model'][:26]:26} b{row['batch']:<4} L{row['cap']:<7} {row['distribution']:9}"
-        print(line + describe(row) + (" " + row["error"] if "error" in row else ""), flush=True)
+        print(line + (" " + row["error"] if "error" in row else describe(row)), flush=True)
         write(rows)
     return rows
