@@ -21,7 +21,7 @@ read), four ways side by side:
   least a dispatch can cost (against ideal).
 After the timing, the dispatch graph is replayed once more and the branch that ran, and its
 output, are checked against the host's expectation. Needs torch's conditional-node capture
-(CUDAGraph.begin_capture_to_if_node, CUDA >= 12.4); where it is missing, each case says so.
+(CUDAGraph.begin_capture_to_if_node, CUDA >= 12.4), which torch 2.11 lacks: there the run stops at once.
 The JSON is written after every case.
 """
 
@@ -188,8 +188,10 @@ def check_replay(dispatch: GraphDispatch, args: tuple, kwargs: dict, expected: d
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             graph.capture_begin()
-            out = dispatch(args, kwargs)
-            graph.capture_end()
+            try:
+                out = dispatch(args, kwargs)
+            finally:
+                graph.capture_end()
         torch.cuda.current_stream().wait_stream(stream)
         dispatch.flags.zero_()
         graph.replay()
@@ -228,6 +230,9 @@ def main() -> None:
     ap.add_argument("--db", type=Path, help="a user DB over the shipped tunings (default: shipped only)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    if device == "cuda" and not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+        ap.error(f"torch {torch.__version__} cannot capture conditional nodes "
+                 "(CUDAGraph.begin_capture_to_if_node; torch 2.11 lacks it)")
     BACKENDS.pop("flashinfer", None)  # a host plan per call: never inside a captured graph
     tuner.configure(db=args.db or Path(tempfile.mkdtemp()) / "none.db", shipped=SHIPPED, mode="lookup")
     if args.smoke:

@@ -12,7 +12,8 @@ bound, cold L2 by bytes read), side by side:
 - default: FA3's default, captured alone (what a server's graph runs today);
 - chosen: the branch the host would choose for this batch (the per-call records' config for
   the kv bucket of its longest sequence, dense or not), captured alone at the bound;
-- toggled: every branch captured at each call site, all but the chosen one disabled.
+- toggled: every branch captured at each call site (one after another, or with --parallel
+  each on a stream of its own), all but the chosen one switched off.
 The device cost of the dispatch is toggled over chosen; its host cost, the microseconds of one
 cudaGraphNodeSetEnabled, is timed once per case, with the nodes a switch of branch flips.
 Before timing, each call site's nodes are matched to their branches by capturing each branch
@@ -167,17 +168,30 @@ def capture_kept(rotation: Sequence[Callable], stream: torch.cuda.Stream) -> tor
 
 
 class ToggledSite:
-    """One call site of the toggled graph: every branch's call, each copied into one output.
-    The first site's `prepare` matches the kept graph's nodes to branches and disables all but
-    `chosen`'s; the state it leaves is read back by the case."""
+    """One call site of the toggled graph: every branch's call, each copied into one output,
+    one after another, or (parallel) each on its own stream between a fork and a join, so
+    that the switched-off branches' empty nodes need not wait for one another. The first
+    site's `prepare` matches the kept graph's nodes to branches and switches off all but the
+    chosen one's."""
 
-    def __init__(self, args: tuple, kwargs: dict, configs: list[dict]) -> None:
+    def __init__(self, args: tuple, kwargs: dict, configs: list[dict],
+                 streams: list[torch.cuda.Stream] | None = None) -> None:
         self.args, self.kwargs, self.configs = args, kwargs, configs
         self.out = torch.empty_like(args[0])
+        self.streams = streams if streams and len(configs) > 1 else None
 
     def __call__(self) -> torch.Tensor:
-        for config in self.configs:
-            self.out.copy_(decode_attention(*self.args, **self.kwargs, config=config))
+        if self.streams is None:
+            for config in self.configs:
+                self.out.copy_(decode_attention(*self.args, **self.kwargs, config=config))
+            return self.out
+        main = torch.cuda.current_stream()
+        for config, stream in zip(self.configs, self.streams):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                self.out.copy_(decode_attention(*self.args, **self.kwargs, config=config))
+        for stream in self.streams:
+            main.wait_stream(stream)
         return self.out
 
 
@@ -200,7 +214,8 @@ def set_cost_us(nodes: GraphNodes, graph_exec: int, node: int, repeats: int = 20
     return (time.perf_counter() - started) / repeats * 1e6
 
 
-def run_case(case: dict, spec: dict, nodes: GraphNodes, timer: ToggleTimer, bound: int, seed: int) -> dict:
+def run_case(case: dict, spec: dict, nodes: GraphNodes, timer: ToggleTimer, bound: int, seed: int,
+             parallel: bool) -> dict:
     lens = draw_lengths(case["distribution"], case["batch"], case["cap"], seed)
     shape = DecodeShape(batch=case["batch"], kv_len=max(lens), **spec)
     inputs = make_decode_inputs(shape, device="cuda", seed=seed, seq_lens=lens)
@@ -217,9 +232,11 @@ def run_case(case: dict, spec: dict, nodes: GraphNodes, timer: ToggleTimer, boun
     ideal = fill_branch(lookup.config_for(*per_call[0], **per_call[1]), host_lens, max(lens), case["batch"])
     tops, branch_of, configs = branch_table(lookup, ga, gk, case["batch"], bound)
     chosen = expected_branch(tops, branch_of, lens)
-    row = dict(case, kv_max=max(lens), copies=n, default=default, ideal=ideal, branches=configs,
+    row = dict(case, layout="parallel" if parallel else "sequence", kv_max=max(lens), copies=n, default=default,
+               ideal=ideal, branches=configs,
                chosen_branch=chosen, chosen_is_ideal=configs[chosen] == ideal)
-    sites = [ToggledSite(a, k, configs) for a, k in graph]
+    streams = [torch.cuda.Stream() for _ in configs] if parallel else None
+    sites = [ToggledSite(a, k, configs, streams) for a, k in graph]
     signatures = branch_signatures(nodes, sites[0], timer._stream())
     row["nodes_per_branch"] = [len(s) for s in signatures]
     if bad := unswitchable(signatures):
@@ -274,6 +291,8 @@ def main() -> None:
                     help="one head configuration as Q/KV [hdD] ... (default: Llama 3.1 8B's, which the shipped "
                          "tunings cover)")
     ap.add_argument("--db", type=Path, help="a user DB over the shipped tunings (default: shipped only)")
+    ap.add_argument("--parallel", action="store_true",
+                    help="capture each call site's branches on streams of their own, not one after another")
     args = ap.parse_args()
     if args.smoke or not torch.cuda.is_available():
         ap.error("needs a GPU: switching captured nodes is a CUDA-graph feature (no --smoke)")
@@ -294,7 +313,8 @@ def main() -> None:
         return doc
 
     rows = run_cases(todo, args.seconds, "cuda",
-                     run=lambda i, case: run_case(case, heads[case["model"]], nodes, timer, MAX_CONTEXT, seed=i),
+                     run=lambda i, case: run_case(case, heads[case["model"]], nodes, timer, MAX_CONTEXT, seed=i,
+                                                     parallel=args.parallel),
                      fields=lambda case: case,
                      describe=lambda r: " ".join(f"{v} {r['over_default'][v]:.3f}" for v in VARIANTS[1:])
                      + f" set {r['set_cost_us']:.2f}us nodes {r['nodes_per_branch']}",
