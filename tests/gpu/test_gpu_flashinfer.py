@@ -167,10 +167,9 @@ def test_decode_attention_runs_flashinfer_given_host_lengths():
 
 def test_a_sweeps_rotation_of_length_draws_replays_each_draws_own_plan():
     """Issue 36: the sweep's timer captures one call per length draw into one CUDA graph.
-    FlashInfer's plan reaches the device through a copy from its wrapper's host buffer that
-    each replay repeats; draws planned on one wrapper replayed the last draw's plan (wrong
-    outputs, or an illegal memory access past a sequence's keys). Every config, replayed
-    twice, matches each draw's reference."""
+    FlashInfer cannot plan inside a capture, so each draw must have planned before it, on a
+    wrapper of its own (draws sharing one re-planned inside the capture, which failed). Every
+    config, replayed twice, matches each draw's reference."""
     op = get_op("flashinfer")
     shape = DecodeShape(batch=4, kv_len=8192, lengths="serving")
     draws = [[8192, 40, 40, 40], [300, 8192, 8000, 5000], [17, 17, 8192, 17]]
@@ -197,14 +196,17 @@ def test_a_sweeps_rotation_of_length_draws_replays_each_draws_own_plan():
 
 
 def test_a_serving_sweep_of_flashinfer_measures_every_config_in_one_process(tmp_path):
-    """Issue 36's sweep died with an illegal memory access after timing FlashInfer on mixed
-    lengths (each draw's kernels had replayed the last draw's plan). The sweep's own path:
-    every config checked and timed under CUDA-graph replay, none fails."""
-    from tuner.db import TuningDB
+    """Issue 36's sweep died with an illegal memory access while FlashInfer was in its space
+    on mixed lengths. The sweep's own path: every config checked and timed under CUDA-graph
+    replay (none timed eagerly after a failed capture), none fails."""
+    from tuner.db import TuningDB, current_fingerprint_id
     from tuner.sweep import MEASURED, sweep
 
     shape = DecodeShape(batch=4, kv_len=65536, lengths="serving")  # 32/8 heads: every FlashInfer kernel runs
     with TuningDB(tmp_path / "fi.db") as db:
         [result] = sweep(get_op("flashinfer"), [shape], db, strategy="exhaustive")
-    torch.cuda.synchronize()  # a fault would surface here, if not before
-    assert result.status == MEASURED and result.failures == 0 and result.measured > 1, result
+        torch.cuda.synchronize()  # a fault would surface here, if not before
+        assert result.status == MEASURED and result.failures == 0 and result.measured > 1, result
+        rows = [m for r in db.records() for m in db.measurements(r.problem, current_fingerprint_id())]
+    assert rows and all(r.method.get("timer") == "cuda-graph" and "capture" not in r.method for r in rows), \
+        [r.method for r in rows if "capture" in r.method]

@@ -94,13 +94,11 @@ def _op_wrapper(lib: Any, device: str, q_len_is_one: bool, config_items: tuple, 
                 ) -> _PlanReuseWrapper:
     """One wrapper per config, device, flashinfer module (whose wrappers it holds) and plan slot.
 
-    FlashInfer's plan() writes the plan into its wrapper's page-locked host buffer and copies
-    it to the device workspace with cudaMemcpyAsync: inside a CUDA graph capture that copy
-    becomes a node that reads the host buffer again at every replay. Captured calls that
-    shared a wrapper but planned differently (a sweep's rotation of length draws) would all
-    replay the wrapper's last plan: kernels launched for one plan, reading another's work
-    items, past their own keys (the likely cause of issue 36's illegal memory access,
-    docs/decisions.md)."""
+    Calls captured together into one CUDA graph (a sweep's rotation of length draws) must
+    each be planned before the capture: FlashInfer cannot plan inside one (it copies host
+    tensors that are not page-locked), so draws sharing a wrapper re-planned inside the
+    capture, which failed, and the trial was timed eagerly (docs/decisions.md, "A sweep that
+    nothing kills")."""
     cls = PlanReuseDecodeWrapper if q_len_is_one else PlanReusePrefillWrapper
     return cls(_workspace(device), "NHD", config=dict(config_items))
 
