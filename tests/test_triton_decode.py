@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -455,3 +456,25 @@ def test_the_gpu_space_leaves_out_the_kernels_that_never_won_unless_the_full_spa
     monkeypatch.setattr(settings, "FULL_SPACE", False)
     graph = TRITON_DECODE.configs(dataclasses.replace(shape, lengths="graph"))
     assert {c["items_per_sm"] for c in graph if "items_per_sm" in c} == set(td.CUDA_ITEMS_PER_SM)
+
+
+def test_every_kernel_of_the_cuda_space_compiles_for_hopper_without_a_gpu(tmp_path: Path) -> None:
+    """The interpreter runs the kernels' arithmetic but builds nothing, and the GPU is lent
+    rarely: the compiled kernels (not interpreted) of the whole CUDA config space of the plain
+    key, and each kind of config (even split, by length, by load) for every static-key
+    feature the kernels branch on, built by Triton down to an sm_90 cubin on this machine."""
+    out = tmp_path / "hopper.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "compile_for_hopper.py"), str(out)],
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert out.exists(), result.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert result.returncode == 0 and not doc["errors"], doc["errors"][:3] or result.stderr[-3000:]
+    shapes = {v["shape"] for v in doc["variants"]}
+    assert shapes == {"plain", "window_softcap_d256", "sinks_window_d64", "mtp_q4", "page16_fp16"}
+    kinds = {("items_per_sm" in v["config"], "tokens_per_split" in v["config"]) for v in doc["variants"]}
+    assert kinds == {(False, False), (False, True), (True, False)}
+    # each feature shape builds kernels of its own (its constexprs differ from the plain key's)
+    assert all(sum(v["kernels"] for v in doc["variants"] if v["shape"] == s) > 0 for s in shapes)
+    assert doc["compiled"] == sum(v["kernels"] for v in doc["variants"]) > len(shapes)
