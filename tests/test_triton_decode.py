@@ -462,7 +462,8 @@ def test_every_kernel_of_the_cuda_space_compiles_for_hopper_without_a_gpu(tmp_pa
     """The interpreter runs the kernels' arithmetic but builds nothing, and the GPU is lent
     rarely: the compiled kernels (not interpreted) of the whole CUDA config space of the plain
     key, and each kind of config (even split, by length, by load) for every static-key
-    feature the kernels branch on, built by Triton down to an sm_90 cubin on this machine."""
+    feature the kernels branch on, built by Triton down to an sm_90 cubin on this machine, each
+    within the shared memory an sm_90 block may take."""
     out = tmp_path / "hopper.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
@@ -478,3 +479,4 @@ def test_every_kernel_of_the_cuda_space_compiles_for_hopper_without_a_gpu(tmp_pa
     # each feature shape builds kernels of its own (its constexprs differ from the plain key's)
     assert all(sum(v["kernels"] for v in doc["variants"] if v["shape"] == s) > 0 for s in shapes)
     assert doc["compiled"] == sum(v["kernels"] for v in doc["variants"]) > len(shapes)
+    assert 0 < doc["max_shared_bytes"] <= 232448

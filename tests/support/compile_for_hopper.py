@@ -5,7 +5,8 @@ this is what catches what only compilation sees (types, layouts, constexpr branc
 
     python tests/support/compile_for_hopper.py OUT.json
 
-Writes {"triton", "variants": [{shape, config, kernels}], "errors": [...]}; exits 1 on any error.
+Writes {"triton", "variants": [{shape, config, kernels}], "errors": [...], "max_shared_bytes"};
+exits 1 on any error, or a kernel that needs more shared memory than an sm_90 block has.
 Run it in its own process: it needs Triton imported without TRITON_INTERPRET and replaces
 Triton's active driver with a stand-in that names the target.
 """
@@ -26,6 +27,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 
 SM90_SMS = 132  # an H200's
+SM90_SHARED_BYTES = 232448  # the most shared memory one block may take on sm_90 (227 KiB)
 
 
 class Sm90Target:
@@ -68,9 +70,13 @@ def variants(td, shape, everything: bool) -> list[dict]:
     return configs
 
 
+def built(kernels) -> list:
+    """The kernels the stand-in device's caches hold, built down to a cubin."""
+    return [k for fn in kernels for k in fn.device_caches[0][0].values() if k.asm.get("cubin")]
+
+
 def compiled_kernels(kernels) -> int:
-    """How many kernels the stand-in device's caches hold built down to a cubin."""
-    return sum(bool(k.asm.get("cubin")) for fn in kernels for k in fn.device_caches[0][0].values())
+    return len(built(kernels))
 
 
 def main(out: Path) -> int:
@@ -93,8 +99,10 @@ def main(out: Path) -> int:
             except Exception as e:  # noqa: BLE001 - every variant is tried; each failure is listed
                 doc["errors"].append(dict(shape=name, config=config, error=f"{type(e).__name__}: {e}"[:2000]))
     doc["compiled"] = compiled_kernels(kernels)
+    # a kernel needing more would fail at every launch on the GPU
+    doc["max_shared_bytes"] = max((k.metadata.shared for k in built(kernels)), default=0)
     out.write_text(json.dumps(doc, indent=1))
-    return 1 if doc["errors"] else 0
+    return 1 if doc["errors"] or doc["max_shared_bytes"] > SM90_SHARED_BYTES else 0
 
 
 if __name__ == "__main__":
