@@ -53,7 +53,11 @@ SHAPES = {
     "sinks_window_d64": dict(num_q_heads=64, num_kv_heads=8, head_dim=64, window=(127, 0), sinks=True),
     "mtp_q4": dict(num_q_heads=32, num_kv_heads=8, head_dim=128, q_len=4),
     "page16_fp16": dict(num_q_heads=32, num_kv_heads=4, head_dim=128, page_size=16, dtype="float16"),
+    "chunked_merge": dict(num_q_heads=32, num_kv_heads=8, head_dim=128),
 }
+# the merge reads the splits a chunk at a time only past MERGE_TILE floats (head dims above
+# 256 with many splits): a smaller tile takes that branch here
+MERGE_TILES = {"chunked_merge": 16 * 128}
 
 
 def variants(td, shape, everything: bool) -> list[dict]:
@@ -88,7 +92,9 @@ def main(out: Path) -> int:
     td._kernels = lambda interpret: kernels  # CPU tensors would otherwise ask for the interpreter
     td.sm_count = lambda index=None: SM90_SMS
     doc: dict = {"triton": triton.__version__, "target": "cuda sm_90", "variants": [], "errors": []}
+    default_tile = td.MERGE_TILE
     for name, spec in SHAPES.items():
+        td.MERGE_TILE = MERGE_TILES.get(name, default_tile)
         shape = DecodeShape(batch=4, kv_len=4096, lengths="graph", **spec)
         inputs = make_decode_inputs(shape, device="cpu")
         for config in variants(td, shape, everything=name == "plain"):
