@@ -410,9 +410,9 @@ def test_the_gpu_space_leaves_out_the_kernels_that_never_won_unless_the_full_spa
 
 
 def test_every_kernel_of_the_cuda_space_compiles_for_hopper_without_a_gpu(tmp_path: Path) -> None:
-    """The interpreter runs what a compiled kernel cannot (Python semantics: a helper found
-    through a closure, a value whose type differs between branches, a mask of integers; on
-    bfloat16 it even takes another dot path), and the GPU is lent rarely: the compiled kernels
+    """The interpreter runs what a compiled kernel cannot (Python semantics: a value whose
+    type differs between branches, a mask of integers; on bfloat16 it even takes another dot
+    path), and the GPU is lent rarely: the compiled kernels
     of the whole CUDA config space of the plain key, and each kind of config (even split, by
     length, by load) for every static-key feature the kernels branch on and the merge's
     chunked reads, launched as the op launches them and built by Triton down to an sm_90
