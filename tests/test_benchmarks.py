@@ -502,24 +502,6 @@ def test_graph_dispatch_runs_the_branch_of_the_longest_sequences_kv_bucket(tmp_p
     assert len({r["expected_branch"] for r in rows}) > 1 and all(len(r["branches"]) > 1 for r in rows)
 
 
-def test_graph_toggle_matches_a_graphs_nodes_to_branches_only_in_capture_order():
-    """Issue 37's host-toggle probe switches off every node of the branches a step does not
-    run: a node given to the wrong branch would time (and run) another config, so a graph is
-    timed only where each call site holds each branch's nodes as that branch captured alone
-    holds them, in order; and a branch holding a node that cannot be switched off is named."""
-    gt = benchmark_module("graph_toggle")
-    fa3, triton, copy = (0, 11, 132, 1, 1), (0, 22, 8, 1, 1), (0, 33, 4, 1, 1)
-    branches = [[fa3, copy], [(2,), triton, copy]]  # a memset before the Triton kernel
-    graph = [fa3, copy, (2,), triton, copy] * 3
-    assert gt.branch_segments(branches, graph, 3) == [[range(0, 2), range(2, 5)], [range(5, 7), range(7, 10)],
-                                                      [range(10, 12), range(12, 15)]]
-    with pytest.raises(ValueError, match="call site 1, branch 1"):
-        gt.branch_segments(branches, graph[:5] + [fa3, copy, triton, (2,), copy] + graph[10:], 3)
-    with pytest.raises(ValueError, match="14 nodes"):
-        gt.branch_segments(branches, graph[:-1], 3)
-    assert gt.unswitchable(branches) == [] and gt.unswitchable([[fa3], [(7,), (3,)]]) == [3, 7]
-
-
 def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang(tmp_path):
     """Issue 38's harness end to end on a stand-in of SGLang's bench_one_batch
     (tests/support/fake_sglang_bench): a worker per backend and input length, so a run that
