@@ -26,10 +26,11 @@ How the keys are split (a stage-1 kernel each; they share the attention and the 
 
 The kernels are in triton_kernels.py. Triton is imported lazily, on first use: `import
 tuner` stays fast, and the interpreter (TRITON_INTERPRET=1, which Triton reads when
-@triton.jit runs) can be switched on before that file is loaded. CPU tensors always go through the interpreter. Where CUDA is
-absent, op.unavailable() and the first call set TRITON_INTERPRET=1 unless the user set it;
-that must happen before anything imports triton, since triton.language's own @jit helpers
-(tl.sum, tl.max) are decorated at that import. A clear error says so if it came too late.
+@triton.jit runs) can be switched on before that file is loaded. CPU tensors always go
+through the interpreter. Where CUDA is absent, op.unavailable() and the first call set
+TRITON_INTERPRET=1 unless the user set it; that must happen before anything imports
+triton, since triton.language's own @jit helpers (tl.sum, tl.max) are decorated at that
+import. A clear error says so if it came too late.
 """
 
 from __future__ import annotations
