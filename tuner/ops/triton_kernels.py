@@ -40,6 +40,7 @@ def _split_plan(seq_len, q_len, row_block, left, right, num_splits, tokens_per_s
     used = tl.maximum((span + chunk - 1) // chunk, 1)
     return lo, hi, chunk, used
 
+
 @triton.jit
 def _attend(Q, K, V, PageTable,
             stride_qb, stride_qs, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -118,6 +119,7 @@ def _attend(Q, K, V, PageTable,
         m_i = m_new
     return acc, m_i, l_i, qi, head, row_ok
 
+
 @triton.jit
 def _store_partial(Part, Lse, stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
                    b, qi, head, split, rows_stored, acc, m_i, l_i,
@@ -130,6 +132,7 @@ def _store_partial(Part, Lse, stride_pb, stride_ps, stride_ph, stride_pk, stride
               + split * stride_pk + offs_dv[None, :])
     tl.store(p_ptrs, part, mask=rows_stored[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
     tl.store(Lse + b * stride_lb + qi * stride_ls + head * stride_lh + split, lse, mask=rows_stored)
+
 
 @triton.jit
 def _store_output(Out, Sinks, stride_ob, stride_os, stride_oh, b, qi, head, row_ok, rows_stored, acc, m_i, l_i,
@@ -147,6 +150,7 @@ def _store_output(Out, Sinks, stride_ob, stride_os, stride_oh, b, qi, head, row_
     out = acc / tl.maximum(l_i, 1e-30)[:, None]
     o_ptrs = Out + b * stride_ob + qi[:, None] * stride_os + head[:, None] * stride_oh + offs_dv[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=rows_stored[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+
 
 @triton.jit
 def _decode_split_kernel(
@@ -190,6 +194,7 @@ def _decode_split_kernel(
     else:
         _store_partial(Part, Lse, stride_pb, stride_ps, stride_ph, stride_pk, stride_lb, stride_ls, stride_lh,
                        b, qi, head, split, row_ok, acc, m_i, l_i, HEAD_DIM_V, BLOCK_DV)
+
 
 # batch and the programs' count vary call to call: no compiled variant of each
 @triton.jit(do_not_specialize=["batch", "num_programs"])
@@ -264,6 +269,7 @@ def _decode_by_length_kernel(
                        b, qi, head, split, tl.where(used > 1, row_ok, False), acc, m_i, l_i, HEAD_DIM_V, BLOCK_DV)
         _store_output(Out, Sinks, stride_ob, stride_os, stride_oh, b, qi, head, row_ok,
                       tl.where(used == 1, row_ok, False), acc, m_i, l_i, HEAD_DIM_V, BLOCK_DV, HAS_SINKS)
+
 
 @triton.jit
 def _decode_merge_kernel(
