@@ -42,7 +42,9 @@ cat > "$out/install" <<'EOF'
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p /tmp/site
-zstd -d --long=30 -q -c "$here/site.tar.zst" | tar -C /tmp/site -x
+# the image may lack zstd: the staging parts bring one
+z=zstd; command -v zstd >/dev/null || { chmod +x /tmp/stage/zstd; z=/tmp/stage/zstd; }
+$z -d --long=30 -q -c "$here/site.tar.zst" | tar -C /tmp/site -x
 echo "staged SGLang 0.5.17 into /tmp/site"
 EOF
 chmod +x "$out/install"
