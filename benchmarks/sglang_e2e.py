@@ -4,7 +4,8 @@ and triton backends, dummy weights from a public config.json, each backend in it
 
     python benchmarks/sglang_e2e.py --out $OUT/sglang_e2e.json --model llama-3.1-8b \\
         [--backends tuner,fa3,flashinfer,triton] [--batches 1,8,32,128] \\
-        [--input-lens 1024,4096,16384,32768] [--output-len 32] [--db graph.db] [--no-logits | --no-latency]
+        [--input-lens 1024,4096,16384,32768] [--output-len 32] [--db graph.db] [--no-logits | --no-latency] \\
+        [--layers N]
     python benchmarks/sglang_e2e.py --merge A.json B.json ... --out all.json     # no GPU
 
 Latency: per backend and input length, one bench_one_batch process (an out-of-memory point
@@ -74,12 +75,13 @@ def _special(token_id: int, content: str) -> dict:
             "normalized": False, "special": True}
 
 
-def write_model_dir(model: str, path: Path) -> Path:
+def write_model_dir(model: str, path: Path, layers: int | None = None) -> Path:
     """config.json, and a tokenizer of a few words: bench_one_batch loads one whatever its
     flags, from tokenizer.json and tokenizer_config.json both, and feeds token ids it draws
     itself (below 10000), so the tokenizer never encodes a prompt."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(CONFIGS[model], indent=1))
+    config = dict(CONFIGS[model], **({"num_hidden_layers": layers} if layers else {}))
+    (path / "config.json").write_text(json.dumps(config, indent=1))
     specials = ["<unk>", "<s>", "</s>"]
     (path / "tokenizer.json").write_text(json.dumps({
         "version": "1.0", "truncation": None, "padding": None,
@@ -285,7 +287,8 @@ def agreements(logits_files: dict[str, Path]) -> dict[str, float]:
 
 def document(args: argparse.Namespace, started: float, results: dict, logits_files: dict[str, Path],
              out: Path) -> dict:
-    return dict(header("sglang_e2e", started), model=args.model, config=CONFIGS[args.model],
+    config = dict(CONFIGS[args.model], **({"num_hidden_layers": args.layers} if args.layers else {}))
+    return dict(header("sglang_e2e", started), model=args.model, config=config,
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len,
                 max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
@@ -325,6 +328,7 @@ def merge(files: list[str], out: Path, args: argparse.Namespace) -> dict:
     first = docs[0]
     args.model, args.batches, args.input_lens, args.output_len = (first["model"], first["batches"],
                                                                   first["input_lens"], first["output_len"])
+    args.layers = first["config"]["num_hidden_layers"]
     merged = dict(document(args, time.perf_counter(), results, logits_files, out), merged_from=files)
     out.write_text(json.dumps(merged, indent=1))
     return merged
@@ -339,6 +343,8 @@ def main() -> None:
     ap.add_argument("--input-lens", default="1024,4096,16384,32768")
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--mem-fraction", type=float, default=0.85)
+    ap.add_argument("--layers", type=int, help="fewer decoder layers than the model has: a quick check of the "
+                    "integration (its figures are not the model's)")
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds one worker (one input length) may take")
     ap.add_argument("--deadline", type=float, default=560.0, help="start no worker after this many seconds")
@@ -361,7 +367,8 @@ def main() -> None:
     else:
         run = Run(args, out)
         work = out.with_name(f"{out.stem}.work")  # beside --out: what a cut-short call ran comes back
-        model_dir = write_model_dir(args.model, work / args.model)
+        name = f"{args.model}-{args.layers}-layers" if args.layers else args.model
+        model_dir = write_model_dir(args.model, work / name, args.layers)
         for backend in args.backends.split(","):
             log = out.with_suffix(f".{backend}.log")
             if args.latency:

@@ -579,6 +579,8 @@ def test_sglang_e2e_builds_the_model_tuner_tunes_and_compares_with_the_best_buil
         config = json.loads((path / "config.json").read_text())
         assert attention_from_config(config, model) == known_model(model)
         assert json.loads((path / "tokenizer.json").read_text())["model"]["type"] == "WordLevel"
+    short = json.loads((e2e.write_model_dir("llama-3.1-8b", tmp_path / "short", layers=2) / "config.json").read_text())
+    assert short == dict(e2e.CONFIGS["llama-3.1-8b"], num_hidden_layers=2)  # --layers: only the depth changes
     rows = {"fa3": [dict(batch_size=8, input_len=4096, median_decode_throughput=1000.0)],
             "triton": [dict(batch_size=8, input_len=4096, median_decode_throughput=1100.0),
                        dict(batch_size=1, input_len=1024, median_decode_throughput=200.0)],

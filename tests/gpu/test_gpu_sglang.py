@@ -1,0 +1,32 @@
+"""On the H200, where SGLang is staged (`bash .gpu/sglang/install`): SGLang's own code, unmodified,
+decodes through tuner's backend (issue 38). benchmarks/sglang_e2e.py's logits worker loads a
+two-layer Llama 3.1 8B with SGLang's model runner, prefills a batch, and decodes steps in
+SGLang's CUDA graphs (capture, the host step before each replay, replay), once with SGLang's
+fa3 backend and once with tuner's; the weights are drawn alike in both processes, at scales
+where a wrong attention output shows in the logits."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("sglang")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sglang_decodes_through_tuners_backend_with_fa3s_logits(tmp_path):
+    out = tmp_path / "e2e.json"
+    result = subprocess.run(
+        [sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", "fa3,tuner", "--layers", "2",
+         "--no-latency", "--timeout", "240", "--mem-fraction", "0.5"],
+        cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    logs = "".join(p.read_text()[-3000:] for p in tmp_path.glob("e2e.*.log"))
+    assert result.returncode == 0, result.stderr[-3000:] + logs
+    doc = json.loads(out.read_text())
+    assert {b: doc["results"][b]["logits_exit_code"] for b in ("fa3", "tuner")} == {"fa3": 0, "tuner": 0}, logs
+    # the same attention in bf16 through another kernel; on the fake SGLang a wrong one moves them by over 0.1
+    assert doc["logits_vs_fa3_relative_max_error"]["tuner"] < 0.02
