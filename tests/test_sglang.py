@@ -3,6 +3,7 @@ decode call pattern (write the new token's K and V, attend over the backend's pa
 cache lengths), eager and under capture, and what it leaves to SGLang's FA3 code."""
 
 import importlib.metadata
+import sys
 import types
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from support import fake_sglang
 from tuner.integrations import sglang as integration
+from tuner.runtime.capture_watch import CAPTURES
 from tuner.workload.reference import paged_decode_reference
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
@@ -18,6 +20,7 @@ HEADS, KV_HEADS, DIM = 4, 2, 16
 @pytest.fixture
 def sgl(monkeypatch):
     installed = fake_sglang.install(monkeypatch)
+    monkeypatch.setattr(integration, "_hooks_registered", False)
     integration.backend_class.cache_clear()
     yield installed
     integration.backend_class.cache_clear()
@@ -169,3 +172,126 @@ def test_sinks_a_window_and_a_softcap_reach_decode_attention(sgl, monkeypatch):
     sinks = torch.zeros(HEADS)
     backend.forward_decode(q, k, v, layer, batch, sinks=sinks, q_rope=None)
     assert calls[-1][0][6:10] == (True, (7, 0), 30.0, sinks)
+
+
+def _store(db_path, kv_len, config, batch=4):
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+    from tuner.workload import DecodeShape
+
+    shape = DecodeShape(batch=batch, kv_len=kv_len, num_q_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM,
+                        page_size=1, dtype="float32")
+    with TuningDB(db_path) as db:
+        db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
+                       (current_fingerprint_id(), current_fingerprint()), config, median_us=1.0, spread_us=0.0,
+                       samples=3, default_config={"backend": "fa3"}, default_median_us=2.0,
+                       default_spread_us=0.0, method={})
+
+
+def _graph_step(backend, bs, bound):
+    """SGLang's decode step on a graph's buffers: a page table as wide as the bound, the
+    padding's lengths (1)."""
+    backend.forward_metadata = fake_sglang.Metadata(page_table=torch.zeros(bs, bound, dtype=torch.int32),
+                                                    cache_seqlens_int32=torch.ones(bs, dtype=torch.int32),
+                                                    max_seq_len_k=1)
+    backend.decode_cuda_graph_metadata = {bs: backend.forward_metadata}
+    batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(bs, dtype=torch.int64), seq_lens_cpu=None)
+
+    def forward():
+        q, k, v, layer = _step(backend, batch)
+        return backend.forward_decode(q, k, v, layer, batch)
+    return forward
+
+
+def _triton(block_n, splits):
+    return {"backend": "triton_decode", "block_n": block_n, "num_kv_splits": splits, "num_warps": 4, "num_stages": 2}
+
+
+DEFAULT = (32, 4)  # decode_attention's default (block_n, num_kv_splits) on the CPU
+
+
+def test_sglangs_graph_runner_captures_a_graph_per_variant_and_replays_each_steps_own(sgl, monkeypatch, db_path):
+    """Per-call records that differ by kv bucket: beside each batch size's graph (the default
+    here, as no config wins at every bucket), SGLang's runner captures one graph per config set
+    (tuner.integrations.graph_variants) under its own label, and the host step before a replay
+    picks the step's. A runner of another backend is left as it is."""
+    import tuner
+    from support.recorders import recording_triton
+
+    _store(db_path, 2048, _triton(64, 8))
+    _store(db_path, 1024, _triton(16, 2))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    ran = recording_triton(monkeypatch)
+    # a CUDA machine whose runner's third run of a step is a capture, as torch.cuda.graph counts one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: sgl.capturing[0])
+    CAPTURES[0] += 1
+    try:
+        _capture_and_replay_variants(sgl, db_path, ran)
+    finally:
+        CAPTURES[0] -= 1
+
+
+def _capture_and_replay_variants(sgl, db_path, ran):
+    integration.register()
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    runner = sgl.runner(backend, capture_bs=[4])
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048), None, "lora")  # SGLang's own variants stay
+    assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (
+        None, "tuner-1", "tuner-2", "lora", "lora+tuner-1", "lora+tuner-2")}
+    # the base graph's warm-ups at the bound ran its per-call record, its capture the default
+    # (Triton's here, on the CPU); each variant its config set's, warm-ups and capture alike
+    assert ran == ([(64, 8)] * 2 + [DEFAULT] + [(64, 8)] * 3 + [(16, 2)] * 3) * 2
+
+    def replayed(lengths, lora=None):
+        batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(len(lengths), dtype=torch.int64),
+                                         seq_lens_cpu=torch.tensor(lengths, dtype=torch.int32))
+        batch.lora = lora
+        runner.replay(batch)
+        return runner._replay_graph_key.variant_label
+    assert replayed([2000, 10, 10, 10]) == "tuner-1" and replayed([900, 900, 5]) == "tuner-2"  # 3 padded to 4
+    assert replayed([100] * 4) is None and replayed([2000] * 4, lora="lora") == "lora+tuner-1"
+
+    plain = sgl.runner(fake_sglang.FlashAttentionBackend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1)),
+                       capture_bs=[4])
+    plain.capture_one_shape(4, lambda: "fa3")
+    assert list(plain.graphs) == [fake_sglang.ShapeKey(4)]
+    batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4), seq_lens_cpu=torch.full((4,), 2000))
+    assert plain.replay(batch) == "fa3" and plain._replay_graph_key == fake_sglang.ShapeKey(4)
+
+
+def test_the_graph_hooks_are_registered_once_and_left_to_sglang_while_it_loads_plugins(sgl, monkeypatch):
+    integration.register()
+    integration.register()
+    hooked = {target.rsplit(".", 1)[1]: len(hooks) for target, hooks in sgl.hooks.hooks.items()}
+    assert hooked == {"capture_one_shape": 1, "load_batch": 1}
+    assert len(sgl.hooks.patched) == 2  # applied now: no plugin loading is under way
+    monkeypatch.setattr(integration, "_hooks_registered", False)
+    fresh = fake_sglang.install(monkeypatch)
+    monkeypatch.setattr(sys.modules["sglang.srt.plugins"], "_plugins_loaded", True)  # inside load_plugins
+    integration.register()
+    assert len(fresh.hooks.hooks) == 2 and not fresh.hooks.patched  # SGLang applies them after the last plugin
+
+
+def test_a_variant_that_cannot_be_captured_leaves_its_steps_to_the_batch_sizes_graph(sgl, monkeypatch, db_path):
+    import tuner
+
+    _store(db_path, 2048, _triton(64, 8))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    integration.register()
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    runner = sgl.runner(backend, capture_bs=[4])
+    step = _graph_step(backend, 4, 2048)
+
+    def forward():
+        if tuner.runtime.state.runtime.declared_lengths is not None:  # a variant's capture
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return step()
+    with pytest.warns(RuntimeWarning, match="tuner-1 of batch size 4 not captured"):
+        runner.capture_one_shape(4, forward)
+    assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
+    batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4), seq_lens_cpu=torch.full((4,), 2000))
+    runner.replay(batch)
+    assert runner._replay_graph_key == fake_sglang.ShapeKey(4)

@@ -91,6 +91,19 @@ GRAPH_RECORD_OPS = {"decode_attention": "decode_attention_graph"}
 # size at the nearest larger bound this many octaves above at most (a graph grid's bounds,
 # 8k, 32k and 128k, then serve every bound from 2k up)
 GRAPH_BORROW_OCTAVES = 2
+# a server that keeps several graphs per batch size (tuner.integrations.graph_variants) captures
+# at most this many beside each batch size's base graph ($TUNER_GRAPH_VARIANTS; 0: none), the
+# longest lengths' first: each costs a capture at start; a first choice, not yet measured
+ENV_GRAPH_VARIANTS = "TUNER_GRAPH_VARIANTS"
+GRAPH_VARIANTS = 4
+
+
+def graph_variants_max() -> int:
+    """$TUNER_GRAPH_VARIANTS if a whole number >= 0, else GRAPH_VARIANTS."""
+    value = os.environ.get(ENV_GRAPH_VARIANTS, "").strip()
+    return int(value) if value.isdigit() else GRAPH_VARIANTS
+
+
 # successive halving: the quick rung keeps the default and the configs within this fraction
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10

@@ -1,15 +1,17 @@
 """A stand-in for the parts of SGLang (0.5.17's names) its attention backends touch, for testing
 tuner's SGLang backend on the CPU: the backend registry and command-line choices, an FA3
 backend whose forward_decode records that it ran, a KV pool of per-layer token buffers
-(page size 1, SGLang's MHATokenToKVPool layout: (slots, kv heads, head dim)), and the
-metadata, layer and batch objects forward_decode reads."""
+(page size 1, SGLang's MHATokenToKVPool layout: (slots, kv heads, head dim)), the
+metadata, layer and batch objects forward_decode reads, the plugins' HookRegistry, and a
+decode CUDA-graph runner that captures and picks graphs by ShapeKey as 0.5.17's does."""
 
 from __future__ import annotations
 
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, Callable
 
 import torch
 
@@ -86,6 +88,74 @@ class ForwardBatch:
         return self.out_cache_loc.numel()
 
 
+@dataclass(frozen=True)
+class ShapeKey:
+    size: int
+    stream_idx: int | None = None
+    variant_label: str | None = None
+
+
+class HookType(Enum):
+    AROUND = "around"
+
+
+class HookRegistry:
+    """0.5.17's registry, AROUND hooks only: register, then apply_hooks wraps each target once."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[Callable]] = {}
+        self.patched: set[str] = set()
+
+    def register(self, target: str, hook: Callable, hook_type: HookType = HookType.AROUND) -> None:
+        assert hook_type is HookType.AROUND
+        self.hooks.setdefault(target, []).append(hook)
+
+    def apply_hooks(self) -> None:
+        for target, hooks in self.hooks.items():
+            if target in self.patched:
+                continue
+            module, cls, attr = target.rsplit(".", 2)
+            owner = getattr(sys.modules[module], cls)
+            wrapped = getattr(owner, attr)
+            for hook in hooks:
+                wrapped = (lambda inner, h: lambda *a, **k: h(inner, *a, **k))(wrapped, hook)
+            setattr(owner, attr, wrapped)
+            self.patched.add(target)
+
+
+def runner_class(capturing: list[bool]) -> type:
+    """A fresh DecodeCudaGraphRunner class (hooks patch the class, so each test gets its own).
+    capture_one_shape runs the step twice as warm-ups and once more as "the capture" (with
+    capturing[0] set), keeping what that run returned as the graph of its ShapeKey;
+    load_batch pads the batch up to a captured size and names the graph to replay, as
+    0.5.17's do."""
+
+    class DecodeCudaGraphRunner:
+        def __init__(self, attn_backend: Any, capture_bs: list[int]) -> None:
+            self.attn_backend, self.capture_bs = attn_backend, sorted(capture_bs)
+            self.graphs: dict[ShapeKey, Any] = {}
+            self.ragged_verify_mode = False
+
+        def capture_one_shape(self, size, forward, stream_idx=None, variant_label=None):
+            for _ in range(2):
+                forward()
+            capturing[0] = True
+            try:
+                self.graphs[ShapeKey(size, stream_idx, variant_label)] = forward()
+            finally:
+                capturing[0] = False
+
+        def load_batch(self, forward_batch, pp_proxy_tensors=None):
+            self.bs = next(b for b in self.capture_bs if b >= forward_batch.batch_size)
+            self._replay_graph_key = ShapeKey(self.bs, None, getattr(forward_batch, "lora", None))
+
+        def replay(self, forward_batch):
+            self.load_batch(forward_batch)
+            return self.graphs[self._replay_graph_key]
+
+    return DecodeCudaGraphRunner
+
+
 def install(monkeypatch, with_choices: bool = True) -> types.SimpleNamespace:
     """Put the fake modules in sys.modules; returns the registry and choices to inspect."""
     registry: dict[str, Any] = {}
@@ -105,7 +175,19 @@ def install(monkeypatch, with_choices: bool = True) -> types.SimpleNamespace:
         "sglang.srt.layers.attention.attention_registry": types.ModuleType("attention_registry"),
         "sglang.srt.layers.attention.flashattention_backend": types.ModuleType("flashattention_backend"),
         "sglang.srt.server_args": types.ModuleType("server_args"),
+        "sglang.srt.plugins": types.ModuleType("plugins"),
+        "sglang.srt.plugins.hook_registry": types.ModuleType("hook_registry"),
+        "sglang.srt.model_executor": types.ModuleType("model_executor"),
+        "sglang.srt.model_executor.runner": types.ModuleType("runner"),
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner": types.ModuleType("decode_cuda_graph_runner"),
     }
+    hooks = HookRegistry()
+    capturing = [False]
+    runner = runner_class(capturing)
+    modules["sglang.srt.plugins"]._plugins_loaded = False
+    modules["sglang.srt.plugins.hook_registry"].HookRegistry = hooks
+    modules["sglang.srt.plugins.hook_registry"].HookType = HookType
+    modules["sglang.srt.model_executor.runner.decode_cuda_graph_runner"].DecodeCudaGraphRunner = runner
     modules["sglang.srt.layers.attention.attention_registry"].register_attention_backend = register_attention_backend
     modules["sglang.srt.layers.attention.attention_registry"].ATTENTION_BACKENDS = registry
     modules["sglang.srt.layers.attention.flashattention_backend"].FlashAttentionBackend = FlashAttentionBackend
@@ -114,4 +196,4 @@ def install(monkeypatch, with_choices: bool = True) -> types.SimpleNamespace:
         modules["sglang.srt.server_args"].add_attention_backend_choices = choices.extend
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
-    return types.SimpleNamespace(registry=registry, choices=choices)
+    return types.SimpleNamespace(registry=registry, choices=choices, hooks=hooks, runner=runner, capturing=capturing)

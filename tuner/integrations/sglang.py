@@ -15,24 +15,38 @@ In SGLang's decode CUDA graphs the backend's metadata buffers (page table, cache
 are captured once and rewritten in place before each replay, so the captured call reads
 each step's lengths. That call, and the warm-ups before it (whose lengths are the padding
 fill), are bounded by the page table's whole width, and tuner serves them the graph record
-of their batch size (tuner.runtime) or the frozen rule. SGLang is imported only when the
-backend is created; its 0.5.17 source was read.
+of their batch size (tuner.runtime) or the frozen rule. Where the per-call records name other
+configs for some of the lengths a graph may replay, SGLang's decode graph runner captures a
+graph variant for each (tuner.integrations.graph_variants) under the variant labels its
+ShapeKey has, and before each replay runs the one for the step's lengths: two hooks of
+SGLang's plugin HookRegistry, around DecodeCudaGraphRunner.capture_one_shape and load_batch,
+which act only where the runner's decode backend is tuner's. SGLang is imported only when
+the backend is created or the hooks registered; its 0.5.17 source was read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import warnings
 from typing import Any
 
 import torch
 
 from tuner.integrations.decode_attention import decode_attention
-from tuner.runtime.state import stream_capturing
+from tuner.integrations.graph_variants import GraphVariants
+from tuner.runtime.capture import graph_capture
+from tuner.runtime.state import runtime, stream_capturing
 
 BACKEND_NAME = "tuner"
 # forward_decode's keyword arguments decode_attention runs; any other one given runs FA3's code
 _COVERED_KWARGS = frozenset({"sinks"})
+# SGLang 0.5.17's decode CUDA-graph runner, whose capture of a batch size and host step before a
+# replay tuner's hooks wrap
+_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+_hooks_registered = False
+_call_key = decode_attention.tuner.key_functions["_key"]  # (static key, batch, q len, kv len) of a call
 
 
 def register() -> None:
@@ -41,12 +55,32 @@ def register() -> None:
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
 
     register_attention_backend(BACKEND_NAME)(create_backend)
+    register_graph_hooks()
     try:
         from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     except ImportError:  # a release without a choices list: nothing to extend
         return
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
+
+
+def register_graph_hooks() -> None:
+    """The graph-variant hooks on SGLang's decode graph runner, once; applied now unless
+    SGLang is loading its plugins (it applies every plugin's hooks after the last). A release
+    without the HookRegistry keeps one graph per batch size."""
+    global _hooks_registered
+    if _hooks_registered:
+        return
+    try:
+        import sglang.srt.plugins as plugins
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    except ImportError:
+        return
+    HookRegistry.register(f"{_RUNNER}.capture_one_shape", capture_with_variants, HookType.AROUND)
+    HookRegistry.register(f"{_RUNNER}.load_batch", load_batch_of_variant, HookType.AROUND)
+    _hooks_registered = True
+    if not getattr(plugins, "_plugins_loaded", False):
+        HookRegistry.apply_hooks()
 
 
 def create_backend(model_runner: Any) -> Any:
@@ -66,10 +100,16 @@ def backend_class() -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.tuner_on_cuda = torch.cuda.is_available()
+            self.tuner_variants = GraphVariants()
+            # per captured batch size, one decode_attention call of each static key its graph holds
+            self.tuner_graph_calls: dict[int, dict[Any, tuple]] = {}
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
             if covers(self, layer, forward_batch, kwargs):
-                call = decode_call(self, q, layer, forward_batch, kwargs.get("sinks"))
+                in_graph = _in_graph(self, forward_batch, self.forward_metadata)
+                call = decode_call(self, q, layer, forward_batch, kwargs.get("sinks"), in_graph)
+                if in_graph:
+                    note_graph_call(self, call)
                 config = resolve_config(call)
                 if not is_fa3_default(config):
                     return tuned_decode(self, k, v, layer, forward_batch, save_kv_cache, call, config)
@@ -107,9 +147,11 @@ def _in_graph(backend: Any, forward_batch: Any, metadata: Any) -> bool:
     return isinstance(buffers, dict) and buffers.get(getattr(forward_batch, "batch_size", None)) is metadata
 
 
-def decode_call(backend: Any, q: torch.Tensor, layer: Any, forward_batch: Any, sinks: torch.Tensor | None) -> tuple:
+def decode_call(backend: Any, q: torch.Tensor, layer: Any, forward_batch: Any, sinks: torch.Tensor | None,
+                in_graph: bool | None = None) -> tuple:
     """decode_attention's positional arguments for the call: the pool's K and V as pages, the
-    backend's page table and cache lengths (rewritten in place before each graph replay)."""
+    backend's page table and cache lengths (rewritten in place before each graph replay).
+    in_graph: whether the call belongs to a decode graph (_in_graph, if not given)."""
     metadata = backend.forward_metadata
     key_cache, value_cache = backend.token_to_kv_pool.get_kv_buffer(layer.layer_id)
     page = backend.page_size
@@ -118,7 +160,8 @@ def decode_call(backend: Any, q: torch.Tensor, layer: Any, forward_batch: Any, s
     window = layer.sliding_window_size
     window_size = (window, 0) if window is not None and window > -1 else (-1, -1)
     table = metadata.page_table
-    in_graph = _in_graph(backend, forward_batch, metadata)
+    if in_graph is None:
+        in_graph = _in_graph(backend, forward_batch, metadata)
     # a graph's launch replays over every later step's lengths: bounded by the table's width
     # (the max context), never by the capture batch's own lengths
     eager_max = metadata.max_seq_len_k
@@ -150,3 +193,60 @@ def tuned_decode(backend: Any, k: torch.Tensor | None, v: torch.Tensor | None, l
         given.view(out.shape).copy_(out)
         return given.view(out.shape)
     return out
+
+
+def note_graph_call(backend: Any, call: tuple) -> None:
+    """Keep the first call of each static key a graph of this batch size makes (its warm-ups
+    come first): the calls GraphVariants.plan asks the records about."""
+    static = _call_key(*call)[0]
+    calls = backend.tuner_graph_calls.setdefault(call[0].shape[0], {})
+    if static not in calls:
+        calls[static] = call
+
+
+def tuner_backend(runner: Any) -> Any:
+    """The runner's decode attention backend if it is tuner's (directly, or as a hybrid's
+    decode backend), else None."""
+    backend = getattr(runner, "attn_backend", None)
+    backend = getattr(backend, "decode_backend", backend)
+    return backend if isinstance(getattr(backend, "tuner_variants", None), GraphVariants) else None
+
+
+def _joined(label: str | None, variant: str) -> str:
+    return variant if label is None else f"{label}+{variant}"
+
+
+def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, stream_idx: Any = None,
+                          variant_label: str | None = None) -> Any:
+    """Around DecodeCudaGraphRunner.capture_one_shape: the batch size's graph as SGLang
+    captures it, then a graph for each variant of it (GraphVariants.plan, from the calls that
+    capture made), each under its declaration and its label joined to SGLang's own."""
+    result = original(runner, size, forward, stream_idx, variant_label)
+    backend = tuner_backend(runner)
+    if backend is None or getattr(runner, "ragged_verify_mode", False) or runtime.declared_lengths is not None:
+        return result  # (inside the caller's own graph_capture, its declaration holds)
+    calls = backend.tuner_graph_calls.get(size, {}).values()
+    for variant in backend.tuner_variants.plan(size, calls):
+        try:
+            with graph_capture(variant.lengths):
+                original(runner, size, forward, stream_idx, _joined(variant_label, variant.label))
+        except RuntimeError as e:  # out of memory, say: its steps replay the base graph
+            backend.tuner_variants.drop(size, variant.label)
+            warnings.warn(f"tuner: graph variant {variant.label} of batch size {size} not captured ({e}); "
+                          "its steps replay the batch size's graph", RuntimeWarning, stacklevel=2)
+    return result
+
+
+def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around DecodeCudaGraphRunner.load_batch (the host step before a replay): the graph to
+    replay becomes the variant for the step's host lengths, where one was captured."""
+    result = original(runner, forward_batch, *args, **kwargs)
+    backend = tuner_backend(runner)
+    key = getattr(runner, "_replay_graph_key", None)
+    if backend is None or key is None:
+        return result
+    label = backend.tuner_variants.label(key.size, getattr(forward_batch, "seq_lens_cpu", None),
+                                         raw_batch=getattr(forward_batch, "batch_size", None))
+    if label is not None:
+        runner._replay_graph_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, label))
+    return result

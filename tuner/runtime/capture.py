@@ -153,9 +153,10 @@ class DeclaredLengths:
 
 
 @contextmanager
-def graph_capture(lengths: int | Iterable[int] | None = None) -> Iterator[DeclaredLengths]:
+def graph_capture(lengths: int | Iterable[int] | DeclaredLengths | None = None
+                  ) -> Iterator[DeclaredLengths]:
     """Calls inside resolve their configs for the declared lengths (see the module's
-    docstring), and nothing is tuned there. With no lengths (unknown), a call keeps a
+    docstring; a DeclaredLengths is taken as it is), and nothing is tuned there. With no lengths (unknown), a call keeps a
     stored config only if it is the winner for its batch at every kv bucket from
     settings.FROZEN_FROM_KV up to the call's bound (tuner.runtime.borrowing.choose_frozen),
     else the default: a graph replayed
@@ -163,7 +164,7 @@ def graph_capture(lengths: int | Iterable[int] | None = None) -> Iterator[Declar
     back on exit (unless configure() ran inside: then they resolve anew), so calls outside
     resolve as before. Process-wide, like the runtime's mode: while it is active every
     thread's tuned calls key on the declaration. Not nestable."""
-    declared = DeclaredLengths(lengths)
+    declared = lengths if isinstance(lengths, DeclaredLengths) else DeclaredLengths(lengths)
     with runtime.memo_lock:
         if runtime.declared_lengths is not None:
             raise TunerError("graph_capture() is already active (it does not nest)")

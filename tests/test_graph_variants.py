@@ -1,0 +1,110 @@
+"""Graph variants (issues 37 and 38): several graphs per batch size, one per config set that
+decode_attention's per-call records name over the lengths a replay may hold, and the choice
+among them before each replay from the step's host lengths."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import tuner
+from support.recorders import recording_triton
+from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.integrations.decode_attention import decode_attention
+from tuner.integrations.graph_variants import GraphVariants, StepLengths
+from tuner.ops.decode_attention import by_fill
+from tuner.workload import DecodeShape, make_decode_inputs
+
+SHAPE = DecodeShape(batch=2, kv_len=64, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")
+BOUND = 2048
+DEFAULT = (32, 4)  # the CPU default's (block_n, num_kv_splits)
+
+
+def _triton(block_n, splits):
+    return {"backend": "triton_decode", "block_n": block_n, "num_kv_splits": splits, "num_warps": 4, "num_stages": 2}
+
+
+def _store(db_path, kv_len, config, op="decode_attention", batch=4, lengths="full"):
+    shape = dataclasses.replace(SHAPE, batch=batch, kv_len=kv_len, lengths=lengths)
+    with TuningDB(db_path) as db:
+        db.save_record(Problem(op, shape.static_key().to_json(), shape.run_key()),
+                       (current_fingerprint_id(), current_fingerprint()), config, median_us=1.0, spread_us=0.0,
+                       samples=3, default_config={"backend": "triton_decode"}, default_median_us=2.0,
+                       default_spread_us=0.0, method={})
+
+
+def _call(batch=4, bound=BOUND):
+    """decode_attention's arguments as a graph captures them: the bound as max length, no host lengths."""
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, batch=batch), seq_lens=[17] * batch)
+    return (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, bound)
+
+
+@pytest.fixture
+def records(db_path):
+    """Per-call records of batch 4 that differ by kv bucket, one of them by fill."""
+    _store(db_path, 2048, _triton(64, 8))
+    _store(db_path, 1024, _triton(16, 2))
+    _store(db_path, 512, by_fill(_triton(16, 8), _triton(64, 2)))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    return db_path
+
+
+def test_each_config_set_the_records_name_up_to_the_bound_gets_a_graph_and_each_step_its_own(records, monkeypatch):
+    ran = recording_triton(monkeypatch)
+    variants = GraphVariants(max_variants=8)
+    plan = variants.plan(4, [_call()])
+    assert [(v.label, v.lengths.top, v.lengths.dense) for v in plan] == [
+        ("tuner-1", 2048, True), ("tuner-2", 1024, True), ("tuner-3", 512, True), ("tuner-4", 512, False)]
+    # each variant captured under its declaration runs its records' config; the base graph the default
+    expected = {"tuner-1": (64, 8), "tuner-2": (16, 2), "tuner-3": (16, 8), "tuner-4": (64, 2)}
+    for variant in plan:
+        with tuner.graph_capture(variant.lengths):
+            decode_attention(*_call())
+        assert ran.pop() == expected[variant.label]
+    with tuner.graph_capture():
+        decode_attention(*_call())
+    assert ran.pop() == DEFAULT
+    # before each replay: the step's longest picks the kv bucket, its fill the dense part
+    steps = {(2000, 17, 17, 17): "tuner-1", (1000, 900, 900, 900): "tuner-2",
+             (500, 450, 450, 450): "tuner-3", (500, 10, 10, 10): "tuner-4",
+             (300, 20, 20, 20): "tuner-4",  # kv 512's records serve 257-512 by borrowing: the same graph
+             (40, 30, 30, 30): None}  # no record near: the default, which the base graph runs
+    for lengths, label in steps.items():
+        assert variants.label(4, torch.tensor(lengths, dtype=torch.int32)) == label, lengths
+        assert variants.label(4, np.array(lengths)) == variants.label(4, list(lengths)) == label
+    # a step padded up to the captured batch: the pads count as length 1
+    assert variants.label(4, [500, 500, 500, 0], raw_batch=3) == "tuner-3"  # 1501 of 4 x 500: dense
+    assert variants.label(4, [500, 450, 0, 0], raw_batch=2) == "tuner-4"  # 952: not
+    assert variants.label(3, [500, 10, 10]) is None  # a batch size planned for no variant
+    assert variants.label(4, torch.tensor([500, 10, 10, 10], device="meta")) is None  # not on the host
+
+
+def test_the_variants_kept_are_the_longest_lengths_and_the_rest_run_the_base_graph(records):
+    variants = GraphVariants(max_variants=2)
+    assert [v.label for v in variants.plan(4, [_call()])] == ["tuner-1", "tuner-2"]
+    assert variants.label(4, [500] * 4) is None and variants.label(4, [1000] * 4) == "tuner-2"
+    none = GraphVariants(max_variants=0)
+    assert none.plan(4, [_call()]) == [] and none.label(4, [2000] * 4) is None
+
+
+def test_a_class_that_runs_what_the_base_graph_runs_needs_no_graph_of_its_own(db_path):
+    """With a graph record the base graph runs it; a bucket whose per-call record is that
+    config adds no variant. A plan asks about lengths no call had: it records no miss."""
+    _store(db_path, 2048, _triton(64, 8))
+    _store(db_path, 1024, _triton(16, 2))
+    _store(db_path, BOUND, _triton(64, 8), op="decode_attention_graph", lengths="graph")
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    variants = GraphVariants(max_variants=8)
+    plan = variants.plan(4, [_call()])
+    # kv 512 and 256 borrow 1024's record; 128 is too far
+    assert [(v.label, v.lengths.top) for v in plan] == [("tuner-1", 1024), ("tuner-2", 128)]
+    assert variants.label(4, [2048] * 4) is None  # the base graph's config
+    assert variants.label(4, [10] * 4) == "tuner-2"  # no record within reach: the default, unlike the base
+    assert tuner.flush_misses() == 0
+
+
+def test_a_step_class_declares_one_kv_bucket_and_fill():
+    dense, sparse = StepLengths(4096, True), StepLengths(4096, False)
+    assert dense.known and dense.kv_len(7) == 4096 and dense.fill_share(7, 0.5) == 1.0
+    assert sparse.fill_share(7, 0.5) == 0.0 and "not dense" in repr(sparse)

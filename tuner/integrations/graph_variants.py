@@ -1,0 +1,148 @@
+"""Graph variants: several CUDA graphs per batch size, and the choice among them before each
+replay from the step's host lengths, so that a server decoding in CUDA graphs runs, at every
+step, the configs decode_attention's per-call records name for that step's lengths.
+
+A graph captured at the server's max context replays every later step's lengths, and one
+config cannot suit them all: a per-replay choice inside one graph costs more than it gains
+(docs/decisions.md, "Per-replay dispatch"). Before each replay a server already runs a host
+step that writes the step's lengths into the graph's buffers. So tuner names, per batch size,
+the few config sets the records hold over the lengths a replay may have (each kv bucket up to
+the bound, dense batches or not), the server captures one graph for each (the base graph as
+it captures today, and each variant inside `tuner.graph_capture(variant.lengths)`), and
+before a replay asks which to run. Each graph holds one config set: no device step, no
+empty node, and the choice costs the host a max and a sum over the batch's lengths.
+
+    variants = GraphVariants()
+    for bs in capture_batch_sizes:
+        graphs[bs, None] = capture(bs)                   # as today
+        for variant in variants.plan(bs, calls[bs]):     # one decode_attention call per static key
+            with tuner.graph_capture(variant.lengths):
+                graphs[bs, variant.label] = capture(bs)
+    ...
+    graphs[bs, variants.label(bs, seq_lens_cpu)].replay()  # None: the base graph
+
+A class of replays runs its variant's graph only where its configs differ from the base
+graph's; the variants kept (settings.graph_variants_max()) are those of the longest lengths,
+where a step's time goes; every other class runs the base graph, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tuner import settings
+from tuner.integrations.decode_attention import declared_branch, decode_attention
+from tuner.keys import kv_len_bucket
+from tuner.runtime.capture import DeclaredLengths, graph_capture
+from tuner.workload.traffic import is_dense
+
+Config = dict[str, Any]
+LABEL_PREFIX = "tuner-"
+
+
+class StepLengths(DeclaredLengths):
+    """The declaration of one class of replays: every batch's longest sequence at kv_len (its
+    kv bucket's top), its batches dense or not (settings.DENSE_FILL)."""
+
+    def __init__(self, kv_len: int, dense: bool) -> None:
+        super().__init__(None)
+        self.known = self.per_sequence = True
+        self.top, self.dense = kv_len, dense
+
+    def kv_len(self, batch: int) -> int:
+        return self.top
+
+    def fill_share(self, batch: int, fill: float) -> float | None:
+        return 1.0 if self.dense else 0.0
+
+    def __repr__(self) -> str:
+        return f"StepLengths({self.top}, {'dense' if self.dense else 'not dense'})"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A graph to capture beside a batch size's base graph: its label (the server's key for
+    it), the declaration to capture it under, and the config each call of the graph runs."""
+
+    label: str
+    lengths: StepLengths
+    configs: tuple[str, ...]
+
+
+def captured_configs(calls: Sequence[tuple], batch: int) -> tuple[str, ...]:
+    """What each decode_attention call (its positional arguments, as a graph captures it: no
+    host lengths) runs under the active declaration, as canonical text."""
+    out = []
+    for call in calls:
+        config = declared_branch(decode_attention.tuner.config_for_call(call, {}, record_miss=False), batch)
+        out.append(repr(sorted(config.items())))
+    return tuple(out)
+
+
+class GraphVariants:
+    """Per batch size, which replays run which captured graph (see the module's docstring).
+    plan() at capture, label() before each replay; one per model runner (or process)."""
+
+    def __init__(self, max_variants: int | None = None) -> None:
+        self.max_variants = settings.graph_variants_max() if max_variants is None else max_variants
+        self._labels: dict[int, dict[tuple[int, bool], str]] = {}  # batch -> (kv bucket, dense) -> label
+
+    def plan(self, batch: int, calls: Iterable[tuple]) -> list[Variant]:
+        """The variants worth capturing beside the base graph of `batch`, whose decode_attention
+        calls are `calls` (their positional arguments; one per static key suffices, each with
+        the graph's bound as max_kv_len). Call it outside any graph_capture."""
+        calls = [tuple(c) for c in calls]
+        self._labels[batch] = {}
+        if not calls or self.max_variants <= 0:
+            return []
+        bound = max(int(c[5]) for c in calls)
+        with graph_capture():  # what the base graph runs: lengths unknown
+            base = captured_configs(calls, batch)
+        groups: dict[tuple[str, ...], list[tuple[int, bool]]] = {}
+        for exponent in range(kv_len_bucket(bound).bit_length() - 1, -1, -1):  # longest first
+            for dense in (True, False):
+                with graph_capture(StepLengths(1 << exponent, dense)):
+                    configs = captured_configs(calls, batch)
+                if configs != base:
+                    groups.setdefault(configs, []).append((1 << exponent, dense))
+        variants = []
+        for configs, classes in list(groups.items())[:self.max_variants]:
+            label = f"{LABEL_PREFIX}{len(variants) + 1}"
+            variants.append(Variant(label, StepLengths(*classes[0]), configs))
+            self._labels[batch].update(dict.fromkeys(classes, label))
+        return variants
+
+    def drop(self, batch: int, label: str) -> None:
+        """A variant that could not be captured: its replays run the base graph."""
+        labels = self._labels.get(batch, {})
+        for step_class in [c for c, kept in labels.items() if kept == label]:
+            del labels[step_class]
+
+    def label(self, batch: int, seq_lens_host: Any, raw_batch: int | None = None) -> str | None:
+        """The graph to replay for a step: a variant's label, or None for the base graph.
+        seq_lens_host: the step's lengths on the host (a CPU tensor, an array or a list), of
+        its first raw_batch sequences (all of them if None); the rest of `batch` are padding
+        of length 1, as a server pads a batch up to a captured size."""
+        labels = self._labels.get(batch)
+        if not labels or seq_lens_host is None:
+            return None
+        if isinstance(seq_lens_host, torch.Tensor):
+            if not seq_lens_host.is_cpu:
+                return None
+            seq_lens_host = seq_lens_host.numpy()
+        lengths = np.asarray(seq_lens_host)
+        if raw_batch is not None:
+            lengths = lengths[:raw_batch]
+        if lengths.size == 0:
+            return None
+        longest = int(lengths.max())
+        total = int(lengths.sum()) + (batch - lengths.size)
+        return labels.get((kv_len_bucket(max(longest, 1)), is_dense(total, batch, longest)))
+
+
+__all__ = ["GraphVariants", "StepLengths", "Variant", "captured_configs"]
