@@ -24,7 +24,11 @@ L2 by the bytes a call reads: tuner.workload.rotation):
   apart from the batch's own), so the frozen config is keyed on the lengths replays see:
   a declaration that matches each case's traffic, the best a declaration can do;
 - graph_declared_pooled: the same graphs, with one declaration for the whole run (lengths
-  pooled over every distribution and cap), as a server declaring all its traffic at once.
+  pooled over every distribution and cap), as a server declaring all its traffic at once;
+- graph_variants: several graphs per batch size at that bound, one per config set the records
+  name over the lengths a replay may hold (tuner.integrations.graph_variants; the base graph
+  is graph_unknown's), the one for the batch's host lengths replayed: what SGLang's decode
+  graphs run with tuner's backend, no lengths declared.
 For each mode: FA3's default, tuner (the config decode_attention resolves for the call: DB,
 shipped tunings, borrowing rule, default; of a by_fill record, the config of the call's fill
 or, in the declared modes, of the declared lengths'), and the oracle (every candidate config of the
@@ -56,6 +60,7 @@ from tuner import settings
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import declared_branch, decode_attention
+from tuner.integrations.graph_variants import GraphVariants
 from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
@@ -82,7 +87,7 @@ CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18))}
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
 SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
-MODES = ("per_call", "graph", "graph_unknown", "graph_declared", "graph_declared_pooled")
+MODES = ("per_call", "graph", "graph_unknown", "graph_declared", "graph_declared_pooled", "graph_variants")
 WIDE_MODES = MODES[1:]  # the modes whose calls carry the capture bound
 # graph_declared_pooled's one declaration: 1024 lengths per distribution and cap
 POOLED = [n for c in CAPS for d in DISTRIBUTIONS for n in draw_lengths(d, 1024, c, seed=7)]
@@ -123,6 +128,20 @@ def _resolved_in_capture(dispatch, args: tuple, kwargs: dict, device: str) -> di
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             config = dispatch.config_for(*args, **kwargs)
     return config
+
+
+def _variant_replayed(dispatch, args: tuple, kwargs: dict, batch: int, host_lens, base: dict) -> tuple[dict, dict]:
+    """(record, plain config) of the graph variant a server replays for a batch with these host
+    lengths (GraphVariants.label), among those planned for its batch size at the bound of
+    `args`; the base graph's config where the batch's lengths have no variant."""
+    variants = GraphVariants()
+    planned = {v.label: v for v in variants.plan(batch, [args])}
+    label = variants.label(batch, host_lens)
+    if label is None:
+        return base, base
+    with tuner.graph_capture(planned[label].lengths):
+        record = dispatch.config_for(*args, **kwargs)
+        return record, declared_branch(record, batch)
 
 
 def _calls(inputs, copies, max_kv_len: int, table_width: int | None, host_lens):
@@ -190,16 +209,18 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
         pooled_config = declared_branch(pooled_record, case["batch"])
     with tuner.graph_capture():  # lengths unknown
         unknown_config = dispatch.config_for(*ga, **gk)
+    variant_record, variant_config = _variant_replayed(dispatch, ga, gk, case["batch"], host_lens, unknown_config)
     graph_config = _resolved_in_capture(dispatch, ga, gk, device)
     calls = {"per_call": per_call, **{m: graph for m in WIDE_MODES}}
     defaults = {"per_call": dispatch.default(a, k), **{m: dispatch.default(ga, gk) for m in WIDE_MODES}}
     tuned = {"per_call": dispatch.config_for(*a, **k), "graph": graph_config,
              "graph_unknown": unknown_config, "graph_declared": declared_config,
-             "graph_declared_pooled": pooled_config}
+             "graph_declared_pooled": pooled_config, "graph_variants": variant_config}
     # a by_fill record runs the config of its call's fill (per call: these host lengths; a
     # graph captured in graph_capture(lengths): the declared lengths'; any other captured
     # graph: its config for any batch); that plain config is timed, as it runs
-    stored = dict(tuned, graph_declared=declared_record, graph_declared_pooled=pooled_record)
+    stored = dict(tuned, graph_declared=declared_record, graph_declared_pooled=pooled_record,
+                  graph_variants=variant_record)
     tuned = {m: fill_branch(c, host_lens if m == "per_call" else None, kv_max, case["batch"])
              for m, c in tuned.items()}
     row.update(default=defaults, tuner=tuned, **({"tuner_record": stored} if stored != tuned else {}))

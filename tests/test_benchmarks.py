@@ -77,6 +77,7 @@ def test_serving_smoke(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     [row] = json.loads(out.read_text())["rows"]
     assert "error" not in row and row["per_call"]["default_us"] > 0 and row["graph"]["tuner_us"] > 0
+    assert row["graph_variants"]["tuner_us"] > 0
 
 
 def test_decode_step_smoke_runs_every_mode_on_the_same_steps(tmp_path):
