@@ -1,0 +1,44 @@
+"""Host cost of picking a step's graph variant (GraphVariants.label), which a server's host step
+pays once per decode step before the replay (tuner.integrations.graph_variants): batch sizes
+1, 64 and 256, the lengths as a CPU int32 tensor (as SGLang's seq_lens_cpu), a NumPy array and
+a list, a step that picks a variant and one that keeps the base graph, and a batch padded up
+to the captured size.
+
+    python benchmarks/graph_variant_pick.py [--label NAME] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from common.host_cost import arguments, ns_per_call, report
+
+CALLS = 20_000
+REPEATS = 9
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0])
+    from tuner.integrations.graph_variants import GraphVariants
+
+    variants = GraphVariants()
+    results = {}
+    for batch in (1, 64, 256):
+        # a table as plan() leaves it: a label for each kv bucket up to 128k, dense or not
+        variants._labels[batch] = {(1 << e, d): f"tuner-{e % 4 + 1}" for e in range(18) for d in (True, False)}
+        lengths = torch.randint(1, 100_000, (batch,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+        cases = {
+            "cpu_int32_tensor": lambda b=batch, t=lengths: variants.label(b, t),
+            "numpy_int32": lambda b=batch, a=lengths.numpy().copy(): variants.label(b, a),
+            "list": lambda b=batch, x=lengths.tolist(): variants.label(b, x),
+            "cpu_int32_tensor_padded": lambda b=batch, t=lengths: variants.label(b, t, raw_batch=max(1, b - 3)),
+            "batch_without_variants": lambda b=batch + 1, t=lengths: variants.label(b, t),
+        }
+        for name, fn in cases.items():
+            fn()
+            results[f"batch_{batch}_{name}"] = ns_per_call(fn, CALLS, REPEATS)
+    report(args, "graph_variant_pick.py", {"calls": CALLS, "repeats": REPEATS, **results})
+
+
+if __name__ == "__main__":
+    main()
