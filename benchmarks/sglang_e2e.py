@@ -20,8 +20,10 @@ return views of one shared buffer); compared with the fa3 backend's relative to 
 largest magnitude, the built-in backends' own differences being the noise floor. The
 logits go beside --out (ITS_NAME.BACKEND.logits.pt). The tuner backend is SGLang's FA3
 backend whose plain decode runs decode_attention (tuner.integrations.sglang), registered in
-the worker process before SGLang parses its arguments; --db is its TUNER_DB (graph records
-for the model's key: `tuner sweep decode_attention_graph --grid serving --model M`). The
+the worker process before SGLang parses its arguments, with its graph-variant hooks (SGLang's
+decode graphs, one per config set the per-call records name, picked per step); --db is its
+TUNER_DB, over the shipped tunings (a new key's records: `tuner sweep decode_attention --grid
+serving --model M`; graph records for the base graphs: `... decode_attention_graph ...`). The
 JSON is written after every worker, its result files kept beside it (ITS_NAME.work/); no
 worker starts past --deadline; --resume keeps what ran and runs the rest, and --merge joins
 the JSON of several runs (one backend, or its latency alone, a device call, say). Needs SGLang, its
