@@ -11,7 +11,10 @@ Modes, each its own graphs over the same steps: `fa3_default` (decode_attention 
 default config: SGLang's FA3 backend's kernel, without the scheduler metadata SGLang
 precomputes for it, so a slightly slower baseline), `tuner` (decode_attention as a plain capture
 resolves it: the DB's graph record for the batch size and bound, else the frozen rule), and
-`tuner_declared` (captured inside tuner.graph_capture(lengths) with the case's traffic).
+`tuner_declared` (captured inside tuner.graph_capture(lengths) with the case's traffic), and
+`tuner_variants` (tuner's base graph and a graph per variant beside it,
+tuner.integrations.graph_variants, the step's own picked from its host lengths before each
+replay: what SGLang's runner does with tuner's backend).
 Cases: batch sizes x length caps x length distributions; a case's steps draw fresh lengths
 from its distribution up to its cap. Time: CUDA events around the replays (the host step is
 the same in every mode and left out), median over steps. Layers read one KV pool through
@@ -24,6 +27,7 @@ match fa3_default's within bf16 tolerance. Not SGLang itself: see the README's s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -39,6 +43,7 @@ from common.stats import geomean
 import tuner
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import decode_attention
+from tuner.integrations.graph_variants import GraphVariants
 from tuner.ops.decode_attention import default_config
 from tuner.workload import DecodeShape
 from tuner.workload.traffic import DISTRIBUTIONS, draw_lengths
@@ -54,7 +59,7 @@ MAX_CONTEXT = 131072  # the bound graphs are captured at (SGLang: the model's co
 MAX_TOKENS = 2 * 2**20  # batch x cap at most: a step's tokens in the KV cache
 FA3_DEFAULT = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
 STEPS = 8
-MODES = ("fa3_default", "tuner", "tuner_declared")
+MODES = ("fa3_default", "tuner", "tuner_declared", "tuner_variants")
 
 
 class Stack:
@@ -139,30 +144,27 @@ def run_case(stack: Stack, case: dict, device: str, seed: int, baseline: dict) -
     declared = draw_lengths(dist, 4096, cap, seed + 10**6)
     row = dict(case, steps=STEPS, table_copies=copies)
     outputs = {}
+    variants = GraphVariants()
+    q = torch.zeros(batch, 1, stack.heads, stack.dim, device=device, dtype=stack.k.dtype)
     for mode in MODES:
         config = baseline if mode == "fa3_default" else None
         run = (lambda: stack.step(x, tables, lens, out_loc, width, config))
-        if device == "cuda":
-            run()  # the warm-up call at the bound, as a server makes one before capturing
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            if mode == "tuner_declared":
-                with tuner.graph_capture(declared), torch.cuda.graph(graph):
-                    out = run()
-            else:
-                with torch.cuda.graph(graph):
-                    out = run()
-            replay = graph.replay
-        else:
-            replay, out = None, None
+        graphs = {None: _graph(run, declared if mode == "tuner_declared" else None, device)}
+        picked = [None] * (STEPS + 1)
+        if mode == "tuner_variants":  # a graph per variant beside the base graph, as SGLang's runner keeps them
+            for variant in variants.plan(batch, [(q, stack.k, stack.v, tables[0], lens, width)]):
+                graphs[variant.label] = _graph(run, variant.lengths, device)
+            picked = [variants.label(batch, lengths) for lengths in steps]
         times, finals = [], []
         for s in range(1, STEPS + 1):
             for table, new in zip(tables, hosts[s]):  # the host step before a replay: pages and
                 table.copy_(new)                      # lengths written in place
             lens.copy_(torch.tensor(steps[s], dtype=torch.int32))
-            if replay is None:
+            replay, out = graphs[picked[s]]
+            if replay is None:  # on the CPU: the step run as it would be captured
                 started = time.perf_counter()
-                out = run()
+                with tuner.graph_capture(out):
+                    out = run()
                 times.append((time.perf_counter() - started) * 1e3)
             else:
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -175,12 +177,29 @@ def run_case(stack: Stack, case: dict, device: str, seed: int, baseline: dict) -
         outputs[mode] = finals
         row[mode] = dict(step_ms=statistics.median(times), config=baseline if config else _config_of(
             stack, mode, batch, width, declared, tables[0], lens, device))
+        if mode == "tuner_variants":
+            row[mode]["variants_replayed"] = picked[1:]
     base = row["fa3_default"]["step_ms"]
     for mode in MODES[1:]:
         row[mode]["speedup"] = base / row[mode]["step_ms"]
         row[mode]["max_error_vs_default"] = max(float((a - b).abs().max())
                                                 for a, b in zip(outputs[mode], outputs["fa3_default"]))
     return row
+
+
+def _graph(run, lengths, device: str) -> tuple:
+    """(replay, output) of the step captured at the bound after a warm-up call there, inside
+    tuner.graph_capture(lengths) where lengths are given; on the CPU, (None, lengths): the
+    step is run at each replay, under the same declaration."""
+    if device != "cuda":
+        return None, lengths
+    with tuner.graph_capture(lengths) if lengths is not None else contextlib.nullcontext():
+        run()  # the warm-up call at the bound, as a server makes one before capturing
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+    return graph.replay, out
 
 
 def _config_of(stack: Stack, mode: str, batch: int, width: int, declared: list[int], table, lens, device) -> dict:

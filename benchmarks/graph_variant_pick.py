@@ -9,7 +9,6 @@ to the captured size.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from common.host_cost import arguments, ns_per_call, report
 
