@@ -225,7 +225,7 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
     backend = tuner_backend(runner)
     if backend is None or getattr(runner, "ragged_verify_mode", False) or runtime.declared_lengths is not None:
         return result  # (inside the caller's own graph_capture, its declaration holds)
-    calls = backend.tuner_graph_calls.get(size, {}).values()
+    calls = list(backend.tuner_graph_calls.get(size, {}).values())
     for variant in backend.tuner_variants.plan(size, calls):
         try:
             with graph_capture(variant.lengths):
@@ -234,6 +234,7 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
             backend.tuner_variants.drop(size, variant.label)
             warnings.warn(f"tuner: graph variant {variant.label} of batch size {size} not captured ({e}); "
                           "its steps replay the batch size's graph", RuntimeWarning, stacklevel=2)
+    backend.tuner_graph_calls.pop(size, None)  # (its tensors: the next capture of this size notes its own)
     return result
 
 
