@@ -207,12 +207,24 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
     np.random.seed(0)
     reqs = one_batch.prepare_synthetic_inputs_for_latency_test(LOGITS_BATCH, LOGITS_INPUT)
     _, logits, batch = runner.extend(reqs)
+    graph_runner = getattr(runner.torch_runner, "decode_cuda_graph_runner", None)
     steps = [logits.to("cpu", torch.float32, copy=True)]  # copied now: the next step overwrites the buffer it views
+    replayed = []
     for step in range(LOGITS_STEPS):  # the same token ids for every backend, not its own samples
         ids = torch.full((LOGITS_BATCH,), 100 + step, dtype=torch.int64, device=logits.device)
         _, logits = runner.decode(ids, batch)
         steps.append(logits.to("cpu", torch.float32, copy=True))
+        replayed.append(_graph_label(getattr(graph_runner, "_replay_graph_key", None)))
     torch.save(torch.stack(steps), logits_out)
+    graphs = getattr(getattr(graph_runner, "backend", None), "_graphs", {})  # SGLang's graphs by ShapeKey
+    Path(f"{logits_out}.graphs.json").write_text(json.dumps(dict(
+        captured=sorted({(key.size, _graph_label(key)) for key in graphs}, key=lambda k: (k[0], str(k[1]))),
+        replayed=replayed)))
+
+
+def _graph_label(key) -> str | None:
+    """A decode graph's variant label (SGLang's ShapeKey), None for a batch size's own graph."""
+    return getattr(key, "variant_label", None)
 
 
 def logits_path(out: Path, backend: str) -> Path:
@@ -268,11 +280,15 @@ def run_logits(run: Run, backend: str, model_dir: Path, work: Path, log: Path) -
     if entry.get("logits_exit_code") == 0 and path.exists():
         return
     path.unlink(missing_ok=True)  # a worker that fails must not be scored on an older file
+    Path(f"{path}.graphs.json").unlink(missing_ok=True)
     argv = bench_argv(model_dir, backend, [LOGITS_BATCH], LOGITS_INPUT, run.args, work / "logits.jsonl")
     code = run_worker("logits", backend, argv, path, run.args.db, log, min(run.args.timeout, run.left_s()))
     entry["logits_exit_code"] = code
     if code == 0 and path.exists():
         run.logits_files[backend] = path
+        graphs = Path(f"{path}.graphs.json")  # the decode graphs SGLang captured, and those it replayed
+        if graphs.exists():
+            entry["decode_graphs"] = json.loads(graphs.read_text())
     run.save()
 
 

@@ -108,3 +108,31 @@ def test_a_step_class_declares_one_kv_bucket_and_fill():
     dense, sparse = StepLengths(4096, True), StepLengths(4096, False)
     assert dense.known and dense.kv_len(7) == 4096 and dense.fill_share(7, 0.5) == 1.0
     assert sparse.fill_share(7, 0.5) == 0.0 and "not dense" in repr(sparse)
+
+
+def test_a_capture_of_a_made_up_class_records_no_miss(db_path, monkeypatch):
+    """A variant's declaration is a class of lengths tuner names, not the deployment's traffic:
+    its capture's borrowed or default keys are not misses to sweep. A declaration of the
+    traffic's lengths records them as before."""
+    recording_triton(monkeypatch)
+    _store(db_path, 1024, _triton(16, 2))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    with tuner.graph_capture(StepLengths(512, False)):  # served by borrowing from 1024
+        decode_attention(*_call())
+    assert tuner.flush_misses() == 0
+    with tuner.graph_capture([500] * 16):
+        decode_attention(*_call())
+    assert tuner.flush_misses() == 1
+
+
+def test_a_record_a_graph_cannot_hold_counts_as_what_the_graph_runs():
+    """A FlashInfer record (a per-call host plan) runs the default backend's config in a
+    graph: as a variant it is that config, not a config set of its own."""
+    from tuner.integrations.decode_attention import graph_runs
+
+    flashinfer = {"backend": "flashinfer", "use_tensor_cores": True, "flashinfer_backend": "fa2",
+                  "fixed_split_size": None, "disable_split_kv": False}
+    call = _call()
+    assert graph_runs(_triton(64, 8), call) == _triton(64, 8)
+    fallback = graph_runs(flashinfer, call)
+    assert fallback["backend"] == "triton_decode" and (fallback["block_n"], fallback["num_kv_splits"]) == DEFAULT

@@ -295,3 +295,60 @@ def test_a_variant_that_cannot_be_captured_leaves_its_steps_to_the_batch_sizes_g
     batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4), seq_lens_cpu=torch.full((4,), 2000))
     runner.replay(batch)
     assert runner._replay_graph_key == fake_sglang.ShapeKey(4)
+
+
+def _variant_runner(sgl, db_path, **runner_fields):
+    import tuner
+
+    _store(db_path, 2048, _triton(64, 8))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    integration.register()
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    runner = sgl.runner(backend, capture_bs=[4])
+    for name, value in runner_fields.items():
+        setattr(runner, name, value)
+    return runner, _graph_step(backend, 4, 2048)
+
+
+def _replayed_key(runner, lengths):
+    runner.replay(fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(len(lengths)),
+                                           seq_lens_cpu=torch.tensor(lengths, dtype=torch.int32)))
+    return runner._replay_graph_key
+
+
+def test_ranks_that_must_replay_alike_keep_one_graph_per_batch_size(sgl, db_path):
+    """DP attention: each rank has its own batch, and a rank's collectives pair its captured
+    buffers with the others', so no rank may pick a graph of its own. Likewise under pdmux,
+    and for a size torch.compile traces."""
+    for fields in ({"require_mlp_sync": True}, {"enable_pdmux": True},
+                   {"enable_torch_compile": True, "compile_bs": [4]}):
+        runner, step = _variant_runner(sgl, db_path, **fields)
+        runner.capture_one_shape(4, step)
+        assert list(runner.graphs) == [fake_sglang.ShapeKey(4)], fields
+        assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4)
+    runner, step = _variant_runner(sgl, db_path, enable_torch_compile=True, compile_bs=[8])
+    runner.capture_one_shape(4, step)
+    assert fake_sglang.ShapeKey(4, None, "tuner-1") in runner.graphs  # a size it does not trace
+
+
+def test_a_variant_graph_sglang_does_not_hold_is_never_replayed(sgl, db_path):
+    runner, step = _variant_runner(sgl, db_path)
+    runner.capture_one_shape(4, step)
+    assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4, None, "tuner-1")
+    del runner.graphs[fake_sglang.ShapeKey(4, None, "tuner-1")]
+    assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4)
+
+
+def test_under_tensor_parallelism_a_variant_that_cannot_be_captured_stops_the_capture(sgl, db_path):
+    """One rank dropping a variant alone would replay other graphs than its peers."""
+    import tuner
+
+    runner, step = _variant_runner(sgl, db_path, tp_size=2)
+
+    def forward():
+        if tuner.runtime.state.runtime.declared_lengths is not None:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return step()
+    with pytest.raises(RuntimeError, match="TUNER_GRAPH_VARIANTS=0"):
+        runner.capture_one_shape(4, forward)

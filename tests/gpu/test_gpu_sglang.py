@@ -1,5 +1,5 @@
 """On the H200, where SGLang is staged (`bash .gpu/sglang/install`): SGLang's own code, unmodified,
-decodes through tuner's backend (issue 38). benchmarks/sglang_e2e.py's logits worker loads a
+decodes through tuner's backend (issue 38), its graph variants included. benchmarks/sglang_e2e.py's logits worker loads a
 two-layer Llama 3.1 8B with SGLang's model runner, prefills a batch, and decodes steps in
 SGLang's CUDA graphs (capture, the host step before each replay, replay), once with SGLang's
 fa3 backend and once with tuner's; the weights are drawn alike in both processes, at scales
@@ -30,3 +30,10 @@ def test_sglang_decodes_through_tuners_backend_with_fa3s_logits(tmp_path):
     assert {b: doc["results"][b]["logits_exit_code"] for b in ("fa3", "tuner")} == {"fa3": 0, "tuner": 0}, logs
     # the same attention in bf16 through another kernel; on the fake SGLang a wrong one moves them by over 0.1
     assert doc["logits_vs_fa3_relative_max_error"]["tuner"] < 0.02
+    # SGLang's runner captured tuner's graph variants beside the batch size's graph (the
+    # shipped per-call records of this key differ by kv bucket), and replayed only graphs it holds
+    graphs = doc["results"]["tuner"]["decode_graphs"]
+    labels = {label for _, label in graphs["captured"]}
+    assert any(str(label).startswith("tuner-") for label in labels), graphs
+    assert set(graphs["replayed"]) <= labels, graphs
+    assert not any(label for _, label in doc["results"]["fa3"]["decode_graphs"]["captured"]), doc["results"]["fa3"]

@@ -134,7 +134,9 @@ def runner_class(capturing: list[bool]) -> type:
         def __init__(self, attn_backend: Any, capture_bs: list[int]) -> None:
             self.attn_backend, self.capture_bs = attn_backend, sorted(capture_bs)
             self.graphs: dict[ShapeKey, Any] = {}
-            self.ragged_verify_mode = False
+            self.backend = types.SimpleNamespace(can_run=lambda forward_batch, key: key in self.graphs)
+            self.ragged_verify_mode = self.require_mlp_sync = False
+            self.tp_size = 1
 
         def capture_one_shape(self, size, forward, stream_idx=None, variant_label=None):
             for _ in range(2):

@@ -124,6 +124,19 @@ def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                         softcap, sinks, seq_lens_host)
 
 
+def graph_runs(config: Config, args: tuple) -> Config:
+    """The plain config a call with these positional arguments runs when captured into a CUDA
+    graph: its own, or where its backend cannot run captured or without host lengths (a
+    FlashInfer plan), the default backend's (run_call's fallback)."""
+    backend = BACKENDS.get(config.get("backend"))
+    if backend is not None and backend.runs_any_call:
+        return config
+    call = _call(*args)
+    if backend is not None and backend.graph_capturable and backend.takes(*call):
+        return config
+    return _fallback(*call[:10])
+
+
 def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
               softcap=0.0, sinks=None, seq_lens_host=None):
     q_shape = q.shape

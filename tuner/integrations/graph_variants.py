@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from tuner import settings
-from tuner.integrations.decode_attention import declared_branch, decode_attention
+from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
 from tuner.keys import kv_len_bucket
 from tuner.runtime.capture import DeclaredLengths, graph_capture
 from tuner.workload.traffic import is_dense
@@ -48,6 +48,8 @@ LABEL_PREFIX = "tuner-"
 class StepLengths(DeclaredLengths):
     """The declaration of one class of replays: every batch's longest sequence at kv_len (its
     kv bucket's top), its batches dense or not (settings.DENSE_FILL)."""
+
+    records_misses = False  # a class of lengths tuner made up, not a deployment's traffic
 
     def __init__(self, kv_len: int, dense: bool) -> None:
         super().__init__(None)
@@ -76,11 +78,12 @@ class Variant:
 
 def captured_configs(calls: Sequence[tuple], batch: int) -> tuple[str, ...]:
     """What each decode_attention call (its positional arguments, as a graph captures it: no
-    host lengths) runs under the active declaration, as canonical text."""
+    host lengths) runs under the active declaration, as canonical text: of a by_fill record
+    the declared part, of a backend a graph cannot hold the default backend's config."""
     out = []
     for call in calls:
         config = declared_branch(decode_attention.tuner.config_for_call(call, {}, record_miss=False), batch)
-        out.append(repr(sorted(config.items())))
+        out.append(repr(sorted(graph_runs(config, call).items())))
     return tuple(out)
 
 

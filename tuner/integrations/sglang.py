@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from tuner import settings
 from tuner.integrations.decode_attention import decode_attention
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.runtime.capture import graph_capture
@@ -212,6 +213,18 @@ def tuner_backend(runner: Any) -> Any:
     return backend if isinstance(getattr(backend, "tuner_variants", None), GraphVariants) else None
 
 
+def variants_apply(runner: Any, size: int) -> bool:
+    """Whether the runner's graphs of this size get variants: not where ranks must replay the
+    same graphs while their batches differ (DP attention: a rank's collectives pair its
+    buffers with another's), nor under pdmux or ragged verification, nor for a size
+    torch.compile traces (a trace may keep the base graph's configs), nor inside the
+    caller's own graph_capture (its declaration holds)."""
+    return not (getattr(runner, "require_mlp_sync", False) or getattr(runner, "enable_pdmux", False)
+                or getattr(runner, "ragged_verify_mode", False)
+                or (getattr(runner, "enable_torch_compile", False) and size in getattr(runner, "compile_bs", ()))
+                or runtime.declared_lengths is not None)
+
+
 def _joined(label: str | None, variant: str) -> str:
     return variant if label is None else f"{label}+{variant}"
 
@@ -223,14 +236,17 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
     capture made), each under its declaration and its label joined to SGLang's own."""
     result = original(runner, size, forward, stream_idx, variant_label)
     backend = tuner_backend(runner)
-    if backend is None or getattr(runner, "ragged_verify_mode", False) or runtime.declared_lengths is not None:
-        return result  # (inside the caller's own graph_capture, its declaration holds)
+    if backend is None or not variants_apply(runner, size):
+        return result
     calls = list(backend.tuner_graph_calls.get(size, {}).values())
     for variant in backend.tuner_variants.plan(size, calls):
         try:
             with graph_capture(variant.lengths):
                 original(runner, size, forward, stream_idx, _joined(variant_label, variant.label))
         except RuntimeError as e:  # out of memory, say: its steps replay the base graph
+            if getattr(runner, "tp_size", 1) > 1:  # one rank cannot drop it alone: ranks replay alike
+                raise RuntimeError(f"tuner: graph variant {variant.label} of batch size {size} not captured "
+                                   f"({e}); set {settings.ENV_GRAPH_VARIANTS}=0 (or fewer)") from e
             backend.tuner_variants.drop(size, variant.label)
             warnings.warn(f"tuner: graph variant {variant.label} of batch size {size} not captured ({e}); "
                           "its steps replay the batch size's graph", RuntimeWarning, stacklevel=2)
@@ -249,5 +265,8 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     label = backend.tuner_variants.label(key.size, getattr(forward_batch, "seq_lens_cpu", None),
                                          raw_batch=getattr(forward_batch, "batch_size", None))
     if label is not None:
-        runner._replay_graph_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, label))
+        variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, label))
+        graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
+        if graphs is None or not hasattr(graphs, "can_run") or graphs.can_run(forward_batch, variant_key):
+            runner._replay_graph_key = variant_key
     return result

@@ -68,6 +68,8 @@ class DeclaredLengths:
     of per-sequence lengths; or None, unknown (known is False). Samples are held as distinct
     lengths (`lengths`, ascending) with how many samples each stands for (`counts`)."""
 
+    records_misses = True  # calls captured under it record their misses: the lengths are the traffic's
+
     def __init__(self, lengths: int | Iterable[int] | None) -> None:
         self.known = lengths is not None
         self.per_sequence = False  # an int declares a batch's longest, not its sequences' lengths
@@ -156,10 +158,10 @@ class DeclaredLengths:
 def graph_capture(lengths: int | Iterable[int] | DeclaredLengths | None = None
                   ) -> Iterator[DeclaredLengths]:
     """Calls inside resolve their configs for the declared lengths (see the module's
-    docstring; a DeclaredLengths is taken as it is), and nothing is tuned there. With no lengths (unknown), a call keeps a
-    stored config only if it is the winner for its batch at every kv bucket from
-    settings.FROZEN_FROM_KV up to the call's bound (tuner.runtime.borrowing.choose_frozen),
-    else the default: a graph replayed
+    docstring; a DeclaredLengths is taken as it is), and nothing is tuned there. With no
+    lengths (unknown), a call keeps a stored config only if it is the winner for its batch at
+    every kv bucket from settings.FROZEN_FROM_KV up to the call's bound
+    (tuner.runtime.borrowing.choose_frozen), else the default: a graph replayed
     over any length is never frozen with what suits only the longest; the memos resolved before are set aside and put
     back on exit (unless configure() ran inside: then they resolve anew), so calls outside
     resolve as before. Process-wide, like the runtime's mode: while it is active every

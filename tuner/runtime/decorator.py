@@ -136,7 +136,9 @@ class AutotunedFunction:
             return config
         exact = served == "exact"
         may_tune = tune and not capturing()
-        if record_miss and not exact and (mode == "lookup" or declared):  # tune and force modes tune it instead
+        # (tune and force modes tune it instead; a made-up declaration says nothing of the traffic)
+        made_up = declared and not declaration.records_misses
+        if record_miss and not exact and (mode == "lookup" or declared) and not made_up:
             runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
         wants_tune, ranks = self._tune_wanted(mode, exact, memo_key, declared)
         if wants_tune:
@@ -219,7 +221,7 @@ class ConfigLookup:
                                                 frozen=declaration is not None and not declaration.known)
                 if stored is not None:
                     config = stored
-                if served != "exact":
+                if served != "exact" and (declaration is None or declaration.records_misses):
                     runtime.record_miss(self.name, static_json, run, served)
             _memoise(self.memo, memo_key, config, epoch)
         return config
