@@ -136,3 +136,15 @@ def test_a_record_a_graph_cannot_hold_counts_as_what_the_graph_runs():
     assert graph_runs(_triton(64, 8), call) == _triton(64, 8)
     fallback = graph_runs(flashinfer, call)
     assert fallback["backend"] == "triton_decode" and (fallback["block_n"], fallback["num_kv_splits"]) == DEFAULT
+
+
+def test_the_cap_on_variants_comes_from_the_environment(monkeypatch):
+    from tuner import settings
+
+    monkeypatch.setenv("TUNER_GRAPH_VARIANTS", "2")
+    assert GraphVariants().max_variants == 2
+    monkeypatch.setenv("TUNER_GRAPH_VARIANTS", "0")
+    assert GraphVariants().max_variants == 0
+    for unreadable in ("", "-1", "many"):
+        monkeypatch.setenv("TUNER_GRAPH_VARIANTS", unreadable)
+        assert GraphVariants().max_variants == settings.GRAPH_VARIANTS == 8

@@ -93,9 +93,11 @@ GRAPH_RECORD_OPS = {"decode_attention": "decode_attention_graph"}
 GRAPH_BORROW_OCTAVES = 2
 # a server that keeps several graphs per batch size (tuner.integrations.graph_variants) captures
 # at most this many beside each batch size's base graph ($TUNER_GRAPH_VARIANTS; 0: none), the
-# longest lengths' first: each costs a capture at start; a first choice, not yet measured
+# longest lengths' first: each costs a capture at start. The shipped keys name 2-11 config sets
+# per batch size at a 128k bound; 8 leaves none of serving.py's cases on the base graph
+# (docs/decisions.md, "Graph variants"); capture time and memory not yet measured
 ENV_GRAPH_VARIANTS = "TUNER_GRAPH_VARIANTS"
-GRAPH_VARIANTS = 4
+GRAPH_VARIANTS = 8
 
 
 def graph_variants_max() -> int:
