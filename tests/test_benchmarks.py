@@ -592,3 +592,30 @@ def test_sglang_e2e_builds_the_model_tuner_tunes_and_compares_with_the_best_buil
     assert [(s["batch"], s["input_len"]) for s in summary] == [(1, 1024), (8, 4096)]
     assert "tuner_over_best" not in summary[0]
     assert summary[1]["best_built_in"] == "triton" and abs(summary[1]["tuner_over_best"] - 1.1) < 1e-9
+
+
+def test_serving_times_the_graph_variant_a_batchs_host_lengths_pick(db_path):
+    """serving.py's graph_variants mode: the config of the variant GraphVariants.label picks
+    for the batch, as a server captured it at the bound; the base graph's where none."""
+    import dataclasses
+
+    import tuner
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+    from tuner.integrations.decode_attention import decode_attention
+    from tuner.workload import DecodeShape, make_decode_inputs
+
+    serving = benchmark_module("serving")
+    shape = DecodeShape(batch=4, kv_len=2048, num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
+                        dtype="float32")
+    winner = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 8, "num_warps": 4, "num_stages": 2}
+    with TuningDB(db_path) as db:
+        db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
+                       (current_fingerprint_id(), current_fingerprint()), winner, median_us=1.0, spread_us=0.0,
+                       samples=3, default_config={"backend": "triton_decode"}, default_median_us=2.0,
+                       default_spread_us=0.0, method={})
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(dataclasses.replace(shape, kv_len=64), seq_lens=[17] * 4)
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 2048)
+    base = {"backend": "base"}
+    assert serving._variant_replayed(decode_attention.tuner, args, {}, 4, [2000, 10, 10, 10], base) == (winner, winner)
+    assert serving._variant_replayed(decode_attention.tuner, args, {}, 4, [100] * 4, base) == (base, base)
