@@ -274,29 +274,6 @@ def test_the_graph_hooks_are_registered_once_and_left_to_sglang_while_it_loads_p
     assert len(fresh.hooks.hooks) == 2 and not fresh.hooks.patched  # SGLang applies them after the last plugin
 
 
-def test_a_variant_that_cannot_be_captured_leaves_its_steps_to_the_batch_sizes_graph(sgl, monkeypatch, db_path):
-    import tuner
-
-    _store(db_path, 2048, _triton(64, 8))
-    tuner.configure(db=db_path, mode="lookup", shipped="off")
-    integration.register()
-    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
-    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
-    runner = sgl.runner(backend, capture_bs=[4])
-    step = _graph_step(backend, 4, 2048)
-
-    def forward():
-        if tuner.runtime.state.runtime.declared_lengths is not None:  # a variant's capture
-            raise torch.OutOfMemoryError("CUDA out of memory")
-        return step()
-    with pytest.warns(RuntimeWarning, match="tuner-1 of batch size 4 not captured"):
-        runner.capture_one_shape(4, forward)
-    assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
-    batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4), seq_lens_cpu=torch.full((4,), 2000))
-    runner.replay(batch)
-    assert runner._replay_graph_key == fake_sglang.ShapeKey(4)
-
-
 def _variant_runner(sgl, db_path, **runner_fields):
     import tuner
 
@@ -315,6 +292,25 @@ def _replayed_key(runner, lengths):
     runner.replay(fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(len(lengths)),
                                            seq_lens_cpu=torch.tensor(lengths, dtype=torch.int32)))
     return runner._replay_graph_key
+
+
+def test_a_variant_that_cannot_be_captured_leaves_its_steps_to_the_batch_sizes_graph(sgl, db_path):
+    runner, step = _variant_runner(sgl, db_path)
+    with pytest.warns(RuntimeWarning, match="tuner-1 of batch size 4 not captured"):
+        runner.capture_one_shape(4, _out_of_memory_in_variants(step))
+    assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
+    assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4)
+
+
+def _out_of_memory_in_variants(step):
+    """The step, failing as out of memory in a variant's capture (under its declaration)."""
+    from tuner.runtime.state import runtime
+
+    def forward():
+        if runtime.declared_lengths is not None:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return step()
+    return forward
 
 
 def test_ranks_that_must_replay_alike_keep_one_graph_per_batch_size(sgl, db_path):
@@ -342,13 +338,6 @@ def test_a_variant_graph_sglang_does_not_hold_is_never_replayed(sgl, db_path):
 
 def test_under_tensor_parallelism_a_variant_that_cannot_be_captured_stops_the_capture(sgl, db_path):
     """One rank dropping a variant alone would replay other graphs than its peers."""
-    import tuner
-
     runner, step = _variant_runner(sgl, db_path, tp_size=2)
-
-    def forward():
-        if tuner.runtime.state.runtime.declared_lengths is not None:
-            raise torch.OutOfMemoryError("CUDA out of memory")
-        return step()
     with pytest.raises(RuntimeError, match="TUNER_GRAPH_VARIANTS=0"):
-        runner.capture_one_shape(4, forward)
+        runner.capture_one_shape(4, _out_of_memory_in_variants(step))
