@@ -302,6 +302,14 @@ def test_a_variant_that_cannot_be_captured_leaves_its_steps_to_the_batch_sizes_g
     assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4)
 
 
+def test_a_plan_that_fails_leaves_the_batch_size_one_graph(sgl, db_path, monkeypatch):
+    runner, step = _variant_runner(sgl, db_path)
+    monkeypatch.setattr(integration.GraphVariants, "plan", lambda *a: 1 / 0)
+    with pytest.warns(RuntimeWarning, match="no graph variants for batch size 4 .ZeroDivisionError"):
+        runner.capture_one_shape(4, step)
+    assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
+
+
 def _out_of_memory_in_variants(step):
     """The step, failing as out of memory in a variant's capture (under its declaration)."""
     from tuner.runtime.state import runtime

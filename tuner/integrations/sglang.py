@@ -239,7 +239,13 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
     if backend is None or not variants_apply(runner, size):
         return result
     calls = list(backend.tuner_graph_calls.get(size, {}).values())
-    for variant in backend.tuner_variants.plan(size, calls):
+    try:
+        planned = backend.tuner_variants.plan(size, calls)
+    except Exception as e:  # noqa: BLE001 - tuner's planning never fails SGLang's capture
+        warnings.warn(f"tuner: no graph variants for batch size {size} ({type(e).__name__}: {e})", RuntimeWarning,
+                      stacklevel=2)
+        planned = []
+    for variant in planned:
         try:
             with graph_capture(variant.lengths):
                 original(runner, size, forward, stream_idx, _joined(variant_label, variant.label))
