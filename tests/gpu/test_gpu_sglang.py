@@ -23,7 +23,8 @@ def test_sglang_decodes_through_tuners_backend_with_fa3s_logits(tmp_path):
     result = subprocess.run(
         [sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", "fa3,tuner", "--layers", "2",
          "--no-latency", "--timeout", "240", "--mem-fraction", "0.5"],
-        cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=600, env=dict(os.environ))
+        cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TUNER_SHIPPED=str(ROOT / "tuning_cache")))  # (the suite turns them off)
     logs = "".join(p.read_text()[-3000:] for p in tmp_path.glob("e2e.*.log"))
     assert result.returncode == 0, result.stderr[-3000:] + logs
     doc = json.loads(out.read_text())
