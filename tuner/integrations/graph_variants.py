@@ -82,7 +82,7 @@ def captured_configs(calls: Sequence[tuple], batch: int) -> tuple[str, ...]:
     the declared part, of a backend a graph cannot hold the default backend's config."""
     out = []
     for call in calls:
-        config = declared_branch(decode_attention.tuner.config_for_call(call, {}, record_miss=False), batch)
+        config = declared_branch(decode_attention.tuner.config_for(*call), batch)
         out.append(repr(sorted(graph_runs(config, call).items())))
     return tuple(out)
 

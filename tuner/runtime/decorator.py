@@ -79,11 +79,6 @@ class AutotunedFunction:
         wrapper resolves it (memo, then DB, borrowing rule, default), without running it (in
         tune mode a key to tune is not tuned here: the lookup's config is returned, and the
         call tunes): what a server may ask at CUDA-graph capture, or a benchmark to name."""
-        return self.config_for_call(args, kwargs)
-
-    def config_for_call(self, args: tuple, kwargs: dict, *, record_miss: bool = True) -> Config:
-        """config_for(*args, **kwargs); record_miss=False records no miss for a key served
-        without an exact record (a question about lengths no call has had yet)."""
         keys = self.key_functions
         if "_key" in keys:
             static, batch, q_len, kv_len = keys["_key"](*args, **kwargs)
@@ -93,7 +88,7 @@ class AutotunedFunction:
         memo_key = (static, batch, q_len, _kv_bits(kv_len))
         config = self.memo.get(memo_key)
         if config is None or _resolves_under_capture(config):
-            config = self.resolve(memo_key, kv_len, args, kwargs, tune=False, record_miss=record_miss)
+            config = self.resolve(memo_key, kv_len, args, kwargs, tune=False)
         return dict(config)
 
     def configs(self, args: tuple, kwargs: dict) -> list[Config]:
@@ -102,8 +97,7 @@ class AutotunedFunction:
     def default(self, args: tuple, kwargs: dict) -> Config:
         return dict(self._default(*args, **kwargs) if callable(self._default) else self._default)
 
-    def resolve(self, memo_key: tuple, kv_len: int, args: tuple, kwargs: dict, tune: bool = True,
-                record_miss: bool = True) -> Config:
+    def resolve(self, memo_key: tuple, kv_len: int, args: tuple, kwargs: dict, tune: bool = True) -> Config:
         """The slow path, once per memo key (static key, batch, max q len, kv bucket bits).
 
         The default serves, untouched by the DB: mode off; a static key of None (the key
@@ -138,7 +132,7 @@ class AutotunedFunction:
         may_tune = tune and not capturing()
         # (tune and force modes tune it instead; a made-up declaration says nothing of the traffic)
         made_up = declared and not declaration.records_misses
-        if record_miss and not exact and (mode == "lookup" or declared) and not made_up:
+        if not exact and (mode == "lookup" or declared) and not made_up:
             runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
         wants_tune, ranks = self._tune_wanted(mode, exact, memo_key, declared)
         if wants_tune:
