@@ -12,6 +12,7 @@ import tuner
 from support.recorders import recording_triton
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.integrations.decode_attention import decode_attention
+from tuner.integrations import graph_variants
 from tuner.integrations.graph_variants import GraphVariants, StepLengths
 from tuner.ops.decode_attention import by_fill
 from tuner.workload import DecodeShape, make_decode_inputs
@@ -104,6 +105,25 @@ def test_a_class_that_runs_what_the_base_graph_runs_needs_no_graph_of_its_own(db
     assert tuner.flush_misses() == 0
 
 
+def test_no_graph_is_planned_for_a_sparse_batch_the_batch_size_cannot_hold(db_path, monkeypatch):
+    """A batch of 1 or 2 is always dense (its lengths, pads included, sum to at least half of
+    batch x longest), so a record's not-dense part there gets no graph that no step would
+    replay; at batch 3 it does. (A graph record makes the base graph run neither part.)"""
+    for batch in (2, 3):
+        _store(db_path, 512, by_fill(_triton(16, 8), _triton(64, 2)), batch=batch)
+        _store(db_path, 512, _triton(32, 16), op="decode_attention_graph", batch=batch, lengths="graph")
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    variants = GraphVariants(max_variants=8)
+    pairs = [(v.lengths.top, v.lengths.dense) for v in variants.plan(2, [_call(batch=2, bound=512)])]
+    assert (512, True) in pairs and not any(not dense for _, dense in pairs)
+    assert variants.label(2, [500, 1]) == variants.label(2, [500, 499]) == "tuner-1"
+    pairs = [(v.lengths.top, v.lengths.dense) for v in variants.plan(3, [_call(batch=3, bound=512)])]
+    assert pairs[:2] == [(512, True), (512, False)]
+    assert variants.label(3, [500, 1, 1]) == "tuner-2" and variants.label(3, [500, 499, 499]) == "tuner-1"
+    monkeypatch.setattr(graph_variants, "_sparse_can_occur", lambda batch, top: True)  # without the rule
+    assert (512, False) in [(v.lengths.top, v.lengths.dense) for v in variants.plan(2, [_call(batch=2, bound=512)])]
+
+
 def test_a_step_class_declares_one_kv_bucket_and_fill():
     dense, sparse = StepLengths(4096, True), StepLengths(4096, False)
     assert dense.known and dense.kv_len(7) == 4096 and dense.fill_share(7, 0.5) == 1.0
@@ -147,4 +167,4 @@ def test_the_cap_on_variants_comes_from_the_environment(monkeypatch):
     assert GraphVariants().max_variants == 0
     for unreadable in ("", "-1", "many"):
         monkeypatch.setenv("TUNER_GRAPH_VARIANTS", unreadable)
-        assert GraphVariants().max_variants == settings.GRAPH_VARIANTS == 8
+        assert GraphVariants().max_variants == settings.GRAPH_VARIANTS == 12

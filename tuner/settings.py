@@ -94,10 +94,10 @@ GRAPH_BORROW_OCTAVES = 2
 # a server that keeps several graphs per batch size (tuner.integrations.graph_variants) captures
 # at most this many beside each batch size's base graph ($TUNER_GRAPH_VARIANTS; 0: none), the
 # longest lengths' first: each costs a capture at start. The shipped keys name 2-11 config sets
-# per batch size at a 128k bound; 8 leaves none of serving.py's cases on the base graph
-# (docs/decisions.md, "Graph variants"); capture time and memory not yet measured
+# per batch size at a 128k bound; a cap of 8 sent batch 1's shortest steps to the base graph,
+# where a variant ran 3x faster per call (docs/decisions.md, "Graph variants")
 ENV_GRAPH_VARIANTS = "TUNER_GRAPH_VARIANTS"
-GRAPH_VARIANTS = 8
+GRAPH_VARIANTS = 12
 
 
 def graph_variants_max() -> int:
