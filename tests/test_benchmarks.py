@@ -92,8 +92,8 @@ def test_decode_step_smoke_runs_every_mode_on_the_same_steps(tmp_path):
     assert len(doc["rows"]) == 2 and not any("error" in r for r in doc["rows"])
     for row in doc["rows"]:
         assert row["fa3_default"]["step_ms"] > 0
-        assert all(row[m]["max_error_vs_default"] < 1e-3 and row[m]["config"] for m in ("tuner", "tuner_declared",
-                                                                                       "tuner_variants"))
+        assert all(row[m]["max_error_vs_default"] < 1e-3 and row[m]["relative_error_vs_default"] < 1e-3
+                   and row[m]["config"] for m in ("tuner", "tuner_declared", "tuner_variants"))
         assert len(row["tuner_variants"]["variants_replayed"]) == row["steps"]
 
 
