@@ -4,31 +4,41 @@ and triton backends, dummy weights from a public config.json, each backend in it
 
     python benchmarks/sglang_e2e.py --out $OUT/sglang_e2e.json --model llama-3.1-8b \\
         [--backends tuner,fa3,flashinfer,triton] [--batches 1,8,32,128] \\
-        [--input-lens 1024,4096,16384,32768] [--output-len 32] [--db graph.db] [--no-logits | --no-latency] \\
-        [--layers N]
+        [--input-lens 1024,4096,16384,32768] [--output-len 128] [--rounds 3] [--db graph.db] \\
+        [--no-logits | --no-latency] [--layers N]
     python benchmarks/sglang_e2e.py --merge A.json B.json ... --out all.json     # no GPU
 
-Latency: per backend and input length, one bench_one_batch process (an out-of-memory point
-costs that length only) over the batch sizes whose prefill fits MAX_PREFILL_TOKENS and whose
-input and output fit the model's context; its median decode latency and throughput per
-(batch, input length), from its result file; decode graphs captured for those batch sizes
-only. Logits: per backend, the first decode steps of one small batch (fixed token ids fed at
-every step, so every backend decodes the same inputs), with the dummy weights drawn again,
-seeded, at scales where attention shows in the logits (the dummy load format's uniform
-+-1e-3 makes every attention uniform), each step copied out as it comes (SGLang's graphs
-return views of one shared buffer); compared with the fa3 backend's relative to their
-largest magnitude, the built-in backends' own differences being the noise floor. The
-logits go beside --out (ITS_NAME.BACKEND.logits.pt). The tuner backend is SGLang's FA3
-backend whose plain decode runs decode_attention (tuner.integrations.sglang), registered in
+Latency: per backend, input length and round, one bench_one_batch process (an out-of-memory
+point costs that length only) over the batch sizes whose prefill fits MAX_PREFILL_TOKENS and
+whose input and output fit the model's context; its median decode latency and throughput per
+(batch, input length), from its result file; decode graphs captured for those batch sizes only.
+Rounds, because one backend's median decode throughput moves by up to +-5% from one process to
+the next (fa3 at 8 x 4096 on the H200: 1204, 1126 and 1105 tokens/s), more than the differences
+sought: round r runs every backend's workers once, the backends' order rotated to start at the
+r-th, so that neighbours in time alternate. The summary, per (batch, input length): BACKEND is
+the median over its rounds of its median decode throughput, BACKEND_rounds its values in round
+order, spread their max/min; tuner_over_best is tuner's median over the best built-in backend's
+(by medians), and tuner_over_best_by_round their ratio within each round (neighbours in time, so
+the pairs share the machine's drift). A worker's time is mostly startup, hence 128 decode steps
+each by default. Logits, after the rounds: per backend, one worker, the first decode steps of
+one small batch (fixed token ids fed at every step, so every backend decodes the same inputs),
+with the dummy weights drawn again, seeded, at scales where attention shows in the logits (the
+dummy load format's uniform +-1e-3 makes every attention uniform), each step copied out as it
+comes (SGLang's graphs return views of one shared buffer); compared with the fa3 backend's
+relative to their largest magnitude, the built-in backends' own differences being the noise
+floor. The logits go beside --out (ITS_NAME.BACKEND.logits.pt). The tuner backend is SGLang's
+FA3 backend whose plain decode runs decode_attention (tuner.integrations.sglang), registered in
 the worker process before SGLang parses its arguments, with its graph-variant hooks (SGLang's
 decode graphs, one per config set the per-call records name, picked per step); --db is its
 TUNER_DB, over the shipped tunings (a new key's records: `tuner sweep decode_attention --grid
 serving --model M`; graph records for the base graphs: `... decode_attention_graph ...`). The
-JSON is written after every worker, its result files kept beside it (ITS_NAME.work/); no
-worker starts past --deadline; --resume keeps what ran and runs the rest, and --merge joins
-the JSON of several runs (one backend, or its latency alone, a device call, say). Needs SGLang, its
-dependencies and a GPU: `bash tools/prepare_sglang.sh` here, then on the GPU machine
-`bash .gpu/sglang/install` after the staging of ../shared/gpu/README.md.
+JSON is written after every worker, its result files kept beside it (ITS_NAME.work/,
+BACKEND.LEN.jsonl for round 0, BACKEND.LEN.rR.jsonl after), its exit codes by LEN for round 0
+(as files written before rounds read) and LEN#R after, each row with its round; no worker starts
+past --deadline; --resume keeps each (length, round) that ran and runs the rest, and --merge
+joins the JSON of several runs per (length, round) (one backend, or its latency alone, a device
+call, say). Needs SGLang, its dependencies and a GPU: `bash tools/prepare_sglang.sh` here, then
+on the GPU machine `bash .gpu/sglang/install` after the staging of ../shared/gpu/README.md.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -120,24 +131,56 @@ def latency_points(model: str, batches: list[int], input_lens: list[int], output
     return points
 
 
+def latency_key(input_len: int, rnd: int) -> str:
+    """exit_codes' key of one worker: the input length for round 0 (so files written before
+    rounds existed read as round 0), LEN#R for round R."""
+    return str(input_len) if rnd == 0 else f"{input_len}#{rnd}"
+
+
+def row_key(row: dict) -> str:
+    """The worker a result row came from (rows of files written before rounds: round 0)."""
+    return latency_key(row["input_len"], row.get("round", 0))
+
+
+def rotated(backends: list[str], rnd: int) -> list[str]:
+    """Round rnd's order: the backends as given, starting at the rnd-th, so that no backend
+    always runs right after the same one (a machine's drift would favour one of a pair)."""
+    start = rnd % len(backends)
+    return backends[start:] + backends[:start]
+
+
 def summarize(rows: dict[str, list[dict]]) -> list[dict]:
-    """Per (batch, input length): each backend's median decode throughput, and tuner's over
-    the best built-in backend's (where both ran)."""
-    table: dict[tuple[int, int], dict] = {}
+    """Per (batch, input length), from each backend's median decode throughput per round:
+    summary_entry's figures."""
+    rounds: dict[tuple[int, int], dict[str, dict[int, float]]] = {}
     for backend, results in rows.items():
         for r in results:
-            entry = table.setdefault((r["batch_size"], r["input_len"]), {"batch": r["batch_size"],
-                                                                         "input_len": r["input_len"]})
-            entry[backend] = r.get("median_decode_throughput")
-    out = []
-    for key in sorted(table):
-        entry = table[key]
-        built_in = {b: entry[b] for b in BUILT_IN if entry.get(b)}
-        if entry.get("tuner") and built_in:
-            best = max(built_in, key=built_in.get)
-            entry.update(best_built_in=best, tuner_over_best=entry["tuner"] / built_in[best])
-        out.append(entry)
-    return out
+            by_backend = rounds.setdefault((r["batch_size"], r["input_len"]), {})
+            values = by_backend.setdefault(backend, {})
+            if r.get("median_decode_throughput"):
+                values[r.get("round", 0)] = r["median_decode_throughput"]
+    return [summary_entry(batch, input_len, rounds[batch, input_len]) for batch, input_len in sorted(rounds)]
+
+
+def summary_entry(batch: int, input_len: int, rounds: dict[str, dict[int, float]]) -> dict:
+    """Each backend's median over its rounds (under its name, as before rounds existed) and its
+    values in round order; tuner's median over the best built-in backend's (by medians) and,
+    within each round both ran, tuner's over that backend's (neighbours in time); each
+    backend's max/min over its rounds, where it has two or more."""
+    entry: dict = {"batch": batch, "input_len": input_len}
+    for backend, values in rounds.items():
+        entry[backend] = statistics.median(values.values()) if values else None
+        entry[f"{backend}_rounds"] = [values[r] for r in sorted(values)]
+    built_in = {b: entry[b] for b in BUILT_IN if entry.get(b)}
+    if entry.get("tuner") and built_in:
+        best = max(built_in, key=built_in.get)
+        tuner, other = rounds["tuner"], rounds[best]
+        entry.update(best_built_in=best, tuner_over_best=entry["tuner"] / built_in[best],
+                     tuner_over_best_by_round={str(r): tuner[r] / other[r] for r in sorted(tuner) if r in other})
+    spread = {b: max(v.values()) / min(v.values()) for b, v in rounds.items() if len(v) >= 2}
+    if spread:
+        entry["spread"] = spread
+    return entry
 
 
 def logits_agreement(reference, other) -> float:
@@ -233,8 +276,8 @@ def logits_path(out: Path, backend: str) -> Path:
 
 class Run:
     """One invocation's results, written to --out after every worker (a device call may end
-    mid-backend); with --resume, what --out holds: each input length that ran (exit 0) and
-    each logits file a worker finished are kept."""
+    mid-backend); with --resume, what --out holds: each (input length, round) that ran (exit 0)
+    and each logits file a worker finished are kept."""
 
     def __init__(self, args: argparse.Namespace, out: Path) -> None:
         self.args, self.out, self.started = args, out, time.perf_counter()
@@ -245,35 +288,51 @@ class Run:
     def left_s(self) -> float:
         return self.args.deadline - (time.perf_counter() - self.started)
 
+    def log(self, backend: str) -> Path:
+        return self.out.with_suffix(f".{backend}.log")
+
     def save(self) -> dict:
         doc = document(self.args, self.started, self.results, self.logits_files, self.out)
         self.out.write_text(json.dumps(doc, indent=1))
         return doc
 
 
-def run_latency(run: Run, backend: str, model_dir: Path, work: Path, log: Path) -> None:
-    """bench_one_batch per input length not yet run: exit codes, and the rows of its result files."""
-    args = run.args
+def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[int], model_dir: Path,
+                work: Path) -> None:
+    """One bench_one_batch worker, unless this (input length, round) already ran: its exit code,
+    and the rows of its result file, each with its round."""
     latency = run.results.setdefault(backend, {}).setdefault("latency", dict(exit_codes={}, rows=[]))
+    key = latency_key(input_len, rnd)
+    if latency["exit_codes"].get(key) == 0:
+        return
+    if run.left_s() < 30:
+        latency["exit_codes"][key] = "not run: --deadline"
+        return
+    result = work / (f"{backend}.{input_len}.jsonl" if rnd == 0 else f"{backend}.{input_len}.r{rnd}.jsonl")
+    result.unlink(missing_ok=True)
+    argv = bench_argv(model_dir, backend, batches, input_len, run.args, result)
+    code = run_worker("latency", backend, argv, None, run.args.db, run.log(backend),
+                      min(run.args.timeout, run.left_s()))
+    latency["exit_codes"][key] = code
+    rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
+    latency["rows"] = [r for r in latency["rows"] if row_key(r) != key] + [dict(r, round=rnd) for r in rows]
+    run.save()
+    print(f"round {rnd}, {backend}, input length {input_len}: exit {code}", flush=True)
+
+
+def run_rounds(run: Run, backends: list[str], model_dir: Path, work: Path) -> None:
+    """Every round's latency workers, each input length's backends one after another in the
+    round's order, so that the workers compared in a round are neighbours in time."""
+    args = run.args
     batches = [int(b) for b in args.batches.split(",")]
-    input_lens = [int(n) for n in args.input_lens.split(",")]
-    for input_len, fits in latency_points(args.model, batches, input_lens, args.output_len):
-        if latency["exit_codes"].get(str(input_len)) == 0:
-            continue
-        if run.left_s() < 30:
-            latency["exit_codes"][str(input_len)] = "not run: --deadline"
-            continue
-        result = work / f"{backend}.{input_len}.jsonl"
-        result.unlink(missing_ok=True)
-        argv = bench_argv(model_dir, backend, fits, input_len, args, result)
-        code = run_worker("latency", backend, argv, None, args.db, log, min(args.timeout, run.left_s()))
-        latency["exit_codes"][str(input_len)] = code
-        latency["rows"] = [r for r in latency["rows"] if r["input_len"] != input_len]
-        latency["rows"] += [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
-        run.save()
+    points = latency_points(args.model, batches, [int(n) for n in args.input_lens.split(",")], args.output_len)
+    for rnd in range(args.rounds):
+        for input_len, fits in points:
+            for backend in rotated(backends, rnd):
+                run_latency(run, backend, rnd, input_len, fits, model_dir, work)
 
 
-def run_logits(run: Run, backend: str, model_dir: Path, work: Path, log: Path) -> None:
+def run_logits(run: Run, backend: str, model_dir: Path, work: Path) -> None:
     """The logits worker, unless its file is already here from a worker that finished."""
     entry = run.results.setdefault(backend, {})
     path = logits_path(run.out, backend)
@@ -282,7 +341,8 @@ def run_logits(run: Run, backend: str, model_dir: Path, work: Path, log: Path) -
     path.unlink(missing_ok=True)  # a worker that fails must not be scored on an older file
     Path(f"{path}.graphs.json").unlink(missing_ok=True)
     argv = bench_argv(model_dir, backend, [LOGITS_BATCH], LOGITS_INPUT, run.args, work / "logits.jsonl")
-    code = run_worker("logits", backend, argv, path, run.args.db, log, min(run.args.timeout, run.left_s()))
+    code = run_worker("logits", backend, argv, path, run.args.db, run.log(backend),
+                      min(run.args.timeout, run.left_s()))
     entry["logits_exit_code"] = code
     if code == 0 and path.exists():
         run.logits_files[backend] = path
@@ -307,7 +367,7 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
              out: Path) -> dict:
     config = dict(CONFIGS[args.model], **({"num_hidden_layers": args.layers} if args.layers else {}))
     return dict(header("sglang_e2e", started), model=args.model, config=config,
-                batches=args.batches, input_lens=args.input_lens, output_len=args.output_len,
+                batches=args.batches, input_lens=args.input_lens, output_len=args.output_len, rounds=args.rounds,
                 max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
@@ -315,15 +375,15 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
 
 
 def merge_result(into: dict, result: dict) -> None:
-    """A backend's results from another run joined in: its input lengths that ran where these
-    did not, its logits where these have none."""
+    """A backend's results from another run joined in: its (input length, round) workers that
+    ran where these did not, its logits where these have none."""
     if "latency" in result:
         mine = into.setdefault("latency", dict(exit_codes={}, rows=[]))
-        for length, code in result["latency"]["exit_codes"].items():
-            if mine["exit_codes"].get(length) != 0:
-                mine["exit_codes"][length] = code
-                mine["rows"] = [r for r in mine["rows"] if str(r["input_len"]) != length]
-                mine["rows"] += [r for r in result["latency"]["rows"] if str(r["input_len"]) == length]
+        for key, code in result["latency"]["exit_codes"].items():
+            if mine["exit_codes"].get(key) != 0:
+                mine["exit_codes"][key] = code
+                mine["rows"] = [r for r in mine["rows"] if row_key(r) != key]
+                mine["rows"] += [r for r in result["latency"]["rows"] if row_key(r) == key]
     if "logits_exit_code" in result and into.get("logits_exit_code") != 0:
         into["logits_exit_code"] = result["logits_exit_code"]
 
@@ -347,9 +407,28 @@ def merge(files: list[str], out: Path, args: argparse.Namespace) -> dict:
     args.model, args.batches, args.input_lens, args.output_len = (first["model"], first["batches"],
                                                                   first["input_lens"], first["output_len"])
     args.layers = first["config"]["num_hidden_layers"]
+    args.rounds = max(doc.get("rounds", 1) for doc in docs)  # files written before rounds: one
     merged = dict(document(args, time.perf_counter(), results, logits_files, out), merged_from=files)
     out.write_text(json.dumps(merged, indent=1))
     return merged
+
+
+def run_all(args: argparse.Namespace, out: Path) -> dict:
+    """The latency rounds, then each backend's logits worker; the document written."""
+    run = Run(args, out)
+    work = out.with_name(f"{out.stem}.work")  # beside --out: what a cut-short call ran comes back
+    name = f"{args.model}-{args.layers}-layers" if args.layers else args.model
+    model_dir = write_model_dir(args.model, work / name, args.layers)
+    backends = args.backends.split(",")
+    if args.latency:
+        run_rounds(run, backends, model_dir, work)
+    for backend in backends:
+        if args.logits:
+            run_logits(run, backend, model_dir, work)
+        result = run.results.get(backend, {})
+        print(f"{backend}: latency {json.dumps(result.get('latency', {}).get('exit_codes', {}))}, "
+              f"logits exit {result.get('logits_exit_code')}", flush=True)
+    return run.save()
 
 
 def main() -> None:
@@ -359,12 +438,16 @@ def main() -> None:
     ap.add_argument("--backends", default="tuner,fa3,flashinfer,triton")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--input-lens", default="1024,4096,16384,32768")
-    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=128, help="decode steps per worker (its startup takes "
+                    "far longer)")
+    ap.add_argument("--rounds", type=int, default=3, help="latency workers per backend and input length, "
+                    "the backends' order rotated each round")
     ap.add_argument("--mem-fraction", type=float, default=0.85)
     ap.add_argument("--layers", type=int, help="fewer decoder layers than the model has: a quick check of the "
                     "integration (its figures are not the model's)")
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds one worker (one input length) may take")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds one worker (one input length and round) may take")
     ap.add_argument("--deadline", type=float, default=560.0, help="start no worker after this many seconds")
     ap.add_argument("--latency", action=argparse.BooleanOptionalAction, default=True, help="bench_one_batch runs")
     ap.add_argument("--logits", action=argparse.BooleanOptionalAction, default=True, help="the logits comparison")
@@ -380,23 +463,7 @@ def main() -> None:
     if not args.out:
         ap.error("--out is required")
     out = Path(args.out)
-    if args.merge:
-        doc = merge(args.merge, out, args)
-    else:
-        run = Run(args, out)
-        work = out.with_name(f"{out.stem}.work")  # beside --out: what a cut-short call ran comes back
-        name = f"{args.model}-{args.layers}-layers" if args.layers else args.model
-        model_dir = write_model_dir(args.model, work / name, args.layers)
-        for backend in args.backends.split(","):
-            log = out.with_suffix(f".{backend}.log")
-            if args.latency:
-                run_latency(run, backend, model_dir, work, log)
-            if args.logits:
-                run_logits(run, backend, model_dir, work, log)
-            result = run.results.get(backend, {})
-            print(f"{backend}: latency {json.dumps(result.get('latency', {}).get('exit_codes', {}))}, "
-                  f"logits exit {result.get('logits_exit_code')}", flush=True)
-        doc = run.save()
+    doc = merge(args.merge, out, args) if args.merge else run_all(args, out)
     for entry in doc.get("summary", []):
         print(json.dumps(entry), flush=True)
     print(f"logits vs fa3 (relative max error): {json.dumps(doc['logits_vs_fa3_relative_max_error'])}", flush=True)

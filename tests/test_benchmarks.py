@@ -4,6 +4,7 @@ what they say on small DBs."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -505,6 +506,18 @@ def test_graph_dispatch_runs_the_branch_of_the_longest_sequences_kv_bucket(tmp_p
     assert len({r["expected_branch"] for r in rows}) > 1 and all(len(r["branches"]) > 1 for r in rows)
 
 
+def fake_sglang_e2e(out: Path, backends: str, *flags: str, crash: str = "", **env: str) -> dict:
+    """benchmarks/sglang_e2e.py on the stand-in of SGLang (tests/support/fake_sglang_bench), one
+    round unless flags say otherwise; env: the stand-in's FAKE_SGLANG_* variables."""
+    fake = ROOT / "tests" / "support" / "fake_sglang_bench"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]), FAKE_SGLANG_CRASH=crash, **env)
+    result = subprocess.run([sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", backends,
+                             "--batches", "1,8,64", "--input-lens", "1024,4096", "--output-len", "4", "--rounds", "1",
+                             *flags], cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang(tmp_path):
     """Issue 38's harness end to end on a stand-in of SGLang's bench_one_batch
     (tests/support/fake_sglang_bench): a worker per backend and input length, so a run that
@@ -514,15 +527,9 @@ def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang
     equal logits and a broken one does not; a failed logits worker never scored on an older
     file; and runs split by backend and by part joined by --merge."""
     e2e = benchmark_module("sglang_e2e")
-    fake = ROOT / "tests" / "support" / "fake_sglang_bench"
 
     def run(out, backends, *flags, crash="triton:4096"):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake), str(ROOT)]), FAKE_SGLANG_CRASH=crash)
-        result = subprocess.run([sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", backends,
-                                 "--batches", "1,8,64", "--input-lens", "1024,4096", "--output-len", "4", *flags],
-                                cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return json.loads(out.read_text())
+        return fake_sglang_e2e(out, backends, *flags, crash=crash)
 
     first = run(tmp_path / "a.json", "fa3,triton")
     logits_only = run(tmp_path / "b.json", "tuner,broken", "--no-latency")
@@ -563,6 +570,83 @@ def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang
     assert json.loads(again.read_text())["logits_vs_fa3_relative_max_error"] == errors
 
 
+def test_sglang_e2e_rounds_rotate_the_backends_and_resume_and_merge_round_by_round(tmp_path):
+    """--rounds: each round runs every backend once, the order rotated a backend per round (so
+    no backend always follows the same one); round 0 is stored as before rounds existed (its
+    length's exit code, its result file's rows, its file's name) and round R under LEN#R;
+    --resume runs only the (length, round) workers that have not run, --merge takes each
+    (length, round) from a run where it ran, and the summary gives the median over the rounds
+    and tuner's ratio to the best built-in backend within each round."""
+    starts = tmp_path / "starts.log"
+    speed = json.dumps({"tuner": [1.0, 0.9, 1.2], "triton": [1.0, 1.05, 1.0]})
+    base = 8 * 1000.0 / (1 + 1024 / 8192)  # the stand-in's fa3 at 8 x 1024
+
+    def run(out, backends, *flags, crash=""):
+        starts.unlink(missing_ok=True)
+        doc = fake_sglang_e2e(out, backends, "--no-logits", "--batches", "8", "--input-lens", "1024", *flags,
+                              crash=crash, FAKE_SGLANG_STARTS=str(starts), FAKE_SGLANG_ROUND_SPEED=speed)
+        return doc, [tuple(line.split()) for line in starts.read_text().splitlines()] if starts.exists() else []
+
+    first, order = run(tmp_path / "a.json", "fa3,tuner,triton", "--rounds", "2", crash="triton:1024:r1")
+    assert order == [("fa3", "0"), ("tuner", "0"), ("triton", "0"), ("tuner", "1"), ("triton", "1"), ("fa3", "1")]
+    results = first["results"]
+    assert results["fa3"]["latency"]["exit_codes"] == {"1024": 0, "1024#1": 0}
+    triton = results["triton"]["latency"]
+    assert triton["exit_codes"]["1024"] == 0 != triton["exit_codes"]["1024#1"]
+    assert [r["round"] for r in triton["rows"]] == [0]  # its round 1 crashed
+    work = tmp_path / "a.work"
+    assert results["fa3"]["latency"]["rows"] == [
+        dict(json.loads((work / "fa3.1024.jsonl").read_text()), round=0),
+        dict(json.loads((work / "fa3.1024.r1.jsonl").read_text()), round=1)]
+    # resumed with a third round: the crashed worker again, then round 2 from the third backend on
+    (tmp_path / "b.json").write_text((tmp_path / "a.json").read_text())
+    resumed, order = run(tmp_path / "b.json", "fa3,tuner,triton", "--rounds", "3", "--resume")
+    assert order == [("triton", "1"), ("triton", "2"), ("fa3", "2"), ("tuner", "2")]
+    assert resumed["results"]["triton"]["latency"]["exit_codes"] == {"1024": 0, "1024#1": 0, "1024#2": 0}
+    (row,) = resumed["summary"]
+    assert row["tuner_rounds"] == pytest.approx([1.1 * base, 0.99 * base, 1.32 * base])
+    assert row["fa3"] == base and row["triton"] == pytest.approx(0.9 * base)  # medians
+    assert row["best_built_in"] == "fa3" and row["tuner_over_best"] == pytest.approx(1.1)
+    assert row["tuner_over_best_by_round"] == pytest.approx({"0": 1.1, "1": 0.99, "2": 1.32})
+    assert row["spread"] == pytest.approx({"fa3": 1.0, "tuner": 1.32 / 0.99, "triton": 1.05})
+    # a run whose round 0 crashed where the first run's round 1 did: merged, each round from where it ran
+    run(tmp_path / "c.json", "triton", "--rounds", "2", crash="triton:1024:r0")
+    e2e = benchmark_module("sglang_e2e")  # merged and run past --deadline here: a process each costs seconds
+    merged = e2e.merge([str(tmp_path / "a.json"), str(tmp_path / "c.json")], tmp_path / "merged.json",
+                       argparse.Namespace())
+    triton = merged["results"]["triton"]["latency"]
+    assert triton["exit_codes"] == {"1024": 0, "1024#1": 0}
+    assert [r["round"] for r in triton["rows"]] == [0, 1]
+    assert [r["median_decode_throughput"] for r in triton["rows"]] == pytest.approx([0.9 * base, 0.945 * base])
+    assert merged["summary"][0]["triton_rounds"] == pytest.approx([0.9 * base, 0.945 * base])
+    # past --deadline no worker starts, and each (length, round) says so
+    args = argparse.Namespace(resume=False, deadline=0.0, model="llama-3.1-8b", batches="8", input_lens="1024",
+                              output_len=4, rounds=2)
+    late = e2e.Run(args, tmp_path / "d.json")
+    e2e.run_rounds(late, ["fa3"], tmp_path / "no-model", tmp_path)
+    assert late.results["fa3"]["latency"]["exit_codes"] == {"1024": "not run: --deadline",
+                                                           "1024#1": "not run: --deadline"}
+
+
+def test_sglang_e2e_summary_takes_the_median_of_the_rounds_and_pairs_tuner_with_the_best_within_each():
+    """The best built-in backend by its median over rounds, not by its luckiest round; tuner
+    over it within each round both ran (a round tuner crashed in has no pair); rows in any
+    order give their values in round order."""
+    e2e = benchmark_module("sglang_e2e")
+
+    def rows(values):
+        return [dict(batch_size=8, input_len=4096, round=r, median_decode_throughput=v) for r, v in values]
+
+    summary = e2e.summarize({"fa3": rows([(0, 1000.0), (1, 1100.0), (2, 950.0)]),
+                             "triton": rows([(0, 980.0), (1, 990.0), (2, 1200.0)]),
+                             "tuner": rows([(1, 1210.0), (0, 1080.0)])})
+    assert summary == [{
+        "batch": 8, "input_len": 4096, "fa3": 1000.0, "fa3_rounds": [1000.0, 1100.0, 950.0],
+        "triton": 990.0, "triton_rounds": [980.0, 990.0, 1200.0], "tuner": 1145.0, "tuner_rounds": [1080.0, 1210.0],
+        "best_built_in": "fa3", "tuner_over_best": 1.145, "tuner_over_best_by_round": {"0": 1.08, "1": 1.1},
+        "spread": {"fa3": 1100.0 / 950.0, "triton": 1200.0 / 980.0, "tuner": 1210.0 / 1080.0}}]
+
+
 def test_sglang_e2e_runs_only_what_fits_the_model_and_a_prefill():
     e2e = benchmark_module("sglang_e2e")
     assert e2e.latency_points("qwen2.5-7b", [1, 8], [16384, 32768], 32) == [(16384, [1, 8])]  # context 32768
@@ -588,10 +672,12 @@ def test_sglang_e2e_builds_the_model_tuner_tunes_and_compares_with_the_best_buil
             "triton": [dict(batch_size=8, input_len=4096, median_decode_throughput=1100.0),
                        dict(batch_size=1, input_len=1024, median_decode_throughput=200.0)],
             "tuner": [dict(batch_size=8, input_len=4096, median_decode_throughput=1210.0)]}
-    summary = e2e.summarize(rows)
-    assert [(s["batch"], s["input_len"]) for s in summary] == [(1, 1024), (8, 4096)]
-    assert "tuner_over_best" not in summary[0]
-    assert summary[1]["best_built_in"] == "triton" and abs(summary[1]["tuner_over_best"] - 1.1) < 1e-9
+    summary = e2e.summarize(rows)  # rows as written before rounds existed (no "round"): round 0
+    assert summary == [
+        {"batch": 1, "input_len": 1024, "triton": 200.0, "triton_rounds": [200.0]},
+        {"batch": 8, "input_len": 4096, "fa3": 1000.0, "fa3_rounds": [1000.0], "triton": 1100.0,
+         "triton_rounds": [1100.0], "tuner": 1210.0, "tuner_rounds": [1210.0], "best_built_in": "triton",
+         "tuner_over_best": pytest.approx(1.1), "tuner_over_best_by_round": {"0": pytest.approx(1.1)}}]
 
 
 def test_serving_times_the_graph_variant_a_batchs_host_lengths_pick(db_path):

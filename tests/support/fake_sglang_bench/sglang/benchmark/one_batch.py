@@ -1,15 +1,18 @@
 """bench_one_batch's latency test and model loading, faked: throughput from the backend's name
-(FAKE_SGLANG_CRASH="backend:input_len", or "backend:logits" for load_model, makes that run die), and a model whose weights each
-process draws at random (as the dummy load format does) and whose logits come back as views
-of one buffer that every step overwrites (as SGLang's graphs return them)."""
+and the harness's round (from its result file's name: BACKEND.LEN.rR.jsonl, round 0 without
+.rR), and load_model's runner (sglang.srt.model_executor.model_runner). FAKE_SGLANG_CRASH=
+"backend:input_len" (every round), "backend:input_len:rR" (round R alone) or "backend:logits"
+(load_model) makes that run die; FAKE_SGLANG_ROUND_SPEED='{"backend": [factor of round 0, of
+round 1, ...]}' scales a backend's throughput by round (one process's luck); FAKE_SGLANG_STARTS
+names a file each latency run appends "backend round" to as it starts (the order they ran in)."""
 
 import argparse
 import json
 import os
+import re
 import sys
 
 import numpy as np
-import torch
 
 from sglang.srt.server_args import ServerArgs
 
@@ -35,59 +38,33 @@ def _parse(argv):
 
 def cli_main():
     args = _parse(sys.argv[1:])
+    backend = args.attention_backend
+    match = re.search(r"\.r(\d+)\.jsonl$", args.result_filename)
+    rnd = int(match.group(1)) if match else 0
+    if os.environ.get("FAKE_SGLANG_STARTS"):
+        with open(os.environ["FAKE_SGLANG_STARTS"], "a") as starts:
+            starts.write(f"{backend} {rnd}\n")
     for n in args.input_len:
-        if os.environ.get("FAKE_SGLANG_CRASH") == f"{args.attention_backend}:{n}":
+        if os.environ.get("FAKE_SGLANG_CRASH") in (f"{backend}:{n}", f"{backend}:{n}:r{rnd}"):
             raise MemoryError("CUDA out of memory (fake)")
+    factors = json.loads(os.environ.get("FAKE_SGLANG_ROUND_SPEED", "{}")).get(backend)
+    speed = SPEED[backend] * (factors[rnd] if factors else 1.0)
     with open(args.result_filename, "a") as out:
         for n in args.input_len:
             for b in args.batch_size:
-                throughput = SPEED[args.attention_backend] * b * 1000.0 / (1 + n / 8192)
+                throughput = speed * b * 1000.0 / (1 + n / 8192)
                 out.write(json.dumps(dict(run_name=args.run_name, batch_size=b, input_len=n,
                                           output_len=args.output_len[0], median_decode_throughput=throughput,
                                           median_decode_latency=b / throughput,
                                           graph_bs=args.cuda_graph_bs_decode)) + "\n")
 
 
-class _Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed_tokens = torch.nn.Embedding(64, 16)
-        self.norm = torch.nn.Module()
-        self.norm.weight = torch.nn.Parameter(torch.empty(16))
-        self.lm_head = torch.nn.Linear(16, 64, bias=False)
-        with torch.no_grad():  # the dummy load format: small random values, drawn in each process
-            for p in self.parameters():
-                p.uniform_(-1e-3, 1e-3)
-
-
-class _Runner:
-    def __init__(self, backend):
-        self.backend = backend
-        self.torch_runner = type("ModelRunner", (), {})()
-        self.torch_runner.model = _Model()
-        self.buffer = torch.empty(4, 64)
-
-    def _logits(self, ids, step):
-        model = self.torch_runner.model
-        hidden = model.embed_tokens(ids % 64) * model.norm.weight + step
-        if self.backend == "broken":
-            hidden = hidden + torch.randn(hidden.shape)  # a wrong attention output
-        with torch.no_grad():
-            self.buffer[: len(ids)] = model.lm_head(hidden)
-        return self.buffer[: len(ids)]
-
-    def extend(self, reqs):
-        ids = torch.tensor([r[-1] for r in reqs])
-        return ids, self._logits(ids, 0), len(reqs)
-
-    def decode(self, ids, batch):
-        return ids, self._logits(ids, 1 + int(ids[0]) % 7)
-
-
 def load_model(server_args, port_args, gpu_id, tp_rank):
     if os.environ.get("FAKE_SGLANG_CRASH") == f"{server_args.attention_backend}:logits":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (fake)")
-    return _Runner(server_args.attention_backend), None
+    from sglang.srt.model_executor.model_runner import Runner
+
+    return Runner(server_args.attention_backend), None
 
 
 def prepare_synthetic_inputs_for_latency_test(batch_size, input_len):
