@@ -9,8 +9,10 @@ and triton backends, dummy weights from a public config.json, each backend in it
     python benchmarks/sglang_e2e.py --merge A.json B.json ... --out all.json     # no GPU
 
 Latency: per backend, input length and round, one bench_one_batch process (an out-of-memory
-point costs that length only) over the batch sizes whose prefill fits MAX_PREFILL_TOKENS and
-whose input and output fit the model's context; its median decode latency and throughput per
+point costs that length only) over the batch sizes given, whose input and output fit the
+model's context, a batch past MAX_PREFILL_TOKENS prefilled in parts of whole requests merged
+into one decode batch (as SGLang's scheduler merges them), one past the KV cache skipped by
+SGLang; its median decode latency and throughput per
 (batch, input length), from its result file; decode graphs captured for those batch sizes only.
 Rounds, because one backend's median decode throughput moves by up to +-5% from one process to
 the next (fa3 at 8 x 4096 on the H200: 1204, 1126 and 1105 tokens/s), more than the differences
@@ -79,7 +81,8 @@ CONFIGS = {
 BUILT_IN = ("fa3", "flashinfer", "triton")
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # bench_one_batch prefills a whole batch in one forward: past this many tokens its activations
-# alone (an 8B model's MLP) outgrow what the KV cache leaves
+# alone (an 8B model's MLP) outgrow what the KV cache leaves, so a larger batch is prefilled in
+# parts of whole requests (prefill_in_parts); one request is at most this long
 MAX_PREFILL_TOKENS = 131072
 
 
@@ -120,15 +123,45 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
 
 
 def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:
-    """(input length, its batch sizes) to run: prefills within MAX_PREFILL_TOKENS, input and
-    output within the model's context (SGLang sizes its tables by it and checks no length)."""
+    """(input length, its batch sizes) to run: requests of at most MAX_PREFILL_TOKENS, input and
+    output within the model's context (SGLang sizes its tables by it and checks no length). A
+    batch past the KV cache SGLang skips itself ("due to max batch size limit")."""
     context = CONFIGS[model]["max_position_embeddings"]
-    points = []
-    for n in input_lens:
-        fits = [b for b in batches if b * n <= MAX_PREFILL_TOKENS]
-        if fits and n + output_len <= context:
-            points.append((n, fits))
-    return points
+    return [(n, list(batches)) for n in input_lens if n <= MAX_PREFILL_TOKENS and n + output_len <= context]
+
+
+def prefill_parts(input_lens: list[int], max_tokens: int) -> list[range]:
+    """Consecutive runs of requests, each of at most max_tokens input tokens (a longer request
+    alone), in order."""
+    parts, start, tokens = [], 0, 0
+    for i, n in enumerate(input_lens):
+        if i > start and tokens + n > max_tokens:
+            parts.append(range(start, i))
+            start, tokens = i, 0
+        tokens += n
+    return parts + [range(start, len(input_lens))] if input_lens else parts
+
+
+def prefill_in_parts(extend, max_tokens: int = MAX_PREFILL_TOKENS):
+    """bench_one_batch's extend(reqs, model_runner), prefilling the requests in parts of at most
+    max_tokens and merging the parts' batches into one (ScheduleBatch.merge_batch, as SGLang's
+    scheduler joins a prefilled batch to the running one), so that the decode steps measured
+    run one batch of them all, at contexts a one-forward prefill cannot reach."""
+
+    def run(reqs, model_runner):
+        parts = prefill_parts([len(r.origin_input_ids) for r in reqs], max_tokens)
+        if len(parts) == 1:
+            return extend(reqs, model_runner)
+        import torch
+
+        ids, logits, batch = extend([reqs[i] for i in parts[0]], model_runner)
+        for part in parts[1:]:
+            more_ids, more_logits, more = extend([reqs[i] for i in part], model_runner)
+            batch.merge_batch(more)
+            ids, logits = torch.cat([ids, more_ids]), torch.cat([logits, more_logits])
+        return ids, logits, batch
+
+    return run
 
 
 def latency_key(input_len: int, rnd: int) -> str:
@@ -233,6 +266,7 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
 
     sys.argv = ["bench_one_batch", *argv]
     if mode == "latency":
+        one_batch.extend = prefill_in_parts(one_batch.extend)  # its runner calls the module's extend
         one_batch.cli_main()
         return
     import numpy as np

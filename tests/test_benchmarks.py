@@ -538,9 +538,9 @@ def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang
     assert latency["exit_codes"]["1024"] == 0 and latency["exit_codes"]["4096"] != 0  # the crash took 4096 only
     assert {(r["batch_size"], r["input_len"]) for r in latency["rows"]} == {(1, 1024), (8, 1024), (64, 1024)}
     fa3_rows = first["results"]["fa3"]["latency"]["rows"]
-    # 64 x 4096 is past MAX_PREFILL_TOKENS: not run; each run's decode graphs are its batch sizes
+    # each run's decode graphs are its batch sizes (64 x 4096 too: prefilled in parts)
     assert {(r["batch_size"], r["input_len"], tuple(r["graph_bs"])) for r in fa3_rows} == {
-        (1, 1024, (1, 8, 64)), (8, 1024, (1, 8, 64)), (64, 1024, (1, 8, 64)), (1, 4096, (1, 8)), (8, 4096, (1, 8))}
+        (b, n, (1, 8, 64)) for b in (1, 8, 64) for n in (1024, 4096)}
     steps = torch.load(tmp_path / "a.fa3.logits.pt")
     assert steps.shape[0] == e2e.LOGITS_STEPS + 1 and not torch.equal(steps[1], steps[2])
     assert first["logits_vs_fa3_relative_max_error"] == {"triton": 0.0}
@@ -650,8 +650,26 @@ def test_sglang_e2e_summary_takes_the_median_of_the_rounds_and_pairs_tuner_with_
 def test_sglang_e2e_runs_only_what_fits_the_model_and_a_prefill():
     e2e = benchmark_module("sglang_e2e")
     assert e2e.latency_points("qwen2.5-7b", [1, 8], [16384, 32768], 32) == [(16384, [1, 8])]  # context 32768
-    assert e2e.latency_points("llama-3.1-8b", [1, 4, 8, 128], [1024, 32768], 32) == [
-        (1024, [1, 4, 8, 128]), (32768, [1, 4])]
+    assert e2e.latency_points("llama-3.1-8b", [1, 4, 8, 128], [1024, 32768, 131040, 262144], 32) == [
+        (1024, [1, 4, 8, 128]), (32768, [1, 4, 8, 128]), (131040, [1, 4, 8, 128])]  # one request past a prefill: no
+    # a batch past one prefill: consecutive parts of whole requests, a longer request alone
+    assert e2e.prefill_parts([4, 4, 4, 4, 4], 8) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert e2e.prefill_parts([3, 9, 2, 2], 8) == [range(0, 1), range(1, 2), range(2, 4)]
+    assert e2e.prefill_parts([5], 8) == [range(0, 1)] and e2e.prefill_parts([], 8) == []
+
+
+def test_sglang_e2e_prefills_a_batch_past_one_forward_in_parts_and_decodes_them_as_one(tmp_path):
+    """A batch of 64 x 4096 tokens (past MAX_PREFILL_TOKENS) is prefilled through the benchmark's
+    own extend() in two parts of 32 requests, merged, and decoded as one batch of 64; smaller
+    batches in one forward, as bench_one_batch does."""
+    extends = tmp_path / "extends.jsonl"
+    doc = fake_sglang_e2e(tmp_path / "e.json", "fa3", "--no-logits", FAKE_SGLANG_EXTENDS=str(extends))
+    calls = [json.loads(line) for line in extends.read_text().splitlines()]
+    assert [len(c) for c in calls] == [1, 8, 64, 1, 8, 32, 32]  # 1024 (64 x 1024 fits one), then 4096
+    assert all(sum(c) <= 131072 for c in calls)
+    rows = doc["results"]["fa3"]["latency"]["rows"]
+    assert {(r["batch_size"], r["input_len"]): r["decode_batch"] for r in rows} == {
+        (b, n): b for b in (1, 8, 64) for n in (1024, 4096)}
 
 
 def test_sglang_e2e_builds_the_model_tuner_tunes_and_compares_with_the_best_built_in_backend(tmp_path):

@@ -4,7 +4,10 @@ and the harness's round (from its result file's name: BACKEND.LEN.rR.jsonl, roun
 "backend:input_len" (every round), "backend:input_len:rR" (round R alone) or "backend:logits"
 (load_model) makes that run die; FAKE_SGLANG_ROUND_SPEED='{"backend": [factor of round 0, of
 round 1, ...]}' scales a backend's throughput by round (one process's luck); FAKE_SGLANG_STARTS
-names a file each latency run appends "backend round" to as it starts (the order they ran in)."""
+names a file each latency run appends "backend round" to as it starts (the order they ran in).
+FAKE_SGLANG_EXTENDS names a file each call of the module's extend() appends its requests' input
+lengths to: the latency test then prefills each batch through it (as the real one's runner
+does) and its rows say how many requests the decode batch held."""
 
 import argparse
 import json
@@ -15,6 +18,36 @@ import sys
 import numpy as np
 
 from sglang.srt.server_args import ServerArgs
+
+
+class _Req:
+    def __init__(self, input_len):
+        self.origin_input_ids = [7] * input_len
+
+
+class _Batch:
+    def __init__(self, reqs):
+        self.reqs = list(reqs)
+
+    def merge_batch(self, other):
+        self.reqs = self.reqs + other.reqs
+
+
+def extend(reqs, model_runner):
+    """One forward over these requests' input tokens (recorded): (next ids, logits, batch)."""
+    import torch
+
+    with open(os.environ["FAKE_SGLANG_EXTENDS"], "a") as calls:
+        calls.write(json.dumps([len(r.origin_input_ids) for r in reqs]) + "\n")
+    return torch.zeros(len(reqs), dtype=torch.int64), torch.zeros(len(reqs), 4), _Batch(reqs)
+
+
+def _decode_batch(batch_size, input_len):
+    """How many requests the decode batch holds after the prefill (through extend() where asked)."""
+    if not os.environ.get("FAKE_SGLANG_EXTENDS"):
+        return batch_size
+    _, _, batch = extend([_Req(input_len) for _ in range(batch_size)], None)
+    return len(batch.reqs)
 
 SPEED = {"fa3": 1.0, "flashinfer": 0.97, "triton": 0.9, "tuner": 1.1, "broken": 1.0}
 
@@ -53,7 +86,8 @@ def cli_main():
         for n in args.input_len:
             for b in args.batch_size:
                 throughput = speed * b * 1000.0 / (1 + n / 8192)
-                out.write(json.dumps(dict(run_name=args.run_name, batch_size=b, input_len=n,
+                decoded = _decode_batch(b, n)
+                out.write(json.dumps(dict(run_name=args.run_name, batch_size=b, input_len=n, decode_batch=decoded,
                                           output_len=args.output_len[0], median_decode_throughput=throughput,
                                           median_decode_latency=b / throughput,
                                           graph_bs=args.cuda_graph_bs_decode)) + "\n")
