@@ -372,6 +372,10 @@ def run_logits(run: Run, backend: str, model_dir: Path, work: Path) -> None:
     path = logits_path(run.out, backend)
     if entry.get("logits_exit_code") == 0 and path.exists():
         return
+    if run.left_s() < 30:  # as a latency worker: none starts past --deadline (--resume runs it later)
+        entry["logits_exit_code"] = "not run: --deadline"
+        run.save()
+        return
     path.unlink(missing_ok=True)  # a worker that fails must not be scored on an older file
     Path(f"{path}.graphs.json").unlink(missing_ok=True)
     argv = bench_argv(model_dir, backend, [LOGITS_BATCH], LOGITS_INPUT, run.args, work / "logits.jsonl")

@@ -626,6 +626,10 @@ def test_sglang_e2e_rounds_rotate_the_backends_and_resume_and_merge_round_by_rou
     e2e.run_rounds(late, ["fa3"], tmp_path / "no-model", tmp_path)
     assert late.results["fa3"]["latency"]["exit_codes"] == {"1024": "not run: --deadline",
                                                            "1024#1": "not run: --deadline"}
+    late.args.layers = None  # the document names the model's depth
+    e2e.run_logits(late, "fa3", tmp_path / "no-model", tmp_path)  # nor a logits worker
+    assert late.results["fa3"]["logits_exit_code"] == "not run: --deadline"
+    assert json.loads((tmp_path / "d.json").read_text())["results"]["fa3"]["logits_exit_code"] == "not run: --deadline"
 
 
 def test_sglang_e2e_summary_takes_the_median_of_the_rounds_and_pairs_tuner_with_the_best_within_each():
