@@ -538,3 +538,47 @@ def test_by_fill_configs_are_checked_part_by_part():
         "a by_fill config holds dense.* and other.* knobs, got block_n")
     bad = check_config(by_fill(DENSE, {"backend": "nope"}), SHAPE)
     assert bad.startswith("other: backend='nope'")
+
+
+def test_an_out_tensor_receives_the_output_with_no_copy_where_the_backend_writes_there(monkeypatch,
+                                                                                      with_fake_flashinfer):
+    """decode_attention(out=) as FA3's out=, for a server's own output buffer: the Triton kernel
+    writes into it (in stage 1 with one split, in the merge with more) and FA3's kernel is handed
+    it; FlashInfer's output is copied in. Either way out is what comes back. An out of another
+    shape, dtype or layout is refused in one line."""
+    import tuner.ops.fa3 as fa3_op
+
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, batch=3))
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, SHAPE.kv_len)
+    from tuner.ops.triton_decode import triton_paged_decode
+
+    for splits in (1, 4):
+        plain = decode_attention(*args, config=_triton_splits(splits))
+        out = torch.full_like(plain, float("nan"))
+        assert decode_attention(*args, config=_triton_splits(splits), out=out) is out
+        torch.testing.assert_close(out, plain)
+        into = torch.full_like(plain, float("nan"))  # the kernel's own writes, no copy after
+        assert triton_paged_decode(*args[:5], max_kv_len=SHAPE.kv_len, block_n=16, num_kv_splits=splits,
+                                   out=into) is into
+        torch.testing.assert_close(into, plain)
+    looked_up = torch.full_like(plain, float("nan"))  # no config given: the lookup ignores out
+    assert decode_attention(*args, out=looked_up) is looked_up and not looked_up.isnan().any()
+    handed = []
+
+    def fa3_kernel(q, k_cache, v_cache, *, out=None, **kwargs):
+        handed.append(out)
+        return out.fill_(2.0)
+    monkeypatch.setattr(fa3_op, "kernel", lambda: fa3_kernel)
+    out = torch.zeros_like(plain)
+    assert decode_attention(*args, config={"backend": "fa3", "num_splits": 0, "pack_gqa": None}, out=out) is out
+    assert handed == [out] and bool((out == 2.0).all())
+    lens = inputs.cache_seqlens.numpy()
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    plain = decode_attention(*args, seq_lens_host=lens, config=config)
+    out = torch.full_like(plain, float("nan"))
+    assert decode_attention(*args, seq_lens_host=lens, config=config, out=out) is out
+    torch.testing.assert_close(out, plain)
+    wide = torch.empty(*plain.shape[:3], plain.shape[3] * 2)[..., ::2]  # a last dim of stride 2
+    for bad in (plain[:2], plain.double(), wide):
+        with pytest.raises(ValueError, match="out must be"):
+            decode_attention(*args, config=_triton_splits(4), out=bad)

@@ -103,7 +103,7 @@ def _recorded(monkeypatch, config=TRITON):
     """decode_attention replaced by a recorder of its calls, resolving every call to config."""
     calls = []
 
-    def record(*call, config):
+    def record(*call, config, out=None):
         calls.append((call, config))
         return call[0].view(call[0].shape[0], -1)
     monkeypatch.setattr(integration, "decode_attention", record)

@@ -103,14 +103,16 @@ def _fallback(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal
 
 def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              page_table: torch.Tensor, cache_seqlens: torch.Tensor, max_kv_len: int, causal: Any, window_size: Any,
-             softcap: Any, sinks: torch.Tensor | None, seq_lens_host: Any) -> torch.Tensor:
+             softcap: Any, sinks: torch.Tensor | None, seq_lens_host: Any,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """Run a caller's call (Call's fields) with a plain config (the entry point,
     tuner.integrations.decode_attention, resolves a by_fill one) on its backend; where that backend
     cannot run this call (no host lengths for FlashInfer, or CUDA-graph capture, which would
     freeze its plan and pages), the default backend's config for the call's shape runs
-    instead. An empty batch gives an empty output."""
+    instead. An empty batch gives an empty output. out (checked by the caller): the tensor
+    the output is written into and which is returned."""
     if q.shape[0] == 0:
-        return q.new_empty(*q.shape[:3], v_cache.shape[-1])
+        return q.new_empty(*q.shape[:3], v_cache.shape[-1]) if out is None else out
     backend = BACKENDS.get(config["backend"])
     if backend is None or not (backend.runs_any_call or backend.runs(
             q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
@@ -120,8 +122,11 @@ def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         backend = BACKENDS.get(config["backend"])
         if backend is None:
             raise RuntimeError(f"decode_attention: no backend can run here ({unavailable()})")
-    return backend.call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
-                        softcap, sinks, seq_lens_host)
+    result = backend.call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
+                          softcap, sinks, seq_lens_host, out)
+    if out is not None and result.data_ptr() != out.data_ptr():  # a backend that cannot write into it
+        return out.copy_(result)
+    return result
 
 
 def graph_runs(config: Config, args: tuple) -> Config:
@@ -138,7 +143,7 @@ def graph_runs(config: Config, args: tuple) -> Config:
 
 
 def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
-              softcap=0.0, sinks=None, seq_lens_host=None):
+              softcap=0.0, sinks=None, seq_lens_host=None, out=None):
     q_shape = q.shape
     if type(max_kv_len) is not int:
         max_kv_len = host_scalar(max_kv_len)
@@ -158,7 +163,7 @@ def _static_json(static: tuple) -> str:
 
 
 def _call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal=True, window_size=(-1, -1),
-          softcap=0.0, sinks=None, seq_lens_host=None) -> Call:
+          softcap=0.0, sinks=None, seq_lens_host=None, out=None) -> Call:
     return Call(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap, sinks,
                 seq_lens_host)
 
@@ -225,7 +230,7 @@ def _fill_config(config: Config, batch: int, max_kv_len: Any, seq_lens_host: Any
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
                      cache_seqlens: torch.Tensor, max_kv_len: int, causal: bool = True,
                      window_size: Any = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                     seq_lens_host: Any = None, *, config: Config) -> torch.Tensor:
+                     seq_lens_host: Any = None, *, config: Config, out: torch.Tensor | None = None) -> torch.Tensor:
     """Paged decode attention (layouts as tuner.workload.paged_decode_reference) on the backend
     and config the DB holds for this shape. max_kv_len is a host-side upper bound of
     cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
@@ -233,8 +238,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     capture, those shapes run the default backend. An empty batch gives an empty output.
     A by_fill record runs its dense config where seq_lens_host shows a dense batch (lengths
     summing to at least settings.DENSE_FILL of batch x max_kv_len, which must then be a
-    host int and the longest's bound), its other config elsewhere (_fill_config)."""
+    host int and the longest's bound), its other config elsewhere (_fill_config). out: a
+    (batch, q_len, q heads, head_dim_v) tensor of q's dtype and device, its last dim of unit
+    stride, to write the output into and return (as FA3's out=: a server's buffer, no copy
+    where the backend writes there itself)."""
+    if out is not None:
+        _check_out(out, q, v_cache)
     if config["backend"] == BY_FILL:
         config = _fill_config(config, q.shape[0], max_kv_len, seq_lens_host)
     return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
-                    sinks, seq_lens_host)
+                    sinks, seq_lens_host, out)
+
+
+def _check_out(out: torch.Tensor, q: torch.Tensor, v_cache: torch.Tensor) -> None:
+    shape = (*q.shape[:3], v_cache.shape[-1])
+    if tuple(out.shape) != shape or out.dtype != q.dtype or out.device != q.device or out.stride(-1) != 1:
+        raise ValueError(f"decode_attention: out must be {shape} of {q.dtype} on {q.device} with a unit-stride "
+                         f"last dim, not {tuple(out.shape)} of {out.dtype} on {out.device} (strides {out.stride()})")

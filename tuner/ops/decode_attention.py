@@ -42,7 +42,7 @@ class Backend:
     """One library decode_attention can run on."""
 
     op: Op  # its configs, default, rules; how a sweep runs it
-    # a caller's call with a config (its "backend" key too): call(config, *Call's fields)
+    # a caller's call with a config (its "backend" key too): call(config, *Call's fields, out=None)
     call: Callable[..., torch.Tensor]
     takes: Callable[..., bool] | None = None  # what a call must offer it (host lengths, ...): takes(*Call)
     graph_capturable: bool = True  # its kernels read the live tensors on every replay
@@ -66,23 +66,25 @@ _capturing = stream_capturing  # (a module name of its own: tests fake a capture
 
 
 # the backends' calls take the config and Call's fields, positionally (no object per call)
+# (out: where to write the output, or None; a backend that cannot writes a new tensor and the
+# caller copies it there)
 def _fa3_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
-              sinks, seq_lens_host):
+              sinks, seq_lens_host, out=None):
     return fa3_op.kernel()(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
         window_size=window_size, softcap=softcap or 0.0, sinks=sinks,
-        num_splits=config["num_splits"], pack_gqa=config["pack_gqa"],
+        num_splits=config["num_splits"], pack_gqa=config["pack_gqa"], **({} if out is None else {"out": out}),
     )
 
 
 def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
-                 sinks, seq_lens_host):
+                 sinks, seq_lens_host, out=None):
     return triton_paged_decode(
         q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len=max_kv_len, causal=causal,
         window=tuple(window_size), softcap=softcap or None, sinks=sinks,
         block_n=config["block_n"], num_kv_splits=config["num_kv_splits"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],
-        tokens_per_split=config.get("tokens_per_split", 0), items_per_sm=config.get("items_per_sm", 0),
+        tokens_per_split=config.get("tokens_per_split", 0), items_per_sm=config.get("items_per_sm", 0), out=out,
     )
 
 
@@ -95,7 +97,7 @@ def _flashinfer_takes(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len
 
 
 def _flashinfer_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
-                     softcap, sinks, seq_lens_host):
+                     softcap, sinks, seq_lens_host, out=None):
     # plain host values: numpy ones would keep FlashInfer from reusing its plan
     (window_left, _), softcap, causal = host_flags(window_size, softcap, causal)
     lens = host_seq_lens(seq_lens_host, None, None, k_cache.shape[1])

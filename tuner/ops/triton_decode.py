@@ -280,6 +280,7 @@ def triton_paged_decode(
     tokens_per_split: int = 0,
     items_per_sm: int = 0,
     compile_only: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Paged decode attention, same layouts and semantics as paged_decode_reference.
 
@@ -296,6 +297,8 @@ def triton_paged_decode(
     kv heads come to at most items_per_sm per SM (or one split each, where that is more).
     Either way, at most what PART_MAX_BYTES of partial results hold.
     compile_only: build the kernels this call would launch, launch nothing, return None.
+    out: the (batch, q_len, Hq, Dv) tensor of q's dtype to write into and return (its last
+    dim of unit stride; decode_attention checks it), as FA3's out=; else a new one.
     """
     _check_args(q, k_cache, block_n, tokens_per_split, items_per_sm)
     # the kernels index the last dim with unit stride
@@ -308,7 +311,8 @@ def triton_paged_decode(
     layout = _layout(q, num_kv_heads, head_dim_v, max_kv_len=max_kv_len, causal=causal, window=window,
                      block_n=block_n, num_kv_splits=num_kv_splits, tokens_per_split=tokens_per_split,
                      items_per_sm=items_per_sm, interpreted=interpreted)
-    out = torch.empty(batch, q_len, num_q_heads, head_dim_v, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(batch, q_len, num_q_heads, head_dim_v, dtype=q.dtype, device=q.device)
     # unused where stage 1 writes out directly
     part, lse, split_size = (out, out, out) if layout.final else _partials(out, layout.num_splits)
     sinks_arg = sinks if sinks is not None else out  # a valid pointer, never read without sinks
