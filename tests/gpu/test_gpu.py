@@ -94,3 +94,26 @@ def test_decode_attention_sweeps_across_backends_and_dispatches(tmp_path):
                            shape.kv_len, causal=True, seq_lens_host=inputs.cache_seqlens.cpu())
     assert list(decode_attention.tuner.memo.values()) == [result.winner]
     torch.testing.assert_close(out, inputs.reference(), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_decode_attention_writes_into_a_given_out_on_fa3_and_triton():
+    """out= (as SGLang hands its FA3 calls a layer's output buffer): FA3 and the Triton kernel
+    write the output there, equal to what they return without it."""
+    from tuner.integrations.decode_attention import decode_attention
+
+    if get_op("fa3").unavailable():
+        pytest.skip(get_op("fa3").unavailable())
+    shape = DecodeShape(batch=8, kv_len=4096, num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
+    inputs = make_decode_inputs(shape, device="cuda", seq_lens=[4096, 100, 2000, 3000, 1, 4096, 777, 1500])
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, shape.kv_len)
+    for config in ({"backend": "fa3", "num_splits": 0, "pack_gqa": None},
+                   {"backend": "fa3", "num_splits": 8, "pack_gqa": True},
+                   {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 1, "num_warps": 4, "num_stages": 2},
+                   {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 16, "num_warps": 4, "num_stages": 2}):
+        plain = decode_attention(*args, config=config)
+        buffer = torch.full((shape.batch * shape.num_q_heads * shape.head_dim,), float("nan"), dtype=torch.bfloat16,
+                            device="cuda")
+        out = buffer.view(shape.batch, 1, shape.num_q_heads, shape.head_dim)
+        assert decode_attention(*args, config=config, out=out) is out, config
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, plain, atol=0, rtol=0)
