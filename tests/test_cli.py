@@ -783,7 +783,6 @@ def test_a_lone_surrogate_in_an_imported_text_is_one_line(tmp_path, db_path, tin
 def test_export_never_writes_through_a_link_planted_at_its_names(tmp_path, db_path, tiny_shapes):
     """export wrote F.tmp by name and renamed it onto F: a link planted at F.tmp made it
     overwrite the link's target, and F ended up a link to it."""
-    import os
     import stat
 
     assert sweep(db_path, tiny_shapes).exit_code == 0
@@ -830,8 +829,6 @@ def test_report_never_writes_through_a_link_planted_at_its_files(tmp_path, db_pa
 
 def test_a_failed_export_leaves_the_file_as_it_was_and_no_temporary_file(tmp_path, db_path, tiny_shapes,
                                                                          monkeypatch):
-    import os
-
     assert sweep(db_path, tiny_shapes).exit_code == 0
     out = tmp_path / "out"
     out.mkdir()

@@ -42,7 +42,6 @@ def test_sweep_then_the_entry_point_runs_the_stored_backend_and_config(db_path):
 
 # -- issue 10: serving traffic through the entry point -----------------------------------------
 
-import dataclasses  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -51,7 +50,7 @@ from support import fake_flashinfer  # noqa: E402
 from support.recorders import recording_triton  # noqa: E402
 import tuner.ops.flashinfer as fi  # noqa: E402
 import tuner.ops.flashinfer_wrappers as fiw  # noqa: E402
-from tuner.db import Problem, current_fingerprint, current_fingerprint_id  # noqa: E402
+from tuner.db import Problem, current_fingerprint  # noqa: E402
 from tuner.keys import attention_run_key  # noqa: E402
 
 

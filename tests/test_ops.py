@@ -7,7 +7,7 @@ import torch
 
 from tuner.ops import get_op, list_ops
 
-from tuner.workload import DecodeShape, ShapeError, load_shapes, make_decode_inputs, paged_decode_reference
+from tuner.workload import DecodeShape, ShapeError, load_shapes, make_decode_inputs
 from tuner.workload.shapes import shape_from_dict
 
 SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")

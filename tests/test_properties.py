@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.robustness_report import Counter
-from tuner.db import DBError, TuningDB, export_document, import_document
+from tuner.db import TuningDB, export_document, import_document
 from tuner.errors import TunerError
 from tuner.keys import AttentionStaticKey, attention_run_key, kv_len_bucket, static_key_from_parts
 

@@ -12,7 +12,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 
 from support.robustness_report import report
 from tuner.bench import WallClockTimer
