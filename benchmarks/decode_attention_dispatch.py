@@ -5,7 +5,9 @@ CUDA-graph capture), at one kv length and at lengths growing through their bucke
 Triton config with and without seq_lens_host (which only FlashInfer reads); and a by_fill
 config (two Triton configs, chosen per call from the host lengths' sum), on a dense and a
 sparse batch, from a CPU tensor (also one made under torch.inference_mode, which has no
-version counter to keep its sum by), a NumPy array, a list, and without host lengths.
+version counter to keep its sum by), a NumPy array, a list, and without host lengths; a call
+with no config (the lookup's memo hit, then the same dispatch); and a Triton config writing
+into out= (not run where decode_attention has no out).
 
     python benchmarks/decode_attention_dispatch.py [--label NAME] [--out FILE]
 
@@ -27,7 +29,8 @@ def main() -> None:
     import tuner.ops.decode_attention as da
     from tuner.integrations.decode_attention import decode_attention
 
-    da.triton_paged_decode = lambda q, *a, **k: q  # the kernel out of the way: tuner's own cost is left
+    # the kernel out of the way (it writes into out=, where given): tuner's own cost is left
+    da.triton_paged_decode = lambda q, *a, out=None, **k: q if out is None else out
     flashinfer = {"backend": "flashinfer", "use_tensor_cores": True, "flashinfer_backend": "fa2",
                   "fixed_split_size": None, "disable_split_kv": False}
     triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
@@ -62,10 +65,18 @@ def main() -> None:
         "by_fill_dense_inference_tensor": lambda: decode_attention(
             q, k, k, table, lens, 40, config=by_fill, seq_lens_host=inference_tensor),
         "by_fill_dense_list": lambda: decode_attention(q, k, k, table, lens, 40, config=by_fill, seq_lens_host=host_list),
+        # no config: the lookup's memo hit (the default here) before the same dispatch
+        "looked_up_no_host_lengths": lambda: decode_attention(q, k, k, table, lens, 100),
+        "triton_config_out": lambda: decode_attention(q, k, k, table, lens, 100, config=triton, out=out),
     }
+    out = torch.zeros_like(q)
     results = {}
     for name, fn in cases.items():
-        fn()
+        try:
+            fn()
+        except TypeError as e:  # a checkout whose decode_attention has no such argument
+            results[name] = {"not run": str(e)}
+            continue
         results[name] = ns_per_call(fn, CALLS, REPEATS)
     report(args, "decode_attention_dispatch.py", {"calls": CALLS, "repeats": REPEATS, **results})
 
