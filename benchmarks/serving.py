@@ -310,6 +310,8 @@ def main() -> None:
     ap.add_argument("--caps", choices=tuple(CAP_SETS), default="issue",
                     help="issue: length caps 1k, 4k, 16k, 64k, 128k; octaves: every power of two from 1k to 128k, "
                          "so each batch size reaches every kv bucket")
+    ap.add_argument("--batches", help="only the cases of these batch sizes, comma-separated (e.g. 1: re-time the "
+                                      "cases a change at batch 1 touches); each keeps its seed from the whole run")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable
@@ -335,6 +337,14 @@ def main() -> None:
         if not heads:
             ap.error(f"--models {args.models!r} names no head configuration")
     todo = cases_of_this_run(ap, args, cases(args.smoke, heads, CAP_SETS[args.caps]))
+    if args.batches:
+        try:
+            batches = {int(b) for b in args.batches.split(",")}
+        except ValueError:
+            ap.error(f"--batches takes batch sizes, comma-separated, got {args.batches!r}")
+        todo = [(i, case) for i, case in todo if case["batch"] in batches]
+        if not todo:
+            ap.error(f"--batches {args.batches} leaves no case")
     started = time.perf_counter()
 
     def describe(row: dict) -> str:

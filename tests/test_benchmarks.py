@@ -81,6 +81,27 @@ def test_serving_smoke(tmp_path):
     assert row["graph_variants"]["tuner_us"] > 0
 
 
+def test_serving_batches_keeps_only_those_batch_sizes_each_case_with_its_seed_of_the_whole_run(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    runs = {}
+    for name, extra in (("all", ["--limit", "4"]), ("b3", ["--limit", "4", "--batches", "3"])):
+        out = tmp_path / f"{name}.json"
+        result = subprocess.run([sys.executable, "serving.py", "--smoke", *extra, "--out", str(out)],
+                                cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = json.loads(out.read_text())["rows"]
+    assert {r["batch"] for r in runs["all"]} == {1, 3} and {r["batch"] for r in runs["b3"]} == {3}
+    # the same case draws the same lengths in both runs: its seed is its index in the whole run
+    [row] = runs["b3"]
+    [same] = [r for r in runs["all"] if r["batch"] == 3]
+    assert (row["distribution"], row["kv_max"], row["kv_mean"]) == (same["distribution"], same["kv_max"],
+                                                                  same["kv_mean"])
+    result = subprocess.run([sys.executable, "serving.py", "--smoke", "--batches", "5", "--out",
+                             str(tmp_path / "none.json")], cwd=ROOT / "benchmarks", env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 2 and "leaves no case" in result.stderr
+
+
 def test_decode_step_smoke_runs_every_mode_on_the_same_steps(tmp_path):
     """The stand-in for a server's decode step (issue 38): each mode over the same steps, whose
     outputs agree (no step reads the K/V another wrote)."""
