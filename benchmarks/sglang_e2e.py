@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,9 @@ LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # alone (an 8B model's MLP) outgrow what the KV cache leaves, so a larger batch is prefilled in
 # parts of whole requests (prefill_in_parts); one request is at most this long
 MAX_PREFILL_TOKENS = 131072
+# what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
+CAPTURE_BEGIN = re.compile(r"Capture target decode CUDA graph begin\..*?bs=\[([^\]]*)\]")
+CAPTURE_END = re.compile(r"Capture target decode CUDA graph end\. elapsed=([\d.]+) s, mem usage=([\d.]+) GB")
 
 
 def _special(token_id: int, content: str) -> dict:
@@ -116,10 +120,21 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
     """SGLang's arguments for bench_one_batch's latency test of one input length, its decode
     graphs captured for these batch sizes only."""
     sizes = [str(b) for b in batches]
+    graphs = [] if args.capture_bs == "default" else ["--cuda-graph-bs-decode", *sizes]
     return ["--model-path", str(model_dir), "--load-format", "dummy", "--attention-backend", backend,
             "--batch-size", *sizes, "--input-len", str(input_len), "--output-len", str(args.output_len),
             "--result-filename", str(result), "--run-name", backend, "--mem-fraction-static", str(args.mem_fraction),
-            "--cuda-graph-bs-decode", *sizes]
+            *graphs]
+
+
+def capture_cost(log_text: str) -> dict | None:
+    """The decode graphs' capture as a worker's log tells it: how many batch sizes, seconds,
+    and GB (None where it logged no finished capture)."""
+    begin, end = CAPTURE_BEGIN.search(log_text), CAPTURE_END.search(log_text)
+    if end is None:
+        return None
+    sizes = [s for s in begin.group(1).split(",") if s.strip()] if begin else []
+    return dict(batch_sizes=len(sizes), seconds=float(end.group(1)), mem_gb=float(end.group(2)))
 
 
 def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:
@@ -345,9 +360,15 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     result = work / (f"{backend}.{input_len}.jsonl" if rnd == 0 else f"{backend}.{input_len}.r{rnd}.jsonl")
     result.unlink(missing_ok=True)
     argv = bench_argv(model_dir, backend, batches, input_len, run.args, result)
-    code = run_worker("latency", backend, argv, None, run.args.db, run.log(backend),
-                      min(run.args.timeout, run.left_s()))
+    log = run.log(backend)
+    logged = log.stat().st_size if log.exists() else 0
+    code = run_worker("latency", backend, argv, None, run.args.db, log, min(run.args.timeout, run.left_s()))
     latency["exit_codes"][key] = code
+    with log.open("rb") as text:  # this worker's part of the backend's log
+        text.seek(logged)
+        capture = capture_cost(text.read().decode(errors="replace"))
+    if capture is not None:
+        latency.setdefault("capture", {})[key] = capture
     rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
     latency["rows"] = [r for r in latency["rows"] if row_key(r) != key] + [dict(r, round=rnd) for r in rows]
     run.save()
@@ -422,6 +443,8 @@ def merge_result(into: dict, result: dict) -> None:
                 mine["exit_codes"][key] = code
                 mine["rows"] = [r for r in mine["rows"] if row_key(r) != key]
                 mine["rows"] += [r for r in result["latency"]["rows"] if row_key(r) == key]
+                if key in result["latency"].get("capture", {}):
+                    mine.setdefault("capture", {})[key] = result["latency"]["capture"][key]
     if "logits_exit_code" in result and into.get("logits_exit_code") != 0:
         into["logits_exit_code"] = result["logits_exit_code"]
 
@@ -481,6 +504,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="latency workers per backend and input length, "
                     "the backends' order rotated each round")
     ap.add_argument("--mem-fraction", type=float, default=0.85)
+    ap.add_argument("--capture-bs", choices=("run", "default"), default="run",
+                    help="decode graphs for the run's batch sizes only (run), or for SGLang's default list "
+                         "(default: what a server captures at startup; each worker's capture seconds and GB are "
+                         "in its results either way)")
     ap.add_argument("--layers", type=int, help="fewer decoder layers than the model has: a quick check of the "
                     "integration (its figures are not the model's)")
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")

@@ -653,6 +653,29 @@ def test_sglang_e2e_rounds_rotate_the_backends_and_resume_and_merge_round_by_rou
     assert json.loads((tmp_path / "d.json").read_text())["results"]["fa3"]["logits_exit_code"] == "not run: --deadline"
 
 
+def test_sglang_e2e_records_each_workers_graph_capture_and_captures_sglangs_default_list_when_asked(tmp_path):
+    """A worker's startup cost as SGLang logs it: each (length, round) keeps its own worker's
+    capture (not an earlier worker's lines in the backend's shared log); --capture-bs default
+    leaves the batch sizes to SGLang (36 on its default list), as a server's startup has them."""
+    doc = fake_sglang_e2e(tmp_path / "a.json", "fa3,tuner", "--no-logits", "--batches", "8", "--input-lens",
+                          "1024", "--rounds", "2")
+    for backend, speed in (("fa3", 1.0), ("tuner", 1.1)):
+        capture = doc["results"][backend]["latency"]["capture"]
+        assert capture == {key: dict(batch_sizes=1, seconds=round(0.05 / speed, 2), mem_gb=0.01)
+                           for key in ("1024", "1024#1")}
+        assert [r["graph_bs"] for r in doc["results"][backend]["latency"]["rows"]] == [[8], [8]]
+    default = fake_sglang_e2e(tmp_path / "b.json", "fa3", "--no-logits", "--batches", "8", "--input-lens", "1024",
+                              "--rounds", "1", "--capture-bs", "default")
+    latency = default["results"]["fa3"]["latency"]
+    assert latency["capture"]["1024"] == dict(batch_sizes=36, seconds=1.8, mem_gb=0.36)
+    assert latency["rows"][0]["graph_bs"] is None  # no --cuda-graph-bs-decode given
+    e2e = benchmark_module("sglang_e2e")
+    assert e2e.capture_cost("no capture here") is None
+    merged = e2e.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")], tmp_path / "m.json",
+                       argparse.Namespace())
+    assert merged["results"]["fa3"]["latency"]["capture"] == doc["results"]["fa3"]["latency"]["capture"]
+
+
 def test_sglang_e2e_summary_takes_the_median_of_the_rounds_and_pairs_tuner_with_the_best_within_each():
     """The best built-in backend by its median over rounds, not by its luckiest round; tuner
     over it within each round both ran (a round tuner crashed in has no pair); rows in any

@@ -80,6 +80,12 @@ def cli_main():
     for n in args.input_len:
         if os.environ.get("FAKE_SGLANG_CRASH") in (f"{backend}:{n}", f"{backend}:{n}:r{rnd}"):
             raise MemoryError("CUDA out of memory (fake)")
+    # the model runner's capture lines, as SGLang 0.5.17 logs them (its default list: 36 sizes)
+    sizes = args.cuda_graph_bs_decode or [1, 2, 4, 8, 12, *range(16, 257, 8)]
+    print(f"[fake TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs={sizes}, "
+          "avail mem=17.72 GB", flush=True)
+    print(f"[fake TP0] Capture target decode CUDA graph end. elapsed={0.05 * len(sizes) / SPEED[backend]:.2f} s, "
+          f"mem usage={0.01 * len(sizes):.2f} GB, avail mem=17.66 GB.", flush=True)
     factors = json.loads(os.environ.get("FAKE_SGLANG_ROUND_SPEED", "{}")).get(backend)
     speed = SPEED[backend] * (factors[rnd] if factors else 1.0)
     with open(args.result_filename, "a") as out:
