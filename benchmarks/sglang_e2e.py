@@ -430,7 +430,9 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
                 max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
-                summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}))
+                summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}),
+                capture_seconds_median={b: statistics.median(c["seconds"] for c in r["latency"]["capture"].values())
+                                        for b, r in results.items() if r.get("latency", {}).get("capture")})
 
 
 def merge_result(into: dict, result: dict) -> None:

@@ -669,6 +669,8 @@ def test_sglang_e2e_records_each_workers_graph_capture_and_captures_sglangs_defa
     latency = default["results"]["fa3"]["latency"]
     assert latency["capture"]["1024"] == dict(batch_sizes=36, seconds=1.8, mem_gb=0.36)
     assert latency["rows"][0]["graph_bs"] is None  # no --cuda-graph-bs-decode given
+    assert doc["capture_seconds_median"] == {"fa3": 0.05, "tuner": 0.05} and default["capture_seconds_median"] == {
+        "fa3": 1.8}
     e2e = benchmark_module("sglang_e2e")
     assert e2e.capture_cost("no capture here") is None
     merged = e2e.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")], tmp_path / "m.json",
