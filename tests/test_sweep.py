@@ -273,6 +273,25 @@ def test_a_shape_too_big_for_memory_fails_alone(db_path):
     assert results[1].status == MEASURED
 
 
+def test_a_serving_trial_counts_the_pages_its_batches_hold_not_full_batches():
+    """A fresh H100 (78.4 GiB free) refused the serving grid's 4M-token shapes of 48/8 heads
+    as needing 80.6 GiB: each batch of the mix was counted as full, while a batch's pool holds
+    only its own sequences' pages (a long tail's are a fraction of a full batch's)."""
+    from tuner import settings
+    from tuner.sweep.trials import trial_bytes
+    from tuner.workload.traffic import serving_draws
+
+    shape = DecodeShape(batch=256, kv_len=16384, num_q_heads=48, num_kv_heads=8, head_dim=128, lengths="serving")
+    draws = serving_draws(shape.batch, shape.kv_len, seed=0)
+    assert trial_bytes(shape, "cpu") == 5 * shape.kv_bytes() == 80 * 2**30  # every batch counted full (+0.6 on a GPU)
+    pools = [sum(lens) * shape.static_key().kv_bytes_per_token() for lens in draws]  # page size 1
+    assert trial_bytes(shape, "cpu", draws) == sum(pools) + 2 * max(pools) < 50 * 2**30
+    # pages are whole: a sequence of 17 tokens at page size 16 holds two
+    small = DecodeShape(batch=2, kv_len=64, lengths="serving", **dict(SMALL, page_size=16))
+    per_page = 16 * small.static_key().kv_bytes_per_token()
+    assert trial_bytes(small, "cpu", [[17, 64], [1, 1]]) == 8 * per_page + 2 * settings.REFERENCE_CHUNK_BYTES
+
+
 def test_halving_measures_only_the_contenders_fully(db_path):
     timer = FakeTimer()
     op = fake_op(timer, COSTS)
@@ -430,7 +449,7 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_copies_cold_on_their_o
     # "cuda": the part copies' rule is for GPUs (one copy of anything on a CPU); the inputs stay on the CPU
     plain = get_op("torch_split_decode")
     op = dataclasses.replace(plain, make_inputs=lambda shape, device, **kw: plain.make_inputs(shape, "cpu", **kw))
-    monkeypatch.setattr(trial_module, "too_big", lambda shape, device: None)
+    monkeypatch.setattr(trial_module, "too_big", lambda shape, device, draws=None: None)
     trial = trial_module.build_trial(op, shape, "cuda", seed=5)
     draws = serving_draws(3, 64, 5)
     assert len(draws) == 6  # batch 3: two rounds of the three distributions

@@ -21,20 +21,12 @@ from tuner.workload.shapes import DecodeShape
 from tuner.workload.traffic import dense_draws, draws_per_distribution, graph_caps, graph_draws, serving_draws
 
 
-def too_big(shape: DecodeShape, device: str) -> str | None:
-    """Why the shape's KV cache (and the reference's copy of it) cannot fit, or None."""
-    # the cache (a serving shape's batches, three per round of draws: each at most that), plus
-    # headroom for outputs and the reference's work
-    need = (3 if shape.lengths == "full" else 3 * draws_per_distribution(shape.batch) + 2) * shape.kv_bytes()
-    if shape.lengths == "graph":  # its batches at their caps, one of each distribution, and the headroom
-        caps = graph_caps(shape.batch, shape.kv_len)
-        need = (3 * sum(caps) + 2 * caps[-1]) * shape.batch * shape.static_key().kv_bytes_per_token()
+def too_big(shape: DecodeShape, device: str, draws: list[list[int]] | None = None) -> str | None:
+    """Why the shape's trial cannot fit, or None. draws: the lengths of a serving or dense
+    trial's batches, whose pools hold only their own pages (without them, every batch is
+    counted as full)."""
+    need = trial_bytes(shape, device, draws)
     if device == "cuda":
-        if shape.lengths != "full":  # each batch's own copies for its part (part_copies): its
-            # pages and its page tables, at most twice the L2 each
-            batches = 3 * (len(graph_caps(shape.batch, shape.kv_len)) if shape.lengths == "graph"
-                           else draws_per_distribution(shape.batch))
-            need += batches * 4 * l2_bytes()
         # what PyTorch's cache holds unused is free to this process too
         free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
     else:
@@ -45,6 +37,29 @@ def too_big(shape: DecodeShape, device: str) -> str | None:
     if need > free:
         return f"needs about {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free on {device}"
     return None
+
+
+def trial_bytes(shape: DecodeShape, device: str, draws: list[list[int]] | None = None) -> int:
+    """About the memory a trial of the shape holds at its peak: its batches' KV pools, and
+    headroom for outputs and the reference's work (twice the largest pool, or the
+    reference's chunks where that is more); on a GPU, each mix batch's own cold-L2 copies."""
+    if shape.lengths == "graph":  # its batches at their caps, one of each distribution, and the headroom
+        caps = graph_caps(shape.batch, shape.kv_len)
+        need = (3 * sum(caps) + 2 * caps[-1]) * shape.batch * shape.static_key().kv_bytes_per_token()
+        batches = 3 * len(caps)
+    elif shape.lengths == "full" or draws is None:
+        batches = 1 if shape.lengths == "full" else 3 * draws_per_distribution(shape.batch)
+        need = (batches + 2) * shape.kv_bytes()
+    else:
+        page, per_token = shape.page_size, shape.static_key().kv_bytes_per_token()
+        pools = [sum(-(-n // page) for n in lens) * page * per_token for lens in draws]
+        need = sum(pools) + max(2 * max(pools), 2 * settings.REFERENCE_CHUNK_BYTES)
+        batches = len(draws)
+    if device == "cuda" and shape.lengths != "full":
+        # each batch's own copies for its part (part_copies): its pages and its page tables,
+        # at most twice the L2 each
+        need += batches * 4 * l2_bytes()
+    return need
 
 
 # a serving batch's page table is as wide as its longest sequence, rounded up to this many
@@ -92,7 +107,9 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     runs as a call of it does (as_called). A "graph" shape's trial holds the batches its
     graph replays (graph_draws), each as wide as the bound and with no host lengths. draws:
     the batches' lengths instead of the shape's own (a dense pass's)."""
-    why = too_big(shape, device)
+    if shape.lengths == "serving" and draws is None:
+        draws = serving_draws(shape.batch, shape.kv_len, seed, reach_top)
+    why = too_big(shape, device, draws if shape.lengths == "serving" else None)
     if why:
         raise MemoryError(why)
     if shape.lengths == "full" and draws is None:
@@ -102,7 +119,7 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
                    for lens in (draws if draws is not None else graph_draws(shape.batch, shape.kv_len, seed))]
     else:
         batches = []
-        for lens in draws if draws is not None else serving_draws(shape.batch, shape.kv_len, seed, reach_top):
+        for lens in draws:
             called, width = as_called(shape, lens)
             batches.append(op.make_inputs(called, device=device, seed=seed, seq_lens=lens, table_width=width))
     references = [inputs.reference() for inputs in batches]
