@@ -86,8 +86,12 @@ LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # parts of whole requests (prefill_in_parts); one request is at most this long
 MAX_PREFILL_TOKENS = 131072
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
-CAPTURE_BEGIN = re.compile(r"Capture target decode CUDA graph begin\..*?bs=\[([^\]]*)\]")
-CAPTURE_END = re.compile(r"Capture target decode CUDA graph end\. elapsed=([\d.]+) s, mem usage=([\d.]+) GB")
+CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
+                          r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
+
+
+class UsageError(ValueError):
+    """Arguments that do not fit what --out or --merge's files hold (one line, exit 2)."""
 
 
 def _special(token_id: int, content: str) -> dict:
@@ -128,13 +132,20 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
 
 
 def capture_cost(log_text: str) -> dict | None:
-    """The decode graphs' capture as a worker's log tells it: how many batch sizes, seconds,
-    and GB (None where it logged no finished capture)."""
-    begin, end = CAPTURE_BEGIN.search(log_text), CAPTURE_END.search(log_text)
-    if end is None:
+    """The decode graphs' captures as a worker's log tells them, each end paired with the
+    begin before it: how many, their batch sizes, seconds and GB in all (None where no capture
+    finished)."""
+    captures, sizes = [], None
+    for line in CAPTURE_LINE.finditer(log_text):
+        if line["sizes"] is not None:
+            sizes = [s for s in line["sizes"].split(",") if s.strip()]
+        elif sizes is not None:
+            captures.append((len(sizes), float(line["seconds"]), float(line["gb"])))
+            sizes = None
+    if not captures:
         return None
-    sizes = [s for s in begin.group(1).split(",") if s.strip()] if begin else []
-    return dict(batch_sizes=len(sizes), seconds=float(end.group(1)), mem_gb=float(end.group(2)))
+    return dict(captures=len(captures), batch_sizes=sum(c[0] for c in captures),
+                seconds=round(sum(c[1] for c in captures), 3), mem_gb=round(sum(c[2] for c in captures), 3))
 
 
 def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:
@@ -331,6 +342,9 @@ class Run:
     def __init__(self, args: argparse.Namespace, out: Path) -> None:
         self.args, self.out, self.started = args, out, time.perf_counter()
         doc = json.loads(out.read_text()) if args.resume and out.exists() else {}
+        if doc and doc.get("capture_bs", "run") != args.capture_bs:
+            raise UsageError(f"--resume: {out} captured --capture-bs {doc.get('capture_bs', 'run')}, not "
+                             f"{args.capture_bs}: its capture costs would not compare")
         self.results: dict[str, dict] = doc.get("results", {})
         self.logits_files = {b: out.parent / name for b, name in doc.get("logits_files", {}).items()}
 
@@ -367,8 +381,9 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     with log.open("rb") as text:  # this worker's part of the backend's log
         text.seek(logged)
         capture = capture_cost(text.read().decode(errors="replace"))
+    latency.setdefault("capture", {}).pop(key, None)  # an earlier attempt's, if any
     if capture is not None:
-        latency.setdefault("capture", {})[key] = capture
+        latency["capture"][key] = capture
     rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
     latency["rows"] = [r for r in latency["rows"] if row_key(r) != key] + [dict(r, round=rnd) for r in rows]
     run.save()
@@ -427,6 +442,7 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
     config = dict(CONFIGS[args.model], **({"num_hidden_layers": args.layers} if args.layers else {}))
     return dict(header("sglang_e2e", started), model=args.model, config=config,
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len, rounds=args.rounds,
+                capture_bs=getattr(args, "capture_bs", "run"),
                 max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
@@ -445,8 +461,9 @@ def merge_result(into: dict, result: dict) -> None:
                 mine["exit_codes"][key] = code
                 mine["rows"] = [r for r in mine["rows"] if row_key(r) != key]
                 mine["rows"] += [r for r in result["latency"]["rows"] if row_key(r) == key]
+                mine.setdefault("capture", {}).pop(key, None)
                 if key in result["latency"].get("capture", {}):
-                    mine.setdefault("capture", {})[key] = result["latency"]["capture"][key]
+                    mine["capture"][key] = result["latency"]["capture"][key]
     if "logits_exit_code" in result and into.get("logits_exit_code") != 0:
         into["logits_exit_code"] = result["logits_exit_code"]
 
@@ -466,7 +483,12 @@ def merge(files: list[str], out: Path, args: argparse.Namespace) -> dict:
         for backend, name in doc.get("logits_files", {}).items():
             if doc["results"].get(backend, {}).get("logits_exit_code") == 0:
                 logits_files.setdefault(backend, (Path(f).parent / name).resolve())
+    modes = {doc.get("capture_bs", "run") for doc in docs}
+    if len(modes) > 1:
+        raise UsageError("--merge: these runs captured different batch sizes "
+                         f"(--capture-bs {', '.join(sorted(modes))})")
     first = docs[0]
+    args.capture_bs = modes.pop()
     args.model, args.batches, args.input_lens, args.output_len = (first["model"], first["batches"],
                                                                   first["input_lens"], first["output_len"])
     args.layers = first["config"]["num_hidden_layers"]
@@ -530,7 +552,10 @@ def main() -> None:
     if not args.out:
         ap.error("--out is required")
     out = Path(args.out)
-    doc = merge(args.merge, out, args) if args.merge else run_all(args, out)
+    try:
+        doc = merge(args.merge, out, args) if args.merge else run_all(args, out)
+    except UsageError as e:
+        ap.error(str(e))
     for entry in doc.get("summary", []):
         print(json.dumps(entry), flush=True)
     print(f"logits vs fa3 (relative max error): {json.dumps(doc['logits_vs_fa3_relative_max_error'])}", flush=True)

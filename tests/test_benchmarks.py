@@ -661,21 +661,45 @@ def test_sglang_e2e_records_each_workers_graph_capture_and_captures_sglangs_defa
                           "1024", "--rounds", "2")
     for backend, speed in (("fa3", 1.0), ("tuner", 1.1)):
         capture = doc["results"][backend]["latency"]["capture"]
-        assert capture == {key: dict(batch_sizes=1, seconds=round(0.05 / speed, 2), mem_gb=0.01)
+        assert capture == {key: dict(captures=1, batch_sizes=1, seconds=round(0.05 / speed, 2), mem_gb=0.01)
                            for key in ("1024", "1024#1")}
         assert [r["graph_bs"] for r in doc["results"][backend]["latency"]["rows"]] == [[8], [8]]
     default = fake_sglang_e2e(tmp_path / "b.json", "fa3", "--no-logits", "--batches", "8", "--input-lens", "1024",
                               "--rounds", "1", "--capture-bs", "default")
     latency = default["results"]["fa3"]["latency"]
-    assert latency["capture"]["1024"] == dict(batch_sizes=36, seconds=1.8, mem_gb=0.36)
+    assert latency["capture"]["1024"] == dict(captures=1, batch_sizes=36, seconds=1.8, mem_gb=0.36)
     assert latency["rows"][0]["graph_bs"] is None  # no --cuda-graph-bs-decode given
     assert doc["capture_seconds_median"] == {"fa3": 0.05, "tuner": 0.05} and default["capture_seconds_median"] == {
         "fa3": 1.8}
     e2e = benchmark_module("sglang_e2e")
-    assert e2e.capture_cost("no capture here") is None
-    merged = e2e.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")], tmp_path / "m.json",
+    # runs that captured other batch sizes do not mix: neither merged nor resumed into one another
+    with pytest.raises(e2e.UsageError, match="different batch sizes"):
+        e2e.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")], tmp_path / "m.json", argparse.Namespace())
+    with pytest.raises(e2e.UsageError, match="--capture-bs default, not run"):
+        e2e.Run(argparse.Namespace(resume=True, capture_bs="run"), tmp_path / "b.json")
+    (tmp_path / "c.json").write_text((tmp_path / "a.json").read_text())
+    merged = e2e.merge([str(tmp_path / "a.json"), str(tmp_path / "c.json")], tmp_path / "m.json",
                        argparse.Namespace())
+    assert merged["capture_bs"] == "run"
     assert merged["results"]["fa3"]["latency"]["capture"] == doc["results"]["fa3"]["latency"]["capture"]
+
+
+def test_sglang_e2e_reads_each_decode_capture_of_a_workers_log_paired_with_its_start():
+    """SGLang logs its prefill graphs' capture too, a capture's memory may read negative, and a
+    worker may capture decode graphs twice: each decode end is paired with the begin before it."""
+    e2e = benchmark_module("sglang_e2e")
+    begin = "[TP0] Capture target {} CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[{}], avail mem=17.72 GB\n"
+    end = "[TP0] Capture target {} CUDA graph end. elapsed={} s, mem usage={} GB, avail mem=17.66 GB.\n"
+    assert e2e.capture_cost("no capture here") is None
+    assert e2e.capture_cost(end.format("decode", 2.0, 0.1)) is None  # an end without its begin
+    assert e2e.capture_cost(begin.format("decode", "1, 8")) is None  # a capture cut short
+    log = (begin.format("prefill", "4, 8, 12") + end.format("prefill", 9.18, 1.37) + begin.format("decode", "1, 8")
+           + end.format("decode", 2.25, -0.02) + begin.format("decode", "32") + end.format("decode", 1.5, 0.5))
+    assert e2e.capture_cost(log) == dict(captures=2, batch_sizes=3, seconds=3.75, mem_gb=0.48)
+    # a worker that replaces a failed one keeps its own capture, or none: never the failed one's
+    into = dict(latency=dict(exit_codes={"1024": 1}, rows=[], capture={"1024": dict(seconds=9.0)}))
+    e2e.merge_result(into, dict(latency=dict(exit_codes={"1024": 0}, rows=[])))
+    assert into["latency"]["exit_codes"] == {"1024": 0} and into["latency"]["capture"] == {}
 
 
 def test_sglang_e2e_summary_takes_the_median_of_the_rounds_and_pairs_tuner_with_the_best_within_each():

@@ -427,6 +427,36 @@ def test_a_serving_batch_runs_as_a_call_of_it_does_at_its_own_longest_length():
         assert inputs.page_table.shape[1] == -(-max(lens) // 16) * 16  # its width, in whole 16-page units
 
 
+def test_a_trial_drops_each_batchs_own_pool_once_its_copies_are_made(monkeypatch):
+    """A batch given cold-L2 copies gets a new pool (its pages and their copies): the batch's
+    first pool must be gone before the next batch's copies are made, else a windowed mix held
+    every pool twice at its peak, past what the memory check counts."""
+    import gc
+    import weakref
+
+    import tuner.sweep.trials as trial_module
+
+    originals = []
+    make_copies = trial_module.fresh_page_copies
+
+    def copies(inputs, count):
+        gc.collect()
+        assert all(pool() is None for pool in originals), "an earlier batch's own pool is still held"
+        made = make_copies(inputs, count)
+        assert made[0].k_cache is not inputs.k_cache  # a new pool: the original may go
+        originals.append(weakref.ref(inputs.k_cache))
+        return made
+
+    monkeypatch.setattr(trial_module, "fresh_page_copies", copies)
+    monkeypatch.setattr(trial_module, "cold_l2_copies", lambda nbytes, device, max_copies=64: 2)
+    monkeypatch.setattr(trial_module, "l2_bytes", lambda: 2**30)
+    monkeypatch.setattr(trial_module, "too_big", lambda shape, device, draws=None: None)
+    plain = get_op("torch_split_decode")
+    op = dataclasses.replace(plain, make_inputs=lambda shape, device, **kw: plain.make_inputs(shape, "cpu", **kw))
+    trial = trial_module.build_trial(op, DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL), "cuda", seed=5)
+    assert len(originals) == len(trial.parts) == 6
+
+
 def test_a_serving_trials_parts_are_each_batchs_runs_over_copies_cold_on_their_own(monkeypatch):
     """decide() holds a winner to every batch of the mix, each timed alone: a part is one
     batch's copies, as many as that batch alone needs for a cold L2 (a part with the copies

@@ -125,10 +125,16 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     references = [inputs.reference() for inputs in batches]
     count = cold_l2_copies(sum(bytes_read(inputs) for inputs in batches), device)
     own = [count if len(batches) == 1 else part_copies(inputs, count, device) for inputs in batches]
-    copies = [fresh_page_copies(inputs, n) for inputs, n in zip(batches, own)]  # the rotation takes `count` of each
+    copies = []  # the rotation takes `count` of each batch's
+    for j, n in enumerate(own):
+        # a batch's own pool goes as soon as its copies hold theirs: held until all were made,
+        # the originals had doubled the trial's pools at its peak (trial_bytes counts one more)
+        inputs, batches[j] = batches[j], None
+        copies.append(fresh_page_copies(inputs, n))
+        del inputs
     if shape.lengths == "graph":  # a replay has no host lengths (a copy's pages were laid out by them)
         copies = [[dataclasses.replace(c, seq_lens_host=None) for c in per_batch] for per_batch in copies]
-    del batches  # their caches live on in the copies' pools
+    del batches
     runs = [functools.partial(op.run, per_batch[c]) for c in range(count) for per_batch in copies]
     # the batches differ only in lengths, which kernels read from the device: one batch's
     # kernels are every batch's
