@@ -83,7 +83,12 @@ CAPS = (1024, 4096, 16384, 65536, 131072)
 # MAX_TOKENS). With CAPS a batch's longest sequence falls in the caps' own buckets from
 # batch 24 up, so keys at kv 2k, 8k and 32k go unused there (where shipped grid winners lost
 # most: docs/lab/issue12.md)
-CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18))}
+# --caps mid: three quarters of each octave, so a batch's longest sequence falls low or midway in
+# its kv bucket, where the sweeps' trials (whose longest sits mostly near a bucket's top) put
+# few batches; at batch 3 a record kept FA3's default 1.27x short of the oracle on such a batch
+# (docs/decisions.md, "Dense pass")
+CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18)),
+            "mid": tuple(3 * 2**i for i in range(9, 16))}
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
 SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
@@ -309,7 +314,8 @@ def main() -> None:
     ap.add_argument("--models", help="only the head configurations whose name holds this text (e.g. \"(other)\")")
     ap.add_argument("--caps", choices=tuple(CAP_SETS), default="issue",
                     help="issue: length caps 1k, 4k, 16k, 64k, 128k; octaves: every power of two from 1k to 128k, "
-                         "so each batch size reaches every kv bucket")
+                         "so each batch size reaches every kv bucket; mid: 1.5k, 3k, ... 96k, three quarters of "
+                         "each octave, so a batch's longest falls low or midway in its kv bucket")
     ap.add_argument("--batches", help="only the cases of these batch sizes, comma-separated (e.g. 1: re-time the "
                                       "cases a change at batch 1 touches); each keeps its seed from the whole run")
     args = ap.parse_args()

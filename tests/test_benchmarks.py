@@ -176,6 +176,27 @@ def test_serving_cases_with_octave_caps_reach_every_kv_bucket_at_large_batches()
         {(c["model"], c["batch"], c["cap"], c["distribution"]) for c in octaves}
 
 
+def test_serving_cases_with_mid_caps_put_a_uniform_batchs_longest_low_or_midway_in_its_kv_bucket():
+    """The sweeps' uniform batches (and serving.py's at its issue caps) mostly have their
+    longest in the top quarter of its kv bucket; --caps mid draws them mostly below (held-out
+    lengths for the records)."""
+    from tuner.keys import kv_bucket_low
+    from tuner.workload.traffic import draw_lengths
+
+    serving = benchmark_module("serving")
+
+    def low_share(caps: tuple[int, ...]) -> float:
+        """Of the uniform cases, the share whose longest is at most 3/4 of its bucket's top
+        (each case drawn with its seed in the run: its index)."""
+        longest = [max(draw_lengths("uniform", c["batch"], c["cap"], seed=i))
+                   for i, c in enumerate(serving.cases(False, caps=caps)) if c["distribution"] == "uniform"]
+        top = [2 * (kv_bucket_low(n) - 1) for n in longest]  # the bucket (top/2, top]
+        return sum(n <= 3 * t // 4 for n, t in zip(longest, top)) / len(longest)
+
+    assert serving.CAP_SETS["mid"] == (1536, 3072, 6144, 12288, 24576, 49152, 98304)
+    assert low_share(serving.CAP_SETS["issue"]) < 0.25 and low_share(serving.CAP_SETS["mid"]) > 0.9
+
+
 def test_shipped_sweeps_counts_the_winners_a_db_holds_between_its_sweeps(tmp_path):
     """sweeps.jsonl says how far a run cut off by --seconds got: the DB's winners before and
     after each sweep (none before the DB exists)."""
