@@ -109,7 +109,7 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     the batches' lengths instead of the shape's own (a dense pass's)."""
     if shape.lengths == "serving" and draws is None:
         draws = serving_draws(shape.batch, shape.kv_len, seed, reach_top)
-    why = too_big(shape, device, draws if shape.lengths == "serving" else None)
+    why = too_big(shape, device, draws)  # (trial_bytes reads draws only for a serving shape's)
     if why:
         raise MemoryError(why)
     if shape.lengths == "full" and draws is None:
