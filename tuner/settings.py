@@ -175,6 +175,11 @@ FULL_SPACE = os.environ.get("TUNER_FULL_SPACE", "").strip() not in ("", "0")
 # FA3's time is flat from about one wave of them on full batches, and serving batches'
 # winners stayed within it
 FA3_SPLIT_ITEMS_PER_SM = 8
+# decode_attention's wave_fit FA3 config (tuner.ops.fa3_waves): a work tile's fixed cost in
+# kv blocks (its start, its partial result's write), and the modelled gain a cap must bring;
+# both fitted to serving.py's per-config screens (docs/decisions.md, "FA3's wave overflow")
+FA3_WAVE_TILE_OVERHEAD_BLOCKS = 2
+FA3_WAVE_MIN_GAIN = 0.05
 # the SM count where no GPU says (an H200's): the CPU-side config space of a GPU op
 DEFAULT_SM_COUNT = 132
 

@@ -117,3 +117,21 @@ def test_decode_attention_writes_into_a_given_out_on_fa3_and_triton():
         assert decode_attention(*args, config=config, out=out) is out, config
         torch.cuda.synchronize()
         torch.testing.assert_close(out, plain, atol=0, rtol=0)
+
+
+def test_decode_attention_wave_fit_caps_fa3_on_a_spilling_batch_and_matches_the_reference():
+    """A batch whose FA3 tiles spill past one wave (3 sequences of 8.2k-11k keys, 8 kv heads:
+    136 tiles on 132 SMs): the wave_fit config runs FA3 capped at 5 splits, with the same output."""
+    from tuner.integrations.decode_attention import decode_attention, eager_config
+
+    if get_op("fa3").unavailable():
+        pytest.skip(get_op("fa3").unavailable())
+    lengths = [11049, 10500, 8200]
+    shape = DecodeShape(batch=3, kv_len=11049, num_q_heads=48, num_kv_heads=8, head_dim=128, dtype="bfloat16")
+    inputs = make_decode_inputs(shape, device="cuda", seq_lens=lengths, table_width=11056)
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, shape.kv_len)
+    wave = {"backend": "fa3", "num_splits": 0, "pack_gqa": None, "wave_fit": True}
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert eager_config(wave, *args, seq_lens_host=lengths)["num_splits"] == 5
+    out = decode_attention(*args, seq_lens_host=lengths, config=wave)
+    torch.testing.assert_close(out.float(), inputs.reference().float(), atol=2e-2, rtol=2e-2)

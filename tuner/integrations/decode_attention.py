@@ -14,15 +14,17 @@ Triton), whose kernels read page_table and cache_seqlens on every replay
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import torch
 
 from tuner import settings
 from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket, static_key_from_tuple
-from tuner.ops.base import Config
+from tuner.ops.base import Config, sm_count
 from tuner.ops.decode_attention import (BACKENDS, BY_FILL, OP_NAME, check_config, config_space, default_config,
                                         dense_call, fill_parts, installed, unavailable)
+from tuner.ops.fa3_waves import WAVE_FIT, wave_cap
 from tuner.runtime import autotune
 from tuner.workload.shapes import DecodeShape
 from tuner.runtime.capture_watch import CAPTURES
@@ -133,6 +135,8 @@ def graph_runs(config: Config, args: tuple) -> Config:
     """The plain config a call with these positional arguments runs when captured into a CUDA
     graph: its own, or where its backend cannot run captured or without host lengths (a
     FlashInfer plan), the default backend's (run_call's fallback)."""
+    if WAVE_FIT in config:
+        return _as_captured(config)
     backend = BACKENDS.get(config.get("backend"))
     if backend is not None and backend.runs_any_call:
         return config
@@ -189,8 +193,91 @@ def _host_lengths(*args: Any, **kwargs: Any) -> Any:
 
 def _captured(config: Config) -> Config:
     """The config a CUDA-graph capture runs of a stored one: a by_fill config's other one,
-    its config for any batch (_fill_config); for the frozen rule (tuner.runtime.borrowing)."""
-    return fill_parts(config)[1] if config.get("backend") == BY_FILL else config
+    its config for any batch (_fill_config), and of a wave_fit config FA3's own choice; for
+    the frozen rule (tuner.runtime.borrowing)."""
+    return _as_captured(fill_parts(config)[1] if config.get("backend") == BY_FILL else config)
+
+
+def _as_captured(config: Config) -> Config:
+    """A wave_fit config as a capture runs it (no host lengths at replay): FA3's own choice."""
+    return {k: v for k, v in config.items() if k != WAVE_FIT} if WAVE_FIT in config else config
+
+
+# the last CPU tensor of host lengths a wave_fit config was resolved for, its version
+# counter then, the call's shape, and the cap: every layer of a decode step passes one tensor
+_last_cap: tuple[Any, int, tuple, int] = (None, -1, (), 0)
+_WAVE_PLAIN: dict[int, tuple[Config, dict[int, Config]]] = {}  # id -> (wave_fit config, cap -> its plain config)
+
+
+@functools.cache
+def _sms(device_index: int | None) -> int:
+    return sm_count(device_index)
+
+
+def _wave_splits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, seq_lens_host: Any) -> int:
+    """The num_splits a wave_fit config runs for this call (tuner.ops.fa3_waves.wave_cap): 0,
+    FA3's own choice, without host lengths, under a CUDA-graph capture (whose replays may hold
+    any lengths) and while torch.compile traces."""
+    if seq_lens_host is None or torch.compiler.is_compiling() or (CAPTURES[0] and stream_capturing()):
+        return 0
+    return _host_cap(q, k_cache, page_table, seq_lens_host)
+
+
+def _host_cap(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, seq_lens_host: Any) -> int:
+    """wave_cap for the call's host lengths (0 where they are not on the host), kept while
+    the same CPU tensor comes again unchanged for a call of the same shape."""
+    global _last_cap
+    # what the cap depends on besides the lengths (the GPU's SMs aside: one kind per process)
+    shape = (q.shape, k_cache.shape[1:3], page_table.shape[1])
+    if isinstance(seq_lens_host, torch.Tensor):
+        last = _last_cap  # (an inference tensor has no version counter: never kept)
+        if last[0] is seq_lens_host and last[2] == shape and not seq_lens_host.is_inference() \
+                and last[1] == seq_lens_host._version:
+            return last[3]
+        if not seq_lens_host.is_cpu:
+            return 0
+        lengths = seq_lens_host.tolist()
+    else:
+        try:
+            lengths = [int(n) for n in seq_lens_host]
+        except (TypeError, ValueError):
+            return 0
+    kv_heads = k_cache.shape[2]
+    cap = wave_cap(lengths, num_kv_heads=kv_heads, q_per_kv=q.shape[2] // kv_heads, q_len=q.shape[1],
+                   head_dim=q.shape[3], table_keys=page_table.shape[1] * k_cache.shape[1], sms=_sms(q.device.index))
+    if isinstance(seq_lens_host, torch.Tensor) and not seq_lens_host.is_inference():
+        _last_cap = (seq_lens_host, seq_lens_host._version, shape, cap)
+    return cap
+
+
+def eager_config(config: Config, *args: Any, **kwargs: Any) -> Config:
+    """The plain config an eager call with decode_attention's arguments runs: a by_fill
+    config's branch for its host lengths, a wave_fit config's cap for them (a benchmark that
+    times calls inside CUDA graphs, which replay only these lengths, resolves them first)."""
+    c = _call(*args, **kwargs)
+    if config.get("backend") == BY_FILL:
+        dense, other = fill_parts(config)
+        config = dense if dense_call(c.seq_lens_host, c.max_kv_len, c.q.shape[0]) else other
+    if WAVE_FIT in config:
+        cap = 0 if c.seq_lens_host is None else _host_cap(c.q, c.k_cache, c.page_table, c.seq_lens_host)
+        config = dict(_as_captured(config), num_splits=cap)
+    return config
+
+
+def _wave_config(config: Config, q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor,
+                 seq_lens_host: Any) -> Config:
+    """The plain FA3 config a wave_fit config runs for this call: num_splits from _wave_splits
+    (one dict per config and cap, made once)."""
+    cap = _wave_splits(q, k_cache, page_table, seq_lens_host)
+    entry = _WAVE_PLAIN.get(id(config))
+    if entry is None or entry[0] is not config:
+        if len(_WAVE_PLAIN) >= 4096:
+            _WAVE_PLAIN.clear()
+        entry = _WAVE_PLAIN[id(config)] = (config, {})  # holds config: its id stays its own
+    plain = entry[1].get(cap)
+    if plain is None:
+        plain = entry[1][cap] = dict(_as_captured(config), num_splits=cap)
+    return plain
 
 
 def declared_branch(config: Config, batch: int) -> Config:
@@ -238,7 +325,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     capture, those shapes run the default backend. An empty batch gives an empty output.
     A by_fill record runs its dense config where seq_lens_host shows a dense batch (lengths
     summing to at least settings.DENSE_FILL of batch x max_kv_len, which must then be a
-    host int and the longest's bound), its other config elsewhere (_fill_config). out: a
+    host int and the longest's bound), its other config elsewhere (_fill_config). A wave_fit
+    FA3 config caps FA3's split counts from seq_lens_host where its tiles would spill past one
+    wave of the GPU (tuner.ops.fa3_waves), FA3's own choice elsewhere (_wave_splits). out: a
     (batch, q_len, q heads, head_dim_v) tensor of q's dtype and device, its last dim of unit
     stride, to write the output into and return (as FA3's out=: a server's buffer, no copy
     where the backend writes there itself)."""
@@ -246,6 +335,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         _check_out(out, q, v_cache)
     if config["backend"] == BY_FILL:
         config = _fill_config(config, q.shape[0], max_kv_len, seq_lens_host)
+    if WAVE_FIT in config:
+        config = _wave_config(config, q, k_cache, page_table, seq_lens_host)
     return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                     sinks, seq_lens_host, out)
 

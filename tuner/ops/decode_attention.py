@@ -26,7 +26,8 @@ from tuner.errors import TunerError
 from tuner.keys import host_flags, host_scalar
 from tuner.ops import fa3 as fa3_op
 from tuner.ops.base import Config, Op, stream_capturing
-from tuner.ops.fa3 import FA3, _decode_grid, _mtp_grid
+from tuner.ops.fa3 import _decode_grid, _mtp_grid
+from tuner.ops.fa3_waves import FA3_WITH_WAVES, WAVE_FIT
 from tuner.ops.flashinfer import FLASHINFER, paged_attention
 from tuner.ops.flashinfer_plan import host_seq_lens
 from tuner.ops.triton_decode import TRITON_DECODE, triton_paged_decode
@@ -108,7 +109,7 @@ def _flashinfer_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max
 # in the default's preference order: the default never needs host lengths (FlashInfer does)
 # and is always graph-capturable (FlashInfer's plan would freeze the capture-time pages)
 BACKENDS: dict[str, Backend] = {
-    "fa3": Backend(FA3, _fa3_call),
+    "fa3": Backend(FA3_WITH_WAVES, _fa3_call),  # FA3's space and its wave_fit config (resolved by the entry point)
     "triton_decode": Backend(TRITON_DECODE, _triton_call),
     "flashinfer": Backend(FLASHINFER, _flashinfer_call, takes=_flashinfer_takes, graph_capturable=False),
 }
@@ -323,8 +324,9 @@ BACKEND_OPS = (OP_NAME, GRAPH_OP_NAME)
 
 
 def graph_config_space(shape: DecodeShape) -> list[Config]:
-    """decode_attention's configs that a captured graph can hold (no per-call host plan)."""
-    return [c for c in config_space(shape) if BACKENDS[c["backend"]].graph_capturable]
+    """decode_attention's configs that a captured graph can hold (no per-call host plan, no
+    choice from host lengths: a wave_fit config runs FA3's default there)."""
+    return [c for c in config_space(shape) if BACKENDS[c["backend"]].graph_capturable and WAVE_FIT not in c]
 
 
 def _graph_check(config: Config, shape: DecodeShape) -> str | None:

@@ -1,0 +1,139 @@
+"""decode_attention's wave_fit FA3 config: the host model of FA3's varlen scheduler, the cap
+it chooses, and how a call, a capture and a sweep's batch run it (FA3 faked: no GPU here)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tuner.integrations.decode_attention import decode_attention, eager_config, graph_runs
+from tuner.ops import fa3_waves
+from tuner.ops.decode_attention import BACKENDS, graph_config_space
+from tuner.ops.fa3_waves import WAVE_FIT, check_config, dynamic_splits, kernel_time, static_splits, wave_cap
+from tuner.workload import DecodeShape, make_decode_inputs
+
+WAVE = {"backend": "fa3", "num_splits": 0, "pack_gqa": None, WAVE_FIT: True}
+HEADS = dict(num_kv_heads=8, q_per_kv=6, q_len=1, head_dim=128, sms=132)  # 48/8 heads on an H200's 132 SMs
+
+
+def _cap(lengths: list[int]) -> int:
+    return wave_cap(lengths, table_keys=-(-max(lengths) // 16) * 16, **HEADS)
+
+
+def test_the_model_gives_fa3s_own_split_counts():
+    # FA3's host cap for 8 kv heads: 15 splits (8 x 15 = 120 tiles, 0.91 of a wave), none
+    # for a short table (at most 4 blocks of 128 keys)
+    assert static_splits(8, 131072, 128, 132) == 15
+    assert static_splits(8, 512, 128, 132) == 1
+    assert static_splits(128, 131072, 128, 132) == 1  # tiles fill 0.8 of the SMs: no splits
+    # batch 3 with 87, 83 and 65 blocks: 235 x 1.1 x 8 / 132 -> 16 blocks a tile, so 6, 6, 5 splits
+    assert dynamic_splits([87, 83, 65], 1, 8, 15, 132) == [6, 6, 5]
+    assert dynamic_splits([87, 83, 65], 1, 8, 4, 132) == [4, 4, 4]  # a caller's num_splits caps them
+
+
+def test_kernel_time_puts_a_second_wave_on_the_least_loaded_sms():
+    # 4 tiles on 2 SMs: 10 and 9 first, then 5 onto the 9 and 1 onto the 10
+    assert kernel_time([10, 9, 5, 1], [1, 1, 1, 1], 1, 2) == 14 + 2 * 2  # (9 + 2) + (5 + 2)
+    assert kernel_time([10], [1], 3, 2) == 24  # three like tiles on 2 SMs: two waves of 12
+    assert kernel_time([10], [1], 5, 2) is None  # five on 2 SMs: past two waves
+
+
+@pytest.mark.parametrize("lengths, expected", [
+    ([11049, 10500, 8200], 5),  # 136 tiles on 132 SMs, all alike: capped to 5 splits, 120 tiles
+    ([11049, 11000, 11000], 0),  # 5, 5, 5 splits: one wave already
+    ([15000] + [300] * 7, 0),  # 152 tiles, but the overflow is short tiles: a cap would slow the long one
+    ([1000] * 40, 0),  # 40 x 8 tiles without splits: past two waves, nothing to fit
+    ([100], 0),  # one short sequence
+])
+def test_the_cap_is_taken_only_where_fitting_one_wave_shortens_the_kernel(lengths, expected):
+    assert _cap(lengths) == expected
+
+
+def test_a_wave_fit_config_is_offered_where_it_can_differ_from_fa3s_default():
+    small = DecodeShape(batch=3, kv_len=16384, num_q_heads=48, num_kv_heads=8)
+    assert WAVE in [{"backend": "fa3", **c} for c in fa3_waves.configs(small)]
+    for other in (dataclasses.replace(small, batch=64),  # 512 tiles without splits
+                  dataclasses.replace(small, window=(127, 0)),  # a window's keys are not its lengths
+                  dataclasses.replace(small, dtype="float32")):
+        assert not any(WAVE_FIT in c for c in fa3_waves.configs(other)), other
+    assert check_config({"num_splits": 0, "pack_gqa": None, WAVE_FIT: True}) is None
+    assert "num_splits must be 0" in check_config({"num_splits": 2, "pack_gqa": None, WAVE_FIT: True})
+    assert check_config({"num_splits": 0, "pack_gqa": None, WAVE_FIT: False}) is not None
+
+
+@pytest.fixture
+def fake_fa3(monkeypatch):
+    """FA3 "installed": decode_attention's FA3 backend records the num_splits each call passes."""
+    passed = []
+
+    def call(config, q, k_cache, v_cache, *rest, out=None):
+        passed.append(config["num_splits"])
+        return torch.zeros(*q.shape[:3], v_cache.shape[-1], dtype=q.dtype)
+
+    fa3 = BACKENDS["fa3"]
+    monkeypatch.setitem(BACKENDS, "fa3", dataclasses.replace(
+        fa3, call=call, op=dataclasses.replace(fa3.op, unavailable=lambda: None)))
+    return passed
+
+
+def _call_args(batch=3):
+    inputs = make_decode_inputs(DecodeShape(batch=batch, kv_len=64, num_q_heads=48, num_kv_heads=8, head_dim=16,
+                                            dtype="float32"))
+    wide = torch.zeros(batch, 11056, dtype=torch.int32)  # a table 11056 keys wide (page size 1)
+    return inputs.q, inputs.k_cache, inputs.v_cache, wide, inputs.cache_seqlens, 11049
+
+
+def test_a_call_runs_the_cap_of_its_own_host_lengths(fake_fa3, monkeypatch):
+    args = _call_args()
+    for lengths in (torch.tensor([11049, 10500, 8200], dtype=torch.int32), [11049, 10500, 8200],
+                    np.array([11049, 10500, 8200])):
+        decode_attention(*args, seq_lens_host=lengths, config=WAVE)
+    decode_attention(*args, seq_lens_host=[11049, 11000, 11000], config=WAVE)  # one wave already
+    decode_attention(*args, config=WAVE)  # lengths unknown: FA3's own choice
+    assert fake_fa3 == [5, 5, 5, 0, 0]
+
+
+def test_a_kept_cap_follows_the_lengths_tensor_when_it_changes_in_place(fake_fa3):
+    """Every layer of a step passes one lengths tensor, so its cap is kept; a server that
+    updates the tensor in place for the next step must get that step's cap."""
+    args = _call_args()
+    lengths = torch.tensor([11049, 10500, 8200], dtype=torch.int32)
+    decode_attention(*args, seq_lens_host=lengths, config=WAVE)
+    lengths.copy_(torch.tensor([11049, 11000, 11000]))
+    decode_attention(*args, seq_lens_host=lengths, config=WAVE)
+    with torch.inference_mode():
+        frozen = torch.tensor([11049, 10500, 8200], dtype=torch.int32)
+    decode_attention(*args, seq_lens_host=frozen, config=WAVE)
+    assert fake_fa3 == [5, 0, 5]
+
+
+def test_a_capture_runs_fa3s_default_and_plans_no_graph_for_it(fake_fa3, monkeypatch):
+    """A captured graph replays any lengths: a cap from the capture's lengths would be frozen
+    for all of them. So a capture runs FA3's own choice, graph records never hold wave_fit,
+    and a graph variant of it is the default's graph."""
+    import tuner.integrations.decode_attention as entry
+    args = _call_args()
+    monkeypatch.setattr(entry, "CAPTURES", [1])
+    monkeypatch.setattr(entry, "stream_capturing", lambda: True)
+    decode_attention(*args, seq_lens_host=[11049, 10500, 8200], config=WAVE)
+    assert fake_fa3 == [0]
+    assert graph_runs(WAVE, args) == {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    shape = DecodeShape(batch=3, kv_len=16384, num_q_heads=48, num_kv_heads=8)
+    assert not any(WAVE_FIT in c for c in graph_config_space(shape))
+    # what a benchmark timing calls in graphs resolves first, as the eager call would run
+    assert eager_config(WAVE, *args, seq_lens_host=[11049, 10500, 8200])["num_splits"] == 5
+
+
+def test_a_sweeps_batch_runs_the_cap_of_its_own_lengths(monkeypatch):
+    """A sweep times each batch of a serving trial in a graph of its own lengths: the op's run
+    resolves the cap from the batch's host lengths, capture or not."""
+    ran = []
+    monkeypatch.setattr(fa3_waves, "_fa3_run", lambda inputs, config: ran.append(config["num_splits"]))
+    shape = DecodeShape(batch=3, kv_len=11049, num_q_heads=48, num_kv_heads=8, head_dim=16, dtype="float32")
+    inputs = make_decode_inputs(shape, seq_lens=[11049, 10500, 8200], table_width=11056)
+    fa3_waves.FA3_WITH_WAVES.run(inputs, {k: v for k, v in WAVE.items() if k != "backend"})
+    fa3_waves.FA3_WITH_WAVES.run(dataclasses.replace(inputs, seq_lens_host=None),
+                                 {k: v for k, v in WAVE.items() if k != "backend"})
+    assert ran == [5, 0]
+

@@ -1,0 +1,163 @@
+"""FA3's split counts as its scheduler computes them from a batch's lengths, and the cap on
+them that keeps the kernel's work within one wave of the GPU where that shortens it: a host
+model of sgl-kernel FA3's varlen scheduler, and the decode_attention config ("wave_fit") that
+runs it per call.
+
+Why (docs/decisions.md, "FA3's wave overflow"): with cache_seqlens, FA3 gives each sequence
+ceil(its blocks / blocks_per_sm) splits, blocks_per_sm sized on the whole batch with a 10%
+margin. Rounding up per sequence can still make a few work tiles more than the SMs, and
+then a second wave of full-size tiles nearly doubles the kernel's time (batch 3 x 11k keys,
+8 kv heads: splits 6, 6, 5 make 136 tiles on 132 SMs). A cap on num_splits that fits one
+wave gains there; on skewed batches the overflow is of short tiles and a cap would only
+lengthen the long sequence's, so the cap is taken only where the modelled kernel time drops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from tuner import settings
+from tuner.ops.base import Config, sm_count
+from tuner.ops.fa3 import FA3, RULES
+from tuner.ops.fa3 import _run as _fa3_run
+from tuner.ops.rules import config_error, one_of
+from tuner.workload.inputs import DecodeInputs
+from tuner.workload.shapes import DecodeShape
+
+WAVE_FIT = "wave_fit"  # the knob: {"num_splits": 0, "pack_gqa": None, "wave_fit": True}
+MAX_BATCH = 992  # past this FA3's scheduler gives every sequence one split
+# FA3's blocks_per_sm margin (flash_prepare_scheduler.cu), in float32 as it computes it
+_MARGIN = np.float32(1.1)
+
+
+def block_n(head_dim: int, local: bool = False) -> int:
+    """FA3's kBlockN on SM90 for a paged cache read without TMA (every decode call: its
+    queries per kv head are far below the tile's rows), 16-bit elements (tile_size.h)."""
+    if head_dim <= 128:
+        return 128
+    if head_dim <= 192:
+        return 96
+    return 64 if local else 80
+
+
+def block_m(head_dim: int) -> int:
+    return 192 if head_dim <= 96 else 128
+
+
+def static_splits(tiles: int, table_keys: int, head_dim: int, sms: int) -> int:
+    """FA3's host cap on each sequence's splits when the caller passes num_splits=0
+    (num_splits_heuristic with the varlen scheduler's batch of 1): tiles is kv heads x the
+    query blocks of one sequence; table_keys, the page table's width in keys."""
+    n_blocks = -(-table_keys // block_n(head_dim))
+    if tiles >= 0.8 * sms or n_blocks <= 4:
+        return 1
+    top = min(128, sms, n_blocks)
+    efficiency = []
+    for splits in range(1, top + 1):
+        waves = tiles * splits / sms
+        efficiency.append(waves / math.ceil(waves))
+    best = max(efficiency)
+    return next(s for s, e in enumerate(efficiency, 1) if e >= 0.85 * best)
+
+
+def dynamic_splits(n_blocks: list[int], m_blocks: int, kv_heads: int, cap: int, sms: int) -> list[int]:
+    """Each sequence's splits as FA3's scheduler kernel computes them on the device, at most cap."""
+    total = m_blocks * sum(n_blocks)
+    per_sm = math.ceil(float(np.float32(total) * _MARGIN * np.float32(kv_heads) / np.float32(sms)))
+    if per_sm <= 0:
+        return [1] * len(n_blocks)
+    return [max(min(-(-n // per_sm), cap), 1) for n in n_blocks]
+
+
+def kernel_time(n_blocks: list[int], splits: list[int], tiles_per_split: int, sms: int) -> float | None:
+    """The kernel's modelled time in kv blocks: each tile reads its share of its sequence's
+    blocks plus settings.FA3_WAVE_TILE_OVERHEAD_BLOCKS, longest first onto the least loaded SM
+    (exact for at most two tiles per SM); None past two waves."""
+    overhead = settings.FA3_WAVE_TILE_OVERHEAD_BLOCKS
+    works = sorted((-(-n // s) + overhead for n, s in zip(n_blocks, splits) for _ in range(s * tiles_per_split)),
+                   reverse=True)
+    if len(works) > 2 * sms:
+        return None
+    first = min(len(works), sms)
+    # the k-th tile of the second wave goes onto the SM of the k-th shortest of the first
+    return max([works[0]] + [works[first - k] + works[first - 1 + k] for k in range(1, len(works) - first + 1)])
+
+
+def wave_cap(lengths: list[int], *, num_kv_heads: int, q_per_kv: int, q_len: int, head_dim: int, table_keys: int,
+             sms: int) -> int:
+    """The num_splits a wave_fit config passes FA3 for a batch of these kv lengths: 0 (FA3's
+    own choice) unless FA3's tiles would spill past one wave and a cap that fits them in one
+    makes the modelled kernel at least settings.FA3_WAVE_MIN_GAIN faster."""
+    tiles = num_kv_heads * -(-(q_len * q_per_kv) // block_m(head_dim))  # tiles per split of a sequence
+    if not lengths or len(lengths) > MAX_BATCH or len(lengths) * tiles > 2 * sms:
+        return 0  # at least two waves without splits: a cap cannot make one
+    cap = static_splits(tiles, table_keys, head_dim, sms)
+    if cap <= 1:
+        return 0
+    bn = block_n(head_dim)
+    n_blocks = [-(-max(int(n), 0) // bn) for n in lengths]
+    splits = dynamic_splits(n_blocks, tiles // num_kv_heads, num_kv_heads, cap, sms)
+    if tiles * sum(splits) <= sms or max(splits) <= 1:
+        return 0  # one wave already, or nothing to cap
+    fit = max(splits) - 1
+    while fit > 1 and tiles * sum(min(s, fit) for s in splits) > sms:
+        fit -= 1
+    own = kernel_time(n_blocks, splits, tiles, sms)
+    capped = kernel_time(n_blocks, [min(s, fit) for s in splits], tiles, sms)
+    if own is None or capped is None or capped * (1 + settings.FA3_WAVE_MIN_GAIN) > own:
+        return 0
+    return fit
+
+
+def fits_shape(shape: DecodeShape) -> bool:
+    """Whether a wave_fit config can differ from FA3's default for the shape: 16-bit
+    elements, no sliding window (its keys per sequence are not its length), a batch whose
+    tiles without splits fit two waves."""
+    tiles = shape.num_kv_heads * -(-(shape.q_len * (shape.num_q_heads // shape.num_kv_heads)) // block_m(shape.head_dim))
+    return (shape.dtype in ("bfloat16", "float16") and tuple(shape.window) == (-1, -1)
+            and shape.batch * tiles <= 2 * sm_count())
+
+
+def resolved(config: Config, lengths: Any, num_kv_heads: int, q_per_kv: int, q_len: int, head_dim: int,
+             table_keys: int) -> Config:
+    """The plain FA3 config a wave_fit config runs for a batch of these host lengths (None:
+    unknown, FA3's own choice); any other config as it is."""
+    if not config.get(WAVE_FIT):
+        return config
+    cap = 0 if lengths is None else wave_cap(
+        [int(n) for n in lengths], num_kv_heads=num_kv_heads, q_per_kv=q_per_kv, q_len=q_len, head_dim=head_dim,
+        table_keys=table_keys, sms=sm_count())
+    return {k: v for k, v in config.items() if k != WAVE_FIT} | {"num_splits": cap}
+
+
+def resolved_for(config: Config, inputs: DecodeInputs) -> Config:
+    """resolved() for a sweep's batch (its host lengths; a graph's replayed batch has none)."""
+    s = inputs.shape
+    return resolved(config, inputs.seq_lens_host, s.num_kv_heads, s.num_q_heads // s.num_kv_heads, s.q_len,
+                    s.head_dim, inputs.page_table.shape[1] * s.page_size)
+
+
+def configs(shape: DecodeShape) -> list[Config]:
+    """FA3's configs, and where it can differ from the default (fits_shape), the wave_fit one."""
+    extra = [{"num_splits": 0, "pack_gqa": None, WAVE_FIT: True}] if fits_shape(shape) else []
+    return FA3.configs(shape) + extra
+
+
+def check_config(config: Config, shape: DecodeShape | None = None) -> str | None:
+    why = config_error(config, RULES, {WAVE_FIT: one_of(True)})
+    if why is None and config.get(WAVE_FIT) and config["num_splits"] != 0:
+        return f"{WAVE_FIT} caps FA3's own split counts: num_splits must be 0"
+    return why
+
+
+def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:
+    return _fa3_run(inputs, resolved_for(config, inputs))
+
+
+# FA3 as decode_attention runs it: the wave_fit config besides FA3's own
+FA3_WITH_WAVES = dataclasses.replace(FA3, configs=configs, check=check_config, run=_run)
