@@ -6,8 +6,11 @@ Triton config with and without seq_lens_host (which only FlashInfer reads); and 
 config (two Triton configs, chosen per call from the host lengths' sum), on a dense and a
 sparse batch, from a CPU tensor (also one made under torch.inference_mode, which has no
 version counter to keep its sum by), a NumPy array, a list, and without host lengths; a call
-with no config (the lookup's memo hit, then the same dispatch); and a Triton config writing
-into out= (not run where decode_attention has no out).
+with no config (the lookup's memo hit, then the same dispatch); a Triton config writing
+into out= (not run where decode_attention has no out); and FA3's wave_fit config (a no-op
+FA3 kernel), its cap kept for a CPU tensor that comes again unchanged, and computed on every
+call from a list, at batch 4 and at batch 128 with one kv head (the largest batches it
+computes for: two waves of tiles).
 
     python benchmarks/decode_attention_dispatch.py [--label NAME] [--out FILE]
 
@@ -29,8 +32,14 @@ def main() -> None:
     import tuner.ops.decode_attention as da
     from tuner.integrations.decode_attention import decode_attention
 
-    # the kernel out of the way (it writes into out=, where given): tuner's own cost is left
+    # the kernels out of the way (they write into out=, where given): tuner's own cost is left
     da.triton_paged_decode = lambda q, *a, out=None, **k: q if out is None else out
+    da.fa3_op.kernel = lambda: (lambda q, *a, out=None, **k: q if out is None else out)
+    wave = {"backend": "fa3", "num_splits": 0, "pack_gqa": None, "wave_fit": True}
+    plain_fa3 = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    big_q, big_k = torch.zeros(128, 1, 8, 64, dtype=torch.float16), torch.zeros(64, 16, 1, 64, dtype=torch.float16)
+    big_table, big_lens = torch.zeros(128, 16, dtype=torch.int32), torch.full((128,), 200, dtype=torch.int32)
+    big_list = [int(n) for n in torch.randint(100, 250, (128,))]
     flashinfer = {"backend": "flashinfer", "use_tensor_cores": True, "flashinfer_backend": "fa2",
                   "fixed_split_size": None, "disable_split_kv": False}
     triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
@@ -68,6 +77,13 @@ def main() -> None:
         # no config: the lookup's memo hit (the default here) before the same dispatch
         "looked_up_no_host_lengths": lambda: decode_attention(q, k, k, table, lens, 100),
         "triton_config_out": lambda: decode_attention(q, k, k, table, lens, 100, config=triton, out=out),
+        "fa3_config_host_lengths_cpu_int32_tensor": lambda: decode_attention(
+            q, k, k, table, lens, 40, config=plain_fa3, seq_lens_host=host_tensor),
+        "wave_fit_cpu_int32_tensor_kept": lambda: decode_attention(
+            q, k, k, table, lens, 40, config=wave, seq_lens_host=host_tensor),
+        "wave_fit_list_computed": lambda: decode_attention(q, k, k, table, lens, 40, config=wave, seq_lens_host=host_list),
+        "wave_fit_list_computed_b128_one_kv_head": lambda: decode_attention(
+            big_q, big_k, big_k, big_table, big_lens, 250, config=wave, seq_lens_host=big_list),
     }
     out = torch.zeros_like(q)
     results = {}

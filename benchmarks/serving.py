@@ -59,7 +59,7 @@ import tuner
 from tuner import settings
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
-from tuner.integrations.decode_attention import declared_branch, decode_attention
+from tuner.integrations.decode_attention import declared_branch, decode_attention, eager_config
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload import DecodeShape, make_decode_inputs
@@ -165,7 +165,9 @@ def _calls(inputs, copies, max_kv_len: int, table_width: int | None, host_lens):
 
 
 def _rotation(calls, config):
-    return [lambda a=a, k=k: decode_attention(*a, **k, config=config) for a, k in calls]
+    # each call's config resolved as its eager call would be (a wave_fit cap from its host
+    # lengths): the timer captures the calls, and a capture alone would run FA3's default
+    return [lambda a=a, k=k, c=eager_config(config, *a, **k): decode_attention(*a, **k, config=c) for a, k in calls]
 
 
 def _time(timer, calls, configs: list[dict]) -> list[float | None]:
