@@ -59,7 +59,7 @@ import tuner
 from tuner import settings
 from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
-from tuner.integrations.decode_attention import declared_branch, decode_attention, eager_config
+from tuner.integrations.decode_attention import declared_branch, decode_attention, eager_config, graph_runs
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload import DecodeShape, make_decode_inputs
@@ -146,7 +146,8 @@ def _variant_replayed(dispatch, args: tuple, kwargs: dict, batch: int, host_lens
         return base, base
     with tuner.graph_capture(planned[label].lengths):
         record = dispatch.config_for(*args, **kwargs)
-        return record, declared_branch(record, batch)
+        # as the variant's capture runs it (a wave_fit record: FA3 at the variant's cap)
+        return record, graph_runs(declared_branch(record, batch), args)
 
 
 def _calls(inputs, copies, max_kv_len: int, table_width: int | None, host_lens):

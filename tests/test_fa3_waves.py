@@ -137,3 +137,38 @@ def test_a_sweeps_batch_runs_the_cap_of_its_own_lengths(monkeypatch):
                                  {k: v for k, v in WAVE.items() if k != "backend"})
     assert ran == [5, 0]
 
+
+def test_graph_variants_capture_fa3_at_the_caps_steps_need_and_a_step_replays_its_own(db_path, fake_fa3):
+    """A graph replays any lengths, so a wave_fit record runs FA3's default there; with graph
+    variants a batch size whose record is wave_fit gets graphs of FA3 at the caps its steps
+    mostly need (8 kv heads at batch 3: 132 // 24 = 5, and 6), and a step whose lengths
+    need one of them replays that graph."""
+    import tuner
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+    from tuner.integrations.graph_variants import GraphVariants
+
+    shape = DecodeShape(batch=3, kv_len=16384, num_q_heads=48, num_kv_heads=8, head_dim=16, dtype="float32",
+                        lengths="serving")
+    with TuningDB(db_path) as db:
+        db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
+                       (current_fingerprint_id(), current_fingerprint()), WAVE, median_us=1.0, spread_us=0.0,
+                       samples=3, default_config={"backend": "fa3", "num_splits": 0, "pack_gqa": None},
+                       default_median_us=1.2, default_spread_us=0.0, method={})
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(dataclasses.replace(shape, kv_len=64, lengths="full"), seq_lens=[17] * 3,
+                                table_width=16384)
+    call = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 16384)
+    variants = GraphVariants(max_variants=8)
+    plan = variants.plan(3, [call])
+    assert [(v.label, v.lengths.fa3_cap) for v in plan] == [("tuner-1", 5), ("tuner-2", 6)]
+    for variant in plan:  # each captured under its declaration runs FA3 at its cap
+        with tuner.graph_capture(variant.lengths):
+            decode_attention(*call)
+    with tuner.graph_capture():  # the base graph: FA3's own choice
+        decode_attention(*call)
+    assert fake_fa3 == [5, 6, 0]
+    assert variants.label(3, torch.tensor([11049, 10500, 8200], dtype=torch.int32)) == "tuner-1"
+    assert variants.label(3, [11049, 11000, 11000]) is None  # one wave already: the base graph
+    assert variants.label(3, [15000, 300, 300]) is None  # a cap would not pay
+    variants.drop(3, "tuner-1")  # not captured (out of memory): its steps replay the base graph
+    assert variants.label(3, [11049, 10500, 8200]) is None

@@ -199,8 +199,16 @@ def _captured(config: Config) -> Config:
 
 
 def _as_captured(config: Config) -> Config:
-    """A wave_fit config as a capture runs it (no host lengths at replay): FA3's own choice."""
-    return {k: v for k, v in config.items() if k != WAVE_FIT} if WAVE_FIT in config else config
+    """A wave_fit config as a capture runs it (no host lengths at replay): FA3's own choice,
+    or the cap the active declaration names (a graph variant's, tuner.integrations.graph_variants)."""
+    if WAVE_FIT not in config:
+        return config
+    return dict({k: v for k, v in config.items() if k != WAVE_FIT}, num_splits=_declared_cap())
+
+
+def _declared_cap() -> int:
+    declared = runtime.declared_lengths
+    return 0 if declared is None else declared.fa3_cap
 
 
 # the last CPU tensor of host lengths a wave_fit config was resolved for, its version
@@ -217,7 +225,10 @@ def _sms(device_index: int | None) -> int:
 def _wave_splits(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, seq_lens_host: Any) -> int:
     """The num_splits a wave_fit config runs for this call (tuner.ops.fa3_waves.wave_cap): 0,
     FA3's own choice, without host lengths, under a CUDA-graph capture (whose replays may hold
-    any lengths) and while torch.compile traces."""
+    any lengths) and while torch.compile traces; inside tuner.graph_capture(lengths), the cap
+    its declaration names (0 but for a graph variant's)."""
+    if runtime.declared_lengths is not None:  # inside graph_capture: the replays' lengths, not the call's
+        return runtime.declared_lengths.fa3_cap
     if seq_lens_host is None or torch.compiler.is_compiling() or (CAPTURES[0] and stream_capturing()):
         return 0
     return _host_cap(q, k_cache, page_table, seq_lens_host)

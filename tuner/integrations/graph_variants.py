@@ -24,6 +24,11 @@ empty node, and the choice costs the host a max and a sum over the batch's lengt
 A class of replays runs its variant's graph only where its configs differ from the base
 graph's; the variants kept (settings.graph_variants_max()) are those of the longest lengths,
 where a step's time goes; every other class runs the base graph, as before.
+
+Where a class's record is FA3's wave_fit config (tuner.ops.fa3_waves), which caps FA3's splits
+from each call's own lengths, the cap a step needs is known only from its lengths: up to
+WAVE_CAPS_PER_BATCH more graphs hold FA3 at the caps such steps mostly need, and label()
+picks one where the step's lengths need exactly that cap.
 """
 
 from __future__ import annotations
@@ -38,11 +43,17 @@ import torch
 from tuner import settings
 from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
 from tuner.keys import kv_len_bucket
+from tuner.ops.base import sm_count
+from tuner.ops.fa3_waves import WAVE_FIT, block_m, wave_cap
 from tuner.runtime.capture import DeclaredLengths, graph_capture
 from tuner.workload.traffic import is_dense
 
 Config = dict[str, Any]
 LABEL_PREFIX = "tuner-"
+# FA3 caps given a graph of their own per batch size where a record is wave_fit: the one that
+# fits a batch of like sequences in one wave (SMs // (batch x tiles)) and the next, which
+# held 70% and 13% of the capped batches on the H200 (docs/decisions.md, "FA3's wave overflow")
+WAVE_CAPS_PER_BATCH = 2
 
 
 class StepLengths(DeclaredLengths):
@@ -51,10 +62,10 @@ class StepLengths(DeclaredLengths):
 
     records_misses = False  # a class of lengths tuner made up, not a deployment's traffic
 
-    def __init__(self, kv_len: int, dense: bool) -> None:
+    def __init__(self, kv_len: int, dense: bool, fa3_cap: int = 0) -> None:
         super().__init__(None)
         self.known = self.per_sequence = True
-        self.top, self.dense = kv_len, dense
+        self.top, self.dense, self.fa3_cap = kv_len, dense, fa3_cap
 
     def kv_len(self, batch: int) -> int:
         return self.top
@@ -63,7 +74,8 @@ class StepLengths(DeclaredLengths):
         return 1.0 if self.dense else 0.0
 
     def __repr__(self) -> str:
-        return f"StepLengths({self.top}, {'dense' if self.dense else 'not dense'})"
+        cap = f", FA3 cap {self.fa3_cap}" if self.fa3_cap else ""
+        return f"StepLengths({self.top}, {'dense' if self.dense else 'not dense'}{cap})"
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,39 @@ def captured_configs(calls: Sequence[tuple], batch: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _wave_fit_call(calls: Sequence[tuple], batch: int) -> tuple | None:
+    """The first call whose config under the active declaration is FA3's wave_fit, or None."""
+    for call in calls:
+        if WAVE_FIT in declared_branch(decode_attention.tuner.config_for(*call), batch):
+            return call
+    return None
+
+
+@dataclass(frozen=True)
+class _WaveSteps:
+    """What label() needs to find a step's FA3 cap: the wave_fit call's shape, the classes
+    of replays whose record is wave_fit, and the label of each cap given a graph."""
+
+    shape: dict[str, int]
+    classes: frozenset[tuple[int, bool]]
+    labels: dict[int, str]
+
+
+def _wave_shape(call: tuple) -> dict[str, int]:
+    q, k_cache, page_table = call[0], call[1], call[3]
+    kv_heads = k_cache.shape[2]
+    return dict(num_kv_heads=kv_heads, q_per_kv=q.shape[2] // kv_heads, q_len=q.shape[1], head_dim=q.shape[3],
+                table_keys=page_table.shape[1] * k_cache.shape[1], sms=sm_count(q.device.index))
+
+
+def _planned_caps(batch: int, shape: dict[str, int]) -> list[int]:
+    """The caps given graphs at this batch size (WAVE_CAPS_PER_BATCH, from the one that fits a
+    batch of like sequences in one wave)."""
+    tiles = shape["num_kv_heads"] * -(-(shape["q_len"] * shape["q_per_kv"]) // block_m(shape["head_dim"]))
+    fits = max(shape["sms"] // (batch * tiles), 1)
+    return list(range(fits, fits + WAVE_CAPS_PER_BATCH))
+
+
 def _sparse_can_occur(batch: int, top: int) -> bool:
     """Whether a batch of this size whose longest sequence is at most top can be not dense:
     its lengths (padding included) are at least 1, so its sum at least longest + batch - 1,
@@ -101,6 +146,7 @@ class GraphVariants:
     def __init__(self, max_variants: int | None = None) -> None:
         self.max_variants = settings.graph_variants_max() if max_variants is None else max_variants
         self._labels: dict[int, dict[tuple[int, bool], str]] = {}  # batch -> (kv bucket, dense) -> label
+        self._waves: dict[int, _WaveSteps] = {}  # batch -> its FA3 cap graphs, where a record is wave_fit
 
     def plan(self, batch: int, calls: Iterable[tuple]) -> list[Variant]:
         """The variants worth capturing beside the base graph of `batch`, whose decode_attention
@@ -108,18 +154,25 @@ class GraphVariants:
         the graph's bound as max_kv_len). Call it outside any graph_capture."""
         calls = [tuple(c) for c in calls]
         self._labels[batch] = {}
+        self._waves.pop(batch, None)
         if not calls or self.max_variants <= 0:
             return []
         bound = max(int(c[5]) for c in calls)
         with graph_capture():  # what the base graph runs: lengths unknown
             base = captured_configs(calls, batch)
         groups: dict[tuple[str, ...], list[tuple[int, bool]]] = {}
+        wave_classes: dict[tuple[str, ...], list[tuple[int, bool]]] = {}  # by what they run, uncapped
+        wave_call = None
         for exponent in range(kv_len_bucket(bound).bit_length() - 1, -1, -1):  # longest first
             for dense in (True, False):
                 if not dense and not _sparse_can_occur(batch, 1 << exponent):
                     continue  # a graph no replay would pick
                 with graph_capture(StepLengths(1 << exponent, dense)):
                     configs = captured_configs(calls, batch)
+                    found = _wave_fit_call(calls, batch)
+                if found is not None:
+                    wave_classes.setdefault(configs, []).append((1 << exponent, dense))
+                    wave_call = wave_call or found
                 if configs != base:
                     groups.setdefault(configs, []).append((1 << exponent, dense))
         variants = []
@@ -127,6 +180,23 @@ class GraphVariants:
             label = f"{LABEL_PREFIX}{len(variants) + 1}"
             variants.append(Variant(label, StepLengths(*classes[0]), configs))
             self._labels[batch].update(dict.fromkeys(classes, label))
+        if wave_call is not None:  # the longest classes' set: a cap graph runs their configs for every call
+            variants += self._plan_caps(batch, calls, wave_call, next(iter(wave_classes.values())), len(variants))
+        return variants
+
+    def _plan_caps(self, batch: int, calls: list[tuple], wave_call: tuple, classes: list[tuple[int, bool]],
+                   taken: int) -> list[Variant]:
+        """The graphs of FA3 at the caps _planned_caps names, for classes whose record is wave_fit
+        and whose other calls run alike (so a step of any of them may replay the graph)."""
+        shape, variants, labels = _wave_shape(wave_call), [], {}
+        for cap in _planned_caps(batch, shape):
+            lengths = StepLengths(*classes[0], fa3_cap=cap)
+            with graph_capture(lengths):
+                configs = captured_configs(calls, batch)
+            label = f"{LABEL_PREFIX}{taken + len(variants) + 1}"
+            variants.append(Variant(label, lengths, configs))
+            labels[cap] = label
+        self._waves[batch] = _WaveSteps(shape, frozenset(classes), labels)
         return variants
 
     def drop(self, batch: int, label: str) -> None:
@@ -134,6 +204,10 @@ class GraphVariants:
         labels = self._labels.get(batch, {})
         for step_class in [c for c, kept in labels.items() if kept == label]:
             del labels[step_class]
+        waves = self._waves.get(batch)
+        if waves is not None:
+            for cap in [c for c, kept in waves.labels.items() if kept == label]:
+                del waves.labels[cap]
 
     def label(self, batch: int, seq_lens_host: Any, raw_batch: int | None = None) -> str | None:
         """The graph to replay for a step: a variant's label, or None for the base graph.
@@ -141,7 +215,7 @@ class GraphVariants:
         its first raw_batch sequences (all of them if None); the rest of `batch` are padding
         of length 1, as a server pads a batch up to a captured size."""
         labels = self._labels.get(batch)
-        if not labels or seq_lens_host is None:
+        if (not labels and batch not in self._waves) or seq_lens_host is None:
             return None
         if isinstance(seq_lens_host, torch.Tensor):
             if not seq_lens_host.is_cpu:
@@ -154,7 +228,14 @@ class GraphVariants:
             return None
         longest = int(lengths.max())
         total = int(lengths.sum()) + (batch - lengths.size)
-        return labels.get((kv_len_bucket(max(longest, 1)), is_dense(total, batch, longest)))
+        step_class = (kv_len_bucket(max(longest, 1)), is_dense(total, batch, longest))
+        waves = self._waves.get(batch)
+        if waves is not None and waves.labels and step_class in waves.classes:
+            # the padding too: FA3 gives each padded sequence a tile of its own
+            cap = wave_cap(lengths.tolist() + [1] * (batch - lengths.size), **waves.shape)
+            if cap in waves.labels:
+                return waves.labels[cap]
+        return labels.get(step_class)
 
 
 __all__ = ["GraphVariants", "StepLengths", "Variant", "captured_configs"]

@@ -69,6 +69,9 @@ class DeclaredLengths:
     lengths (`lengths`, ascending) with how many samples each stands for (`counts`)."""
 
     records_misses = True  # calls captured under it record their misses: the lengths are the traffic's
+    # the num_splits a wave_fit FA3 config runs in a graph captured under it (0: FA3's own
+    # choice); set by a graph variant made for the steps whose FA3 tiles fit that cap
+    fa3_cap = 0
 
     def __init__(self, lengths: int | Iterable[int] | None) -> None:
         self.known = lengths is not None
