@@ -442,3 +442,55 @@ def test_a_plain_capture_runs_its_graph_record_and_replays_right_over_tables_upd
         lens_dev.copy_(torch.from_numpy(lens))
         graph.replay()
         torch.testing.assert_close(out, _reference(q, k, v, table, lens_dev), **TOL, msg=lambda m: f"step {step}: {m}")
+
+
+def test_graph_variants_of_a_wave_fit_record_replay_fa3_at_the_steps_cap_right(tmp_path):
+    """A wave_fit record (FA3 capping its own splits from the host lengths) in CUDA graphs:
+    graph variants capture FA3 at the caps steps mostly need (32/8 heads at batch 3: 5 and 6)
+    beside the base graph, at a 16k bound; steps whose lengths spill FA3's tiles past one wave
+    replay the cap graph, the others the base graph, and every replay over the persistent
+    table and lengths, updated in place, matches the reference."""
+    from tuner.integrations.graph_variants import GraphVariants
+    from tuner.keys import static_key_from_parts
+
+    if fa3_op.FA3.unavailable():
+        pytest.skip(fa3_op.FA3.unavailable())
+    batch, bound, pool = 3, 16384, 3 * 16384
+    wave = {"backend": "fa3", "num_splits": 0, "pack_gqa": None, "wave_fit": True}
+    key = static_key_from_parts(
+        q_dtype="bfloat16", k_dtype="bfloat16", v_dtype="bfloat16", num_q_heads=HEADS, num_kv_heads=KV_HEADS,
+        head_dim_qk=DIM, head_dim_v=DIM, page_size=1, causal=True, window_size=None, softcap=None, sinks=False,
+        k_descale=False, v_descale=False)
+    with TuningDB(tmp_path / "t.db") as db:
+        db.save_record(Problem("decode_attention", key.to_json(), attention_run_key(batch, 1, bound)),
+                       (current_fingerprint_id(), current_fingerprint()), wave, median_us=1.0, spread_us=0.0,
+                       samples=3, default_config=dict(fa3_op.DEFAULT, backend="fa3"), default_median_us=1.2,
+                       default_spread_us=0.0, method={})
+    tuner.configure(db=tmp_path / "t.db", shipped="off", mode="lookup")
+    k, v = _cache(pool)
+    q = _query(batch)
+    table = torch.zeros(batch, bound, dtype=torch.int32, device="cuda")
+    lens = torch.ones(batch, dtype=torch.int32, device="cuda")
+    call = (q, k, v, table, lens, bound)
+    variants = GraphVariants()
+    plan = variants.plan(batch, [call])
+    assert [v.lengths.fa3_cap for v in plan] == [5, 6]
+    graphs, outs = {}, {}
+    for label, declared in [(None, None)] + [(v.label, v.lengths) for v in plan]:
+        with tuner.graph_capture(declared):
+            decode_attention(*call)  # warm-up
+            torch.cuda.synchronize()
+            graphs[label] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[label]):
+                outs[label] = decode_attention(*call)
+    steps = [[11049, 10500, 8200], [11049, 11000, 11000], [15000, 300, 300], [16384, 9000, 12000]]
+    replayed = []
+    for seed, step in enumerate(steps):
+        gen = torch.Generator().manual_seed(seed)
+        table.copy_(torch.randperm(pool, generator=gen)[: batch * bound].view(batch, bound).int().cuda())
+        lens.copy_(torch.tensor(step, dtype=torch.int32).cuda())
+        label = variants.label(batch, step)
+        replayed.append(label)
+        graphs[label].replay()
+        torch.testing.assert_close(outs[label], _reference(q, k, v, table, lens), **TOL)
+    assert replayed[0] == plan[0].label and replayed[1] is None and replayed[2] is None
