@@ -9,8 +9,9 @@ version counter to keep its sum by), a NumPy array, a list, and without host len
 with no config (the lookup's memo hit, then the same dispatch); a Triton config writing
 into out= (not run where decode_attention has no out); and FA3's wave_fit config (a no-op
 FA3 kernel), its cap kept for a CPU tensor that comes again unchanged, and computed on every
-call from a list, at batch 4 and at batch 128 with one kv head (the largest batches it
-computes for: two waves of tiles).
+call from a list: lengths that end the model early (one wave already), and lengths whose
+tiles spill and get a cap (the whole model), at batch 3 with 8 kv heads and at batch 128
+with one (the largest batches it computes for: two waves of tiles).
 
     python benchmarks/decode_attention_dispatch.py [--label NAME] [--out FILE]
 
@@ -37,9 +38,7 @@ def main() -> None:
     da.fa3_op.kernel = lambda: (lambda q, *a, out=None, **k: q if out is None else out)
     wave = {"backend": "fa3", "num_splits": 0, "pack_gqa": None, "wave_fit": True}
     plain_fa3 = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
-    big_q, big_k = torch.zeros(128, 1, 8, 64, dtype=torch.float16), torch.zeros(64, 16, 1, 64, dtype=torch.float16)
-    big_table, big_lens = torch.zeros(128, 16, dtype=torch.int32), torch.full((128,), 200, dtype=torch.int32)
-    big_list = [int(n) for n in torch.randint(100, 250, (128,))]
+    spills = _spilling_batches()
     flashinfer = {"backend": "flashinfer", "use_tensor_cores": True, "flashinfer_backend": "fa2",
                   "fixed_split_size": None, "disable_split_kv": False}
     triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
@@ -81,9 +80,11 @@ def main() -> None:
             q, k, k, table, lens, 40, config=plain_fa3, seq_lens_host=host_tensor),
         "wave_fit_cpu_int32_tensor_kept": lambda: decode_attention(
             q, k, k, table, lens, 40, config=wave, seq_lens_host=host_tensor),
-        "wave_fit_list_computed": lambda: decode_attention(q, k, k, table, lens, 40, config=wave, seq_lens_host=host_list),
-        "wave_fit_list_computed_b128_one_kv_head": lambda: decode_attention(
-            big_q, big_k, big_k, big_table, big_lens, 250, config=wave, seq_lens_host=big_list),
+        "wave_fit_list_computed_one_wave_already": lambda: decode_attention(
+            q, k, k, table, lens, 40, config=wave, seq_lens_host=host_list),
+        **{f"wave_fit_list_computed_capped_b{len(lengths)}_kv_heads_{call[1].shape[2]}": (
+            lambda call=call, lengths=lengths: decode_attention(*call, config=wave, seq_lens_host=lengths))
+           for call, lengths in spills},
     }
     out = torch.zeros_like(q)
     results = {}
@@ -95,6 +96,31 @@ def main() -> None:
             continue
         results[name] = ns_per_call(fn, CALLS, REPEATS)
     report(args, "decode_attention_dispatch.py", {"calls": CALLS, "repeats": REPEATS, **results})
+
+def _spilling_batches() -> list[tuple[tuple, list[int]]]:
+    """(call arguments, lengths) whose FA3 tiles spill past one wave and get a cap: batch 3 with
+    8 kv heads, and batch 128 with one (lengths drawn until one spills)."""
+    import random
+
+    from tuner.integrations.decode_attention import eager_config
+
+    out = []
+    for batch, kv_heads, draw in ((3, 8, lambda rng: [11049, 10500, 8200]),
+                                  (128, 1, lambda rng: [rng.randint(3000, 4500) for _ in range(128)])):
+        rng = random.Random(0)
+        for _ in range(10_000):
+            lengths = draw(rng)
+            width = -(-max(lengths) // 16)
+            call = (torch.zeros(batch, 1, 8 * kv_heads, 64, dtype=torch.float16),
+                    torch.zeros(64, 16, kv_heads, 64, dtype=torch.float16),
+                    torch.zeros(64, 16, kv_heads, 64, dtype=torch.float16),
+                    torch.zeros(batch, width, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32), max(lengths))
+            wave = {"backend": "fa3", "num_splits": 0, "pack_gqa": None, "wave_fit": True}
+            if eager_config(wave, *call, seq_lens_host=lengths)["num_splits"]:
+                out.append((call, lengths))
+                break
+    return out
+
 
 if __name__ == "__main__":
     main()

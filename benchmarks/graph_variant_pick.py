@@ -2,7 +2,8 @@
 pays once per decode step before the replay (tuner.integrations.graph_variants): batch sizes
 1, 64 and 256, the lengths as a CPU int32 tensor (as SGLang's seq_lens_cpu), a NumPy array and
 a list, a step that picks a variant and one that keeps the base graph, and a batch padded up
-to the captured size.
+to the captured size; and a step of a class whose record is FA3's wave_fit, whose cap the pick
+computes from the lengths (batch 3 and 8 with 8 kv heads, batch 128 with one).
 
     python benchmarks/graph_variant_pick.py [--label NAME] [--out FILE]
 """
@@ -18,7 +19,7 @@ REPEATS = 9
 
 def main() -> None:
     args = arguments(__doc__.splitlines()[0])
-    from tuner.integrations.graph_variants import GraphVariants
+    from tuner.integrations.graph_variants import GraphVariants, _WaveSteps
 
     variants = GraphVariants()
     results = {}
@@ -36,6 +37,16 @@ def main() -> None:
         for name, fn in cases.items():
             fn()
             results[f"batch_{batch}_{name}"] = ns_per_call(fn, CALLS, REPEATS)
+    for batch, kv_heads in ((3, 8), (8, 8), (128, 1)):
+        # as plan() leaves a batch size whose record is wave_fit at every kv bucket
+        shape = dict(num_kv_heads=kv_heads, q_per_kv=4, q_len=1, head_dim=128, table_keys=131072, sms=132)
+        classes = frozenset((1 << e, d) for e in range(18) for d in (True, False))
+        variants._labels[batch] = {}
+        variants._waves[batch] = _WaveSteps(shape, classes, {132 // (batch * kv_heads): "tuner-1"})
+        lengths = torch.randint(8000, 11000, (batch,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+        fn = lambda b=batch, t=lengths: variants.label(b, t)  # noqa: E731
+        fn()
+        results[f"batch_{batch}_kv_heads_{kv_heads}_wave_fit_cpu_int32_tensor"] = ns_per_call(fn, CALLS, REPEATS)
     report(args, "graph_variant_pick.py", {"calls": CALLS, "repeats": REPEATS, **results})
 
 

@@ -28,15 +28,15 @@ def test_the_model_gives_fa3s_own_split_counts():
     assert static_splits(8, 512, 128, 132) == 1
     assert static_splits(128, 131072, 128, 132) == 1  # tiles fill 0.8 of the SMs: no splits
     # batch 3 with 87, 83 and 65 blocks: 235 x 1.1 x 8 / 132 -> 16 blocks a tile, so 6, 6, 5 splits
-    assert dynamic_splits([87, 83, 65], 1, 8, 15, 132) == [6, 6, 5]
-    assert dynamic_splits([87, 83, 65], 1, 8, 4, 132) == [4, 4, 4]  # a caller's num_splits caps them
+    assert dynamic_splits(np.array([87, 83, 65]), 1, 8, 15, 132).tolist() == [6, 6, 5]
+    assert dynamic_splits(np.array([87, 83, 65]), 1, 8, 4, 132).tolist() == [4, 4, 4]  # a caller's num_splits caps them
 
 
 def test_kernel_time_puts_a_second_wave_on_the_least_loaded_sms():
     # 4 tiles on 2 SMs: 10 and 9 first, then 5 onto the 9 and 1 onto the 10
-    assert kernel_time([10, 9, 5, 1], [1, 1, 1, 1], 1, 2) == 14 + 2 * 2  # (9 + 2) + (5 + 2)
-    assert kernel_time([10], [1], 3, 2) == 24  # three like tiles on 2 SMs: two waves of 12
-    assert kernel_time([10], [1], 5, 2) is None  # five on 2 SMs: past two waves
+    assert kernel_time(np.array([10, 9, 5, 1]), np.ones(4, dtype=int), 1, 2) == 14 + 2 * 2  # (9 + 2) + (5 + 2)
+    assert kernel_time(np.array([10]), np.array([1]), 3, 2) == 24  # three like tiles on 2 SMs: two waves of 12
+    assert kernel_time(np.array([10]), np.array([1]), 5, 2) is None  # five on 2 SMs: past two waves
 
 
 @pytest.mark.parametrize("lengths, expected", [
@@ -170,5 +170,7 @@ def test_graph_variants_capture_fa3_at_the_caps_steps_need_and_a_step_replays_it
     assert variants.label(3, torch.tensor([11049, 10500, 8200], dtype=torch.int32)) == "tuner-1"
     assert variants.label(3, [11049, 11000, 11000]) is None  # one wave already: the base graph
     assert variants.label(3, [15000, 300, 300]) is None  # a cap would not pay
+    # a step padded up to the captured size: FA3 gives the pad a tile, 8 + 7 + 1 splits fit one wave
+    assert variants.label(3, np.array([11049, 10500, 0]), raw_batch=2) is None
     variants.drop(3, "tuner-1")  # not captured (out of memory): its steps replay the base graph
     assert variants.label(3, [11049, 10500, 8200]) is None

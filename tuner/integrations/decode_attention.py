@@ -249,15 +249,16 @@ def _host_cap(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, 
             return last[3]
         if not seq_lens_host.is_cpu:
             return 0
-        lengths = seq_lens_host.tolist()
+        lengths = seq_lens_host.numpy()
     else:
-        try:
-            lengths = [int(n) for n in seq_lens_host]
-        except (TypeError, ValueError):
-            return 0
+        lengths = seq_lens_host
     kv_heads = k_cache.shape[2]
-    cap = wave_cap(lengths, num_kv_heads=kv_heads, q_per_kv=q.shape[2] // kv_heads, q_len=q.shape[1],
-                   head_dim=q.shape[3], table_keys=page_table.shape[1] * k_cache.shape[1], sms=_sms(q.device.index))
+    try:
+        cap = wave_cap(lengths, num_kv_heads=kv_heads, q_per_kv=q.shape[2] // kv_heads, q_len=q.shape[1],
+                       head_dim=q.shape[3], table_keys=page_table.shape[1] * k_cache.shape[1],
+                       sms=_sms(q.device.index))
+    except (TypeError, ValueError):  # lengths that are not integers: FA3's own choice
+        return 0
     if isinstance(seq_lens_host, torch.Tensor) and not seq_lens_host.is_inference():
         _last_cap = (seq_lens_host, seq_lens_host._version, shape, cap)
     return cap

@@ -232,7 +232,9 @@ class GraphVariants:
         waves = self._waves.get(batch)
         if waves is not None and waves.labels and step_class in waves.classes:
             # the padding too: FA3 gives each padded sequence a tile of its own
-            cap = wave_cap(lengths.tolist() + [1] * (batch - lengths.size), **waves.shape)
+            padded = lengths if lengths.size == batch else np.concatenate(
+                (lengths, np.ones(batch - lengths.size, dtype=lengths.dtype)))
+            cap = wave_cap(padded, **waves.shape)
             if cap in waves.labels:
                 return waves.labels[cap]
         return labels.get(step_class)

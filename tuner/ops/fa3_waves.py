@@ -15,7 +15,9 @@ lengthen the long sequence's, so the cap is taken only where the modelled kernel
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import struct
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,8 @@ from tuner.workload.shapes import DecodeShape
 WAVE_FIT = "wave_fit"  # the knob: {"num_splits": 0, "pack_gqa": None, "wave_fit": True}
 MAX_BATCH = 992  # past this FA3's scheduler gives every sequence one split
 # FA3's blocks_per_sm margin (flash_prepare_scheduler.cu), in float32 as it computes it
-_MARGIN = np.float32(1.1)
+_F32 = struct.Struct("f")
+_MARGIN = _F32.unpack(_F32.pack(1.1))[0]
 
 
 def block_n(head_dim: int, local: bool = False) -> int:
@@ -53,7 +56,11 @@ def static_splits(tiles: int, table_keys: int, head_dim: int, sms: int) -> int:
     """FA3's host cap on each sequence's splits when the caller passes num_splits=0
     (num_splits_heuristic with the varlen scheduler's batch of 1): tiles is kv heads x the
     query blocks of one sequence; table_keys, the page table's width in keys."""
-    n_blocks = -(-table_keys // block_n(head_dim))
+    return _static_splits(tiles, -(-table_keys // block_n(head_dim)), sms)
+
+
+@functools.lru_cache(maxsize=4096)  # a loop of up to 128 steps; a server asks for few widths
+def _static_splits(tiles: int, n_blocks: int, sms: int) -> int:
     if tiles >= 0.8 * sms or n_blocks <= 4:
         return 1
     top = min(128, sms, n_blocks)
@@ -65,50 +72,74 @@ def static_splits(tiles: int, table_keys: int, head_dim: int, sms: int) -> int:
     return next(s for s, e in enumerate(efficiency, 1) if e >= 0.85 * best)
 
 
-def dynamic_splits(n_blocks: list[int], m_blocks: int, kv_heads: int, cap: int, sms: int) -> list[int]:
+def _f32(value: float) -> float:
+    """value rounded to float32, as FA3's scheduler computes (a NumPy scalar op costs ~1 us)."""
+    return _F32.unpack(_F32.pack(value))[0]
+
+
+def dynamic_splits(n_blocks: np.ndarray, m_blocks: int, kv_heads: int, cap: int, sms: int) -> np.ndarray:
     """Each sequence's splits as FA3's scheduler kernel computes them on the device, at most cap."""
-    total = m_blocks * sum(n_blocks)
-    per_sm = math.ceil(float(np.float32(total) * _MARGIN * np.float32(kv_heads) / np.float32(sms)))
+    total = _f32(float(m_blocks * int(n_blocks.sum())))
+    per_sm = math.ceil(_f32(_f32(_f32(total * _MARGIN) * kv_heads) / sms))
     if per_sm <= 0:
-        return [1] * len(n_blocks)
-    return [max(min(-(-n // per_sm), cap), 1) for n in n_blocks]
+        return np.ones_like(n_blocks)
+    splits = (n_blocks + (per_sm - 1)) // per_sm
+    np.minimum(splits, max(cap, 1), out=splits)
+    return np.maximum(splits, 1, out=splits)
 
 
-def kernel_time(n_blocks: list[int], splits: list[int], tiles_per_split: int, sms: int) -> float | None:
+def kernel_time(n_blocks: np.ndarray, splits: np.ndarray, tiles_per_split: int, sms: int) -> float | None:
     """The kernel's modelled time in kv blocks: each tile reads its share of its sequence's
     blocks plus settings.FA3_WAVE_TILE_OVERHEAD_BLOCKS, longest first onto the least loaded SM
     (exact for at most two tiles per SM); None past two waves."""
-    overhead = settings.FA3_WAVE_TILE_OVERHEAD_BLOCKS
-    works = sorted((-(-n // s) + overhead for n, s in zip(n_blocks, splits) for _ in range(s * tiles_per_split)),
-                   reverse=True)
-    if len(works) > 2 * sms:
+    counts = splits * tiles_per_split
+    total = int(counts.sum())
+    if total > 2 * sms:
         return None
-    first = min(len(works), sms)
+    works = np.repeat((n_blocks + splits - 1) // splits, counts)
+    works.sort()
+    works = works[::-1]  # longest first
+    first = min(total, sms)
+    second = total - first
+    overhead = settings.FA3_WAVE_TILE_OVERHEAD_BLOCKS
+    if not second:
+        return float(works[0]) + overhead
     # the k-th tile of the second wave goes onto the SM of the k-th shortest of the first
-    return max([works[0]] + [works[first - k] + works[first - 1 + k] for k in range(1, len(works) - first + 1)])
+    return float(max(works[0], (works[first - second:first][::-1] + works[first:]).max() + overhead)) + overhead
 
 
-def wave_cap(lengths: list[int], *, num_kv_heads: int, q_per_kv: int, q_len: int, head_dim: int, table_keys: int,
+def _fitting_cap(splits: np.ndarray, tiles: int, sms: int) -> int:
+    """The largest cap below the largest split count whose tiles fit one wave (1 where none above 1 does)."""
+    ordered = np.sort(splits)
+    room = sms // tiles  # splits in all that one wave holds
+    for cap in range(int(ordered[-1]) - 1, 1, -1):
+        below = int(np.searchsorted(ordered, cap))  # sequences with fewer splits than the cap keep theirs
+        if int(ordered[:below].sum()) + cap * (ordered.size - below) <= room:
+            return cap
+    return 1
+
+
+def wave_cap(lengths: Any, *, num_kv_heads: int, q_per_kv: int, q_len: int, head_dim: int, table_keys: int,
              sms: int) -> int:
-    """The num_splits a wave_fit config passes FA3 for a batch of these kv lengths: 0 (FA3's
-    own choice) unless FA3's tiles would spill past one wave and a cap that fits them in one
-    makes the modelled kernel at least settings.FA3_WAVE_MIN_GAIN faster."""
+    """The num_splits a wave_fit config passes FA3 for a batch of these kv lengths (a list,
+    an array or a CPU tensor's NumPy view): 0 (FA3's own choice) unless FA3's tiles would
+    spill past one wave and a cap that fits them in one makes the modelled kernel at least
+    settings.FA3_WAVE_MIN_GAIN faster."""
     tiles = num_kv_heads * -(-(q_len * q_per_kv) // block_m(head_dim))  # tiles per split of a sequence
-    if not lengths or len(lengths) > MAX_BATCH or len(lengths) * tiles > 2 * sms:
+    batch = len(lengths)
+    if not batch or batch > MAX_BATCH or batch * tiles > 2 * sms:
         return 0  # at least two waves without splits: a cap cannot make one
     cap = static_splits(tiles, table_keys, head_dim, sms)
     if cap <= 1:
         return 0
     bn = block_n(head_dim)
-    n_blocks = [-(-max(int(n), 0) // bn) for n in lengths]
+    n_blocks = (np.asarray(lengths, dtype=np.int64) + (bn - 1)) // bn
     splits = dynamic_splits(n_blocks, tiles // num_kv_heads, num_kv_heads, cap, sms)
-    if tiles * sum(splits) <= sms or max(splits) <= 1:
+    if tiles * int(splits.sum()) <= sms or splits.max() <= 1:
         return 0  # one wave already, or nothing to cap
-    fit = max(splits) - 1
-    while fit > 1 and tiles * sum(min(s, fit) for s in splits) > sms:
-        fit -= 1
+    fit = _fitting_cap(splits, tiles, sms)
     own = kernel_time(n_blocks, splits, tiles, sms)
-    capped = kernel_time(n_blocks, [min(s, fit) for s in splits], tiles, sms)
+    capped = kernel_time(n_blocks, np.minimum(splits, fit), tiles, sms)
     if own is None or capped is None or capped * (1 + settings.FA3_WAVE_MIN_GAIN) > own:
         return 0
     return fit
