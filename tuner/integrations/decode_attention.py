@@ -24,7 +24,7 @@ from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket, stat
 from tuner.ops.base import Config, sm_count
 from tuner.ops.decode_attention import (BACKENDS, BY_FILL, OP_NAME, check_config, config_space, default_config,
                                         dense_call, fill_parts, installed, unavailable)
-from tuner.ops.fa3_waves import WAVE_FIT, wave_cap
+from tuner.ops.fa3_waves import WAVE_FIT, wave_args, wave_cap
 from tuner.runtime import autotune
 from tuner.workload.shapes import DecodeShape
 from tuner.runtime.capture_watch import CAPTURES
@@ -252,11 +252,8 @@ def _host_cap(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, 
         lengths = seq_lens_host.numpy()
     else:
         lengths = seq_lens_host
-    kv_heads = k_cache.shape[2]
     try:
-        cap = wave_cap(lengths, num_kv_heads=kv_heads, q_per_kv=q.shape[2] // kv_heads, q_len=q.shape[1],
-                       head_dim=q.shape[3], table_keys=page_table.shape[1] * k_cache.shape[1],
-                       sms=_sms(q.device.index))
+        cap = wave_cap(lengths, **wave_args(q, k_cache, page_table, _sms(q.device.index)))
     except (TypeError, ValueError):  # lengths that are not integers: FA3's own choice
         return 0
     if isinstance(seq_lens_host, torch.Tensor) and not seq_lens_host.is_inference():

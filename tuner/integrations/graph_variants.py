@@ -44,7 +44,7 @@ from tuner import settings
 from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
 from tuner.keys import kv_len_bucket
 from tuner.ops.base import sm_count
-from tuner.ops.fa3_waves import WAVE_FIT, block_m, wave_cap
+from tuner.ops.fa3_waves import WAVE_FIT, block_m, wave_args, wave_cap
 from tuner.runtime.capture import DeclaredLengths, graph_capture
 from tuner.workload.traffic import is_dense
 
@@ -117,13 +117,6 @@ class _WaveSteps:
     labels: dict[int, str]
 
 
-def _wave_shape(call: tuple) -> dict[str, int]:
-    q, k_cache, page_table = call[0], call[1], call[3]
-    kv_heads = k_cache.shape[2]
-    return dict(num_kv_heads=kv_heads, q_per_kv=q.shape[2] // kv_heads, q_len=q.shape[1], head_dim=q.shape[3],
-                table_keys=page_table.shape[1] * k_cache.shape[1], sms=sm_count(q.device.index))
-
-
 def _planned_caps(batch: int, shape: dict[str, int]) -> list[int]:
     """The caps given graphs at this batch size (WAVE_CAPS_PER_BATCH, from the one that fits a
     batch of like sequences in one wave)."""
@@ -188,7 +181,8 @@ class GraphVariants:
                    taken: int) -> list[Variant]:
         """The graphs of FA3 at the caps _planned_caps names, for classes whose record is wave_fit
         and whose other calls run alike (so a step of any of them may replay the graph)."""
-        shape, variants, labels = _wave_shape(wave_call), [], {}
+        q, k_cache, page_table = wave_call[0], wave_call[1], wave_call[3]
+        shape, variants, labels = wave_args(q, k_cache, page_table, sm_count(q.device.index)), [], {}
         for cap in _planned_caps(batch, shape):
             lengths = StepLengths(*classes[0], fa3_cap=cap)
             with graph_capture(lengths):

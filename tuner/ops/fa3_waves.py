@@ -145,6 +145,13 @@ def wave_cap(lengths: Any, *, num_kv_heads: int, q_per_kv: int, q_len: int, head
     return fit
 
 
+def wave_args(q: torch.Tensor, k_cache: torch.Tensor, page_table: torch.Tensor, sms: int) -> dict[str, int]:
+    """wave_cap's arguments besides the lengths, for a decode call of these tensors (shapes only)."""
+    kv_heads = k_cache.shape[2]
+    return dict(num_kv_heads=kv_heads, q_per_kv=q.shape[2] // kv_heads, q_len=q.shape[1], head_dim=q.shape[3],
+                table_keys=page_table.shape[1] * k_cache.shape[1], sms=sms)
+
+
 def fits_shape(shape: DecodeShape) -> bool:
     """Whether a wave_fit config can differ from FA3's default for the shape: 16-bit
     elements, no sliding window (its keys per sequence are not its length), a batch whose
