@@ -135,3 +135,36 @@ def test_decode_attention_wave_fit_caps_fa3_on_a_spilling_batch_and_matches_the_
         assert eager_config(wave, *args, seq_lens_host=lengths)["num_splits"] == 5
     out = decode_attention(*args, seq_lens_host=lengths, config=wave)
     torch.testing.assert_close(out.float(), inputs.reference().float(), atol=2e-2, rtol=2e-2)
+
+
+def test_the_wave_fit_model_gives_the_split_counts_fa3s_own_scheduler_computes():
+    """tuner.ops.fa3_waves models FA3's varlen scheduler on the host. FA3's scheduler metadata
+    (sgl-kernel's get_scheduler_metadata) holds each sequence's split count as the device
+    computes it: the model's counts, in batch order or longest first, must be found there."""
+    import numpy as np
+
+    from tuner.ops.fa3_waves import block_n, dynamic_splits, static_splits
+
+    if get_op("fa3").unavailable():
+        pytest.skip(get_op("fa3").unavailable())
+    from sgl_kernel.flash_attn import get_scheduler_metadata
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rng = np.random.default_rng(0)
+    checked = 0
+    for batch in (3, 5, 7, 9, 12):
+        lengths = rng.integers(2000, 40000, size=batch)
+        width = int(-(-lengths.max() // 16) * 16)
+        n_blocks = -(-lengths // block_n(128))
+        expected = dynamic_splits(n_blocks, 1, 8, static_splits(8, width, 128, sms), sms).tolist()
+        if len(set(expected)) < 2:
+            continue  # a vector of one value could be found anywhere
+        lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+        meta = get_scheduler_metadata(batch, 1, width, 48, 8, 128, lens, qkv_dtype=torch.bfloat16,
+                                      cu_seqlens_q=cu, page_size=1, causal=True).tolist()
+        longest_first = [s for _, s in sorted(zip(-lengths, expected), key=lambda t: t[0])]
+        runs = {tuple(meta[i:i + batch]) for i in range(len(meta) - batch + 1)}
+        assert tuple(expected) in runs or tuple(longest_first) in runs, (batch, expected, meta[:64])
+        checked += 1
+    assert checked >= 3
