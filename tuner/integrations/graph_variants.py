@@ -51,8 +51,8 @@ from tuner.workload.traffic import is_dense
 Config = dict[str, Any]
 LABEL_PREFIX = "tuner-"
 # FA3 caps given a graph of their own per batch size where a record is wave_fit: the one that
-# fits a batch of like sequences in one wave (SMs // (batch x tiles)) and the next, which
-# held 70% and 13% of the capped batches on the H200 (docs/decisions.md, "FA3's wave overflow")
+# fits a batch of like sequences in one wave (SMs // (batch x tiles)) and the next, which were
+# 66% and 13% of the H200's held-out capped batches (docs/decisions.md, "FA3's wave overflow")
 WAVE_CAPS_PER_BATCH = 2
 
 
