@@ -6,8 +6,10 @@ a call reads), and FA3 at every other cap, to see whether the model's cap is the
 
 Batches: kv heads 1, 2, 4 and 8 (q heads 8 per kv head, head dim 128, bf16, page size 1),
 batch sizes up to two waves of tiles, lengths of the serving distributions at random caps
-(tuner.workload.traffic), seeded; only batches whose cap is not 0 (the config runs FA3's own
-choice elsewhere) are timed, and one in twenty of the others as a check that they are alike.
+(tuner.workload.traffic), seeded. Timed: every batch whose FA3 tiles spill past one wave where
+a cap could fit them in one (whether wave_fit caps it or not; _spills), and one in twenty of the
+others as a check that they are alike. Each row keeps the lengths and every cap's time, so
+another rule for choosing the cap can be scored on the same timings.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from common.stats import geomean
 from tuner.bench import CudaGraphTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import decode_attention, eager_config
-from tuner.ops.fa3_waves import WAVE_FIT
+from tuner.ops.fa3_waves import WAVE_FIT, fa3_splits
 from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.traffic import DISTRIBUTIONS, draw_lengths
@@ -60,7 +62,9 @@ def run_batch(kv_heads: int, lengths: list[int], timer: CudaGraphTimer) -> dict:
     return dict(kv_heads=kv_heads, batch=len(lengths), longest=max(lengths), mean=sum(lengths) / len(lengths),
                 cap=fit["num_splits"], default_us=us[0], fit_us=us[1], fit_speedup=us[0] / us[1],
                 best_cap=min(zip(us[2:], configs[2:]), key=lambda t: t[0])[1]["num_splits"],
-                best_cap_speedup=us[0] / min(us[2:] + [us[1]]), max_error=error)
+                best_cap_speedup=us[0] / min(us[2:] + [us[1]]), max_error=error,
+                cap_us={str(c["num_splits"]): t for c, t in zip(configs[1:], us[1:])} | {"0": us[0]},
+                lengths=list(lengths))
 
 
 def main() -> None:
@@ -78,8 +82,7 @@ def main() -> None:
         if time.perf_counter() - started > args.seconds:
             break
         kv_heads, lengths, name = draw(rng)
-        lengths_only = eager_config(WAVE, *_probe(kv_heads, lengths), seq_lens_host=lengths)
-        if lengths_only["num_splits"] == 0 and i % 20:
+        if not _spills(kv_heads, lengths) and i % 20:
             continue
         row = dict(run_batch(kv_heads, lengths, timer), distribution=name, index=i)
         rows.append(row)
@@ -93,19 +96,23 @@ def main() -> None:
             "fit_slower_by_2pct": sum(r["fit_speedup"] < 1 / 1.02 for r in capped),
             "fit_worst": min((r["fit_speedup"] for r in capped), default=None),
             "uncapped": len(rows) - len(capped),
-            "uncapped_worst": min((r["fit_speedup"] for r in rows if not r["cap"]), default=None)}}
+            "uncapped_worst": min((r["fit_speedup"] for r in rows if not r["cap"]), default=None),
+            "spilling_uncapped": sum(1 for r in rows if not r["cap"] and _spills(r["kv_heads"], r["lengths"])),
+            "spilling_uncapped_best_cap_geomean": geomean([
+                r["best_cap_speedup"] for r in rows if not r["cap"] and _spills(r["kv_heads"], r["lengths"])])}}
         args.out.write_text(json.dumps(doc, indent=1))
         torch.cuda.empty_cache()
     print(json.dumps(doc["summary"]))
 
 
-def _probe(kv_heads: int, lengths: list[int]) -> tuple:
-    """Call arguments with the batch's shapes and no device memory to speak of: the cap
-    depends only on them and the host lengths (the page table as wide as the longest)."""
-    q = torch.empty(len(lengths), 1, 8 * kv_heads, 128, dtype=torch.bfloat16, device="meta")
-    cache = torch.empty(1, 1, kv_heads, 128, dtype=torch.bfloat16, device="meta")
-    table = torch.empty(len(lengths), max(lengths), dtype=torch.int32, device="meta")
-    return q, cache, cache, table, None, max(lengths)
+def _spills(kv_heads: int, lengths: list[int]) -> bool:
+    """Whether FA3's own split counts make more work tiles than the GPU has SMs, at most two
+    waves of them, where one split each would fit one wave (so a cap can: the batches a rule
+    for the cap may take)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    found = fa3_splits(lengths, num_kv_heads=kv_heads, q_per_kv=8, q_len=1, head_dim=128,
+                       table_keys=max(lengths), sms=sms)
+    return found is not None and len(lengths) * found[2] <= sms < found[2] * int(found[1].sum()) <= 2 * sms
 
 
 if __name__ == "__main__":

@@ -119,22 +119,33 @@ def _fitting_cap(splits: np.ndarray, tiles: int, sms: int) -> int:
     return 1
 
 
-def wave_cap(lengths: Any, *, num_kv_heads: int, q_per_kv: int, q_len: int, head_dim: int, table_keys: int,
-             sms: int) -> int:
-    """The num_splits a wave_fit config passes FA3 for a batch of these kv lengths (a list,
-    an array or a CPU tensor's NumPy view): 0 (FA3's own choice) unless FA3's tiles would
-    spill past one wave and a cap that fits them in one makes the modelled kernel at least
-    settings.FA3_WAVE_MIN_GAIN faster."""
+def fa3_splits(lengths: Any, *, num_kv_heads: int, q_per_kv: int, q_len: int, head_dim: int, table_keys: int,
+               sms: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """(each sequence's kv blocks, its split count, work tiles per split) as FA3 runs a batch of
+    these lengths with num_splits=0; None where no cap could make one wave of it (past two
+    waves of tiles without splits, or more than FA3's varlen scheduler takes) or FA3 would
+    not split it at all."""
     tiles = num_kv_heads * -(-(q_len * q_per_kv) // block_m(head_dim))  # tiles per split of a sequence
     batch = len(lengths)
     if not batch or batch > MAX_BATCH or batch * tiles > 2 * sms:
-        return 0  # at least two waves without splits: a cap cannot make one
+        return None
     cap = static_splits(tiles, table_keys, head_dim, sms)
     if cap <= 1:
-        return 0
+        return None
     bn = block_n(head_dim)
     n_blocks = (np.asarray(lengths, dtype=np.int64) + (bn - 1)) // bn
-    splits = dynamic_splits(n_blocks, tiles // num_kv_heads, num_kv_heads, cap, sms)
+    return n_blocks, dynamic_splits(n_blocks, tiles // num_kv_heads, num_kv_heads, cap, sms), tiles
+
+
+def wave_cap(lengths: Any, *, sms: int, **shape: int) -> int:
+    """The num_splits a wave_fit config passes FA3 for a batch of these kv lengths (a list,
+    an array or a CPU tensor's NumPy view; shape: fa3_splits's): 0 (FA3's own choice) unless
+    FA3's tiles would spill past one wave and a cap that fits them in one makes the modelled
+    kernel at least settings.FA3_WAVE_MIN_GAIN faster."""
+    own_splits = fa3_splits(lengths, sms=sms, **shape)
+    if own_splits is None:
+        return 0
+    n_blocks, splits, tiles = own_splits
     if tiles * int(splits.sum()) <= sms or splits.max() <= 1:
         return 0  # one wave already, or nothing to cap
     fit = _fitting_cap(splits, tiles, sms)
