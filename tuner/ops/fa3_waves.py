@@ -167,7 +167,8 @@ def fits_shape(shape: DecodeShape) -> bool:
     """Whether a wave_fit config can differ from FA3's default for the shape: 16-bit
     elements, no sliding window (its keys per sequence are not its length), a batch whose
     tiles without splits fit two waves."""
-    tiles = shape.num_kv_heads * -(-(shape.q_len * (shape.num_q_heads // shape.num_kv_heads)) // block_m(shape.head_dim))
+    q_rows = shape.q_len * (shape.num_q_heads // shape.num_kv_heads)  # a kv head's queries, packed
+    tiles = shape.num_kv_heads * -(-q_rows // block_m(shape.head_dim))
     return (shape.dtype in ("bfloat16", "float16") and tuple(shape.window) == (-1, -1)
             and shape.batch * tiles <= 2 * sm_count())
 
