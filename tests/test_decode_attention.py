@@ -581,3 +581,19 @@ def test_an_out_tensor_receives_the_output_with_no_copy_where_the_backend_writes
     for bad in (plain[:2], plain.double(), wide):
         with pytest.raises(ValueError, match="out must be"):
             decode_attention(*args, config=_triton_splits(4), out=bad)
+
+
+def test_eager_config_names_the_plain_config_an_eager_call_runs():
+    """A benchmark timing calls inside CUDA graphs resolves each config first, as the eager
+    call would (inside a capture a by_fill record runs its other config): the dense part for
+    dense host lengths, the other part without them, a plain config as it is."""
+    from tuner.integrations.decode_attention import eager_config
+    from tuner.ops.decode_attention import by_fill
+
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, batch=4, kv_len=256))
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 200)
+    config = by_fill(DENSE, OTHER)
+    assert eager_config(config, *args, seq_lens_host=[200, 150, 100, 60]) == DENSE
+    assert eager_config(config, *args, seq_lens_host=[200, 10, 10, 10]) == OTHER
+    assert eager_config(config, *args) == OTHER
+    assert eager_config(DENSE, *args, seq_lens_host=[200, 150, 100, 60]) is DENSE
