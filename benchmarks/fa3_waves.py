@@ -3,6 +3,10 @@ its cap from tuner.ops.fa3_waves, side by side, per batch (CUDA graphs, cold L2 
 a call reads), and FA3 at every other cap, to see whether the model's cap is the best one.
 
     python benchmarks/fa3_waves.py --out $OUT/fa3_waves.json [--batches 1000] [--seconds 300]
+    python benchmarks/fa3_waves.py --score results/h200/wave_fit/FILE.json   # on the CPU
+
+(--score: each rule for the cap, scored on a run's stored timings: wave_fit's own, and
+least_time, the cap of least modelled time, a candidate; docs/decisions.md, "FA3's wave overflow")
 
 Batches: kv heads 1, 2, 4 and 8 (q heads 8 per kv head, head dim 128, bf16, page size 1),
 batch sizes up to two waves of tiles, lengths of the serving distributions at random caps
@@ -16,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from common.run_info import header
 from common.stats import geomean
@@ -27,7 +33,8 @@ from common.stats import geomean
 from tuner.bench import CudaGraphTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import decode_attention, eager_config
-from tuner.ops.fa3_waves import WAVE_FIT, fa3_splits
+from tuner import settings
+from tuner.ops.fa3_waves import WAVE_FIT, fa3_splits, kernel_time, wave_cap
 from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.traffic import DISTRIBUTIONS, draw_lengths
@@ -67,15 +74,55 @@ def run_batch(kv_heads: int, lengths: list[int], timer: CudaGraphTimer) -> dict:
                 lengths=list(lengths))
 
 
+def _least_time_cap(kv_heads: int, lengths: list[int], sms: int) -> int:
+    """The candidate rule: the cap of least modelled time (tuner.ops.fa3_waves.kernel_time),
+    where it gains settings.FA3_WAVE_MIN_GAIN; 0 elsewhere."""
+    found = fa3_splits(lengths, num_kv_heads=kv_heads, q_per_kv=8, q_len=1, head_dim=128,
+                       table_keys=max(lengths), sms=sms)
+    if found is None or found[1].max() <= 1:
+        return 0
+    n_blocks, splits, tiles = found
+    own = kernel_time(n_blocks, splits, tiles, sms)
+    if own is None:
+        return 0
+    times = {c: kernel_time(n_blocks, np.minimum(splits, c), tiles, sms) for c in range(1, int(splits.max()))}
+    best = min((t, c) for c, t in times.items() if t is not None)
+    return best[1] if best[0] * (1 + settings.FA3_WAVE_MIN_GAIN) <= own else 0
+
+
+def score(path: Path, sms: int = 132) -> dict:
+    """Each rule's speedup over FA3's default on a run's rows that kept every cap's time; a
+    rule's cap that was not timed is counted apart."""
+    rows = [r for r in json.loads(path.read_text())["rows"] if "cap_us" in r]
+    rules = {"wave_fit": lambda r: wave_cap(r["lengths"], num_kv_heads=r["kv_heads"], q_per_kv=8, q_len=1,
+                                            head_dim=128, table_keys=max(r["lengths"]), sms=sms),
+             "least_time": lambda r: _least_time_cap(r["kv_heads"], r["lengths"], sms)}
+    out = {}
+    for name, rule in rules.items():
+        caps = [(r, rule(r)) for r in rows]
+        timed = [r["cap_us"]["0"] / r["cap_us"][str(c)] for r, c in caps if c and str(c) in r["cap_us"]]
+        out[name] = dict(rows=len(rows), capped=sum(1 for _, c in caps if c), scored=len(timed),
+                         geomean_where_capped=geomean(timed), slower_by_2pct=sum(t < 1 / 1.02 for t in timed),
+                         worst=min(timed, default=None), summed_log=sum(math.log(t) for t in timed))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--score", type=Path, help="score each rule for the cap on this run's JSON, and stop")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--batches", type=int, default=1000,
                     help="batches drawn (those with a cap, and one in twenty of the rest, are timed)")
     ap.add_argument("--seconds", type=float, default=300.0, help="stop starting batches after this long")
     ap.add_argument("--seed", type=int, default=20261205)
     args = ap.parse_args()
+    if args.score:
+        print(json.dumps(score(args.score), indent=1))
+        return
+    if args.out is None:
+        ap.error("--out is required (or --score FILE)")
     started, rng = time.perf_counter(), random.Random(args.seed)
+    doc: dict = {"summary": {}}
     timer = CudaGraphTimer(warmup=2, repeats=15)
     rows = []
     for i in range(args.batches):

@@ -818,3 +818,20 @@ def test_serving_times_the_graph_variant_a_batchs_host_lengths_pick(db_path):
     base = {"backend": "base"}
     assert serving._variant_replayed(decode_attention.tuner, args, {}, 4, [2000, 10, 10, 10], base) == (winner, winner)
     assert serving._variant_replayed(decode_attention.tuner, args, {}, 4, [100] * 4, base) == (base, base)
+
+
+def test_fa3_waves_scores_each_cap_rule_on_a_runs_stored_timings(tmp_path):
+    """fa3_waves.py --score reads every cap's time a run kept and gives each rule's speedup
+    where it caps: a batch that spills (8 kv heads, 6, 6, 5 splits: 136 tiles) and one that
+    fits one wave already (no cap by either rule)."""
+    waves = benchmark_module("fa3_waves")
+    spilling = dict(kv_heads=8, lengths=[11049, 10500, 8200],
+                    cap_us={"0": 66.0, "1": 130.0, "2": 68.0, "3": 57.5, "4": 55.0, "5": 55.0, "6": 66.0, "8": 66.5})
+    one_wave = dict(kv_heads=8, lengths=[11049, 11000, 11000], cap_us={"0": 60.0, "4": 50.0})
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"rows": [spilling, one_wave, {"kv_heads": 8, "lengths": [5]}]}))
+    scores = waves.score(run)
+    fit = scores["wave_fit"]
+    assert (fit["rows"], fit["capped"], fit["scored"]) == (2, 1, 1)
+    assert fit["geomean_where_capped"] == pytest.approx(66.0 / 55.0)  # its cap, 5
+    assert scores["least_time"]["capped"] >= 1 and scores["least_time"]["rows"] == 2
