@@ -140,7 +140,8 @@ def test_decode_attention_wave_fit_caps_fa3_on_a_spilling_batch_and_matches_the_
 def test_the_wave_fit_model_gives_the_split_counts_fa3s_own_scheduler_computes():
     """tuner.ops.fa3_waves models FA3's varlen scheduler on the host. FA3's scheduler metadata
     (sgl-kernel's get_scheduler_metadata) holds each sequence's split count as the device
-    computes it: the model's counts, in batch order or longest first, must be found there."""
+    computes it: the model's counts, in batch order, longest first or shortest first, must be
+    found there (on the H200, batch 3 held them shortest first)."""
     import numpy as np
 
     from tuner.ops.fa3_waves import block_n, dynamic_splits, static_splits
@@ -163,8 +164,9 @@ def test_the_wave_fit_model_gives_the_split_counts_fa3s_own_scheduler_computes()
         cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
         meta = get_scheduler_metadata(batch, 1, width, 48, 8, 128, lens, qkv_dtype=torch.bfloat16,
                                       cu_seqlens_q=cu, page_size=1, causal=True).tolist()
-        longest_first = [s for _, s in sorted(zip(-lengths, expected), key=lambda t: t[0])]
+        longest_first = tuple(s for _, s in sorted(zip(-lengths, expected), key=lambda t: t[0]))
+        orders = {tuple(expected), longest_first, longest_first[::-1]}
         runs = {tuple(meta[i:i + batch]) for i in range(len(meta) - batch + 1)}
-        assert tuple(expected) in runs or tuple(longest_first) in runs, (batch, expected, meta[:64])
+        assert orders & runs, (batch, expected, meta[:64])
         checked += 1
     assert checked >= 3
