@@ -835,3 +835,31 @@ def test_fa3_waves_scores_each_cap_rule_on_a_runs_stored_timings(tmp_path):
     assert (fit["rows"], fit["capped"], fit["scored"]) == (2, 1, 1)
     assert fit["geomean_where_capped"] == pytest.approx(66.0 / 55.0)  # its cap, 5
     assert scores["least_time"]["capped"] >= 1 and scores["least_time"]["rows"] == 2
+
+
+def test_page_layout_cases_put_each_batchs_longest_in_the_kv_bucket_of_one_more_than_a_power_of_two():
+    from tuner.keys import kv_len_bucket
+
+    page_layout = benchmark_module("page_layout")
+    found = page_layout.cases([8, 32], seed=0)
+    assert len(found) == len(page_layout.TOPS) * 2 * len(page_layout.KINDS)
+    assert [t for _, _, t, _ in found][0] == max(page_layout.TOPS)  # the longest contexts first
+    for batch, kind, top, lengths in found:
+        assert len(lengths) == batch and min(lengths) >= 1
+        assert kv_len_bucket(max(lengths)) == kv_len_bucket(top + 1), (batch, kind, top)
+        if kind == "equal":
+            assert lengths == [top + 1] * batch
+
+
+def test_page_layout_summary_counts_only_the_cases_whose_pick_is_not_the_default():
+    page_layout = benchmark_module("page_layout")
+    timed = lambda s: {f"{lay}/{w}": {"speedup": s} for lay in ("shuffled", "contiguous")
+                       for w in page_layout.WIDTHS}
+    rows = [dict(pick=page_layout.DEFAULT, timed=timed(0.5)),
+            dict(pick={"backend": "triton_decode"}, timed=timed(1.2)),
+            dict(pick={"backend": "triton_decode"}, timed=timed(0.9))]
+    summary = page_layout.summarize(rows)
+    assert summary["cases"] == 3 and summary["pick_not_default"] == 2
+    assert summary["contiguous/bound"]["slower_by_2pct"] == 1
+    assert summary["shuffled/as_called"]["geomean"] == pytest.approx((1.2 * 0.9) ** 0.5)
+    assert summary["shuffled/as_called"]["worst"] == 0.9

@@ -149,7 +149,8 @@ def test_mixed_length_inputs_in_a_wide_table_hold_only_their_own_pages():
 @pytest.mark.parametrize("extra, lens", [({}, None), ({}, [9, 2, 6]), ({}, [5, 0, 3]),
                                          ({"window": (3, 0), "q_len": 2}, [40, 7, 30]),
                                          ({"window": (100, 0), "q_len": 2}, [1000, 50, 701])])
-def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(extra, lens):
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(extra, lens, shuffled):
     from tuner.workload.rotation import WINDOW_MARGIN, bytes_read, fresh_page_copies, read_spans
 
     kv = max(lens) if lens else 9
@@ -157,16 +158,19 @@ def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(e
     inputs = make_decode_inputs(s, seq_lens=lens, table_width=4 * kv, seed=4)
     reference, spans = inputs.reference(), read_spans(inputs)
     nbytes = bytes_read(inputs)
-    copies = fresh_page_copies(inputs, 3)
+    copies = fresh_page_copies(inputs, 3, shuffled=shuffled)
     assert len(copies) == 3 and copies[0].page_table.equal(inputs.page_table)
     read_by = []
-    for copy in copies:
+    for i, copy in enumerate(copies):
         assert copy.k_cache is copies[0].k_cache  # one pool
         torch.testing.assert_close(copy.reference(), reference, atol=0, rtol=0)
-        pages = {int(copy.page_table[b, j]) for b, (lo, hi) in enumerate(spans)
-                 for j in range(lo // s.page_size, -(-hi // s.page_size))}
+        order = [int(copy.page_table[b, j]) for b, (lo, hi) in enumerate(spans)
+                 for j in range(lo // s.page_size, -(-hi // s.page_size))]
+        pages = set(order)
         read_by.append(pages)
         assert len(pages) * (copy.k_cache[0].nbytes * 2) == nbytes
+        if i and len(order) > 8:  # a copy's own pages: in the order its table reads them, or not
+            assert (order == sorted(order)) is not shuffled
     assert not (read_by[0] & read_by[1]) and not (read_by[0] & read_by[2]) and not (read_by[1] & read_by[2])
     if s.window[0] >= 0:  # a window reads its last keys (and a margin), not the whole sequence
         n = lens[0]
@@ -176,6 +180,24 @@ def test_fresh_page_copies_give_the_same_output_and_share_no_page_a_call_reads(e
     else:
         assert spans == [(0, n) for n in inputs.lengths()]
     assert fresh_page_copies(copies[0], 1) == [copies[0]]
+
+
+def test_a_contiguous_layout_gives_each_sequence_consecutive_pages_and_a_valid_problem():
+    s = DecodeShape(batch=3, kv_len=40, **SMALL)
+    for lens in (None, [40, 9, 23]):
+        inputs = make_decode_inputs(s, seq_lens=lens, table_width=64, layout="contiguous", seed=2)
+        page, start = s.page_size, 0
+        for b, n in enumerate(inputs.lengths()):
+            held = -(-n // page)
+            assert inputs.page_table[b, :held].tolist() == list(range(start, start + held))
+            start += held
+        shuffled = make_decode_inputs(s, seq_lens=lens, table_width=64, seed=2)
+        assert not shuffled.page_table.equal(inputs.page_table)
+        # the same problem as its reference computes it from the pages (each entry in range)
+        assert inputs.reference().isfinite().all()
+        assert int(inputs.page_table.max()) < inputs.k_cache.shape[0]
+    with pytest.raises(ValueError, match="layout 'sorted' is not one of shuffled, contiguous"):
+        make_decode_inputs(s, layout="sorted")
 
 
 def test_a_window_reads_less_than_it_allocates():

@@ -13,6 +13,12 @@ from tuner.workload.reference import paged_decode_reference
 from tuner.workload.shapes import DecodeShape
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# how a page table lays a batch's pages out in the pool: "shuffled", a random permutation (a
+# long-running server's fragmented pool), or "contiguous", each sequence's pages consecutive
+# and the sequences one after another (a fresh batch from a sorted free list, as SGLang's token
+# allocator gives one). Which one kernels are timed on can move their comparison
+# (docs/decisions.md, "Graph variants", end to end).
+PAGE_LAYOUTS = ("shuffled", "contiguous")
 
 
 @dataclass
@@ -60,14 +66,18 @@ class DecodeInputs:
 
 
 def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", seed: int = 0,
-                       seq_lens: Sequence[int] | None = None, table_width: int | None = None) -> DecodeInputs:
-    """Random inputs for a shape, with a valid, shuffled page table.
+                       seq_lens: Sequence[int] | None = None, table_width: int | None = None,
+                       layout: str = "shuffled") -> DecodeInputs:
+    """Random inputs for a shape, with a valid page table laid out as `layout` says
+    (PAGE_LAYOUTS).
 
     Every sequence holds shape.kv_len tokens, or seq_lens[i] (each at most shape.kv_len) when
     given. The page table is table_width tokens wide (default shape.kv_len), as a server's
     persistent table is as wide as its max context; only the pages a sequence holds exist
     in the cache (every other entry is page 0, never read), so each index is in range.
     """
+    if layout not in PAGE_LAYOUTS:
+        raise ValueError(f"layout {layout!r} is not one of {', '.join(PAGE_LAYOUTS)}")
     device = torch.device(device)
     # values are drawn on the device itself: a 4M-token cache is 16 GB, too much to make on
     # the host and copy over
@@ -91,7 +101,9 @@ def make_decode_inputs(shape: DecodeShape, device: str | torch.device = "cpu", s
     q = randn(shape.batch, shape.q_len, shape.num_q_heads, shape.head_dim)
     k_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
     v_cache = randn(num_pages, shape.page_size, shape.num_kv_heads, shape.head_dim)
-    order = torch.randperm(num_pages, generator=host_gen)
+    order = torch.randperm(num_pages, generator=host_gen)  # drawn either way: the sinks' draw comes after it
+    if layout == "contiguous":
+        order = torch.arange(num_pages)
     if uniform:
         page_table = order.view(shape.batch, table_pages)
     else:

@@ -53,11 +53,13 @@ def _read_pages(inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return ((col >= first[:, None]) & (col < last[:, None])).nonzero(as_tuple=True)
 
 
-def fresh_page_copies(inputs: DecodeInputs, count: int) -> list[DecodeInputs]:
+def fresh_page_copies(inputs: DecodeInputs, count: int, shuffled: bool = False) -> list[DecodeInputs]:
     """count copies of inputs (the first one's page table unchanged), over one KV pool in
-    which the pages each copy reads are its own. The pool is made beside inputs' caches (for
-    a moment both are held: callers leave room, tuner.sweep.trials.too_big), which are then not
-    needed: drop inputs and use the copies."""
+    which the pages each copy reads are its own: in each copy after the first, consecutive
+    pages for each sequence, one sequence after another, or (shuffled) a random permutation of
+    that copy's pages, as a shuffled first table has them (PAGE_LAYOUTS). The pool is made
+    beside inputs' caches (for a moment both are held: callers leave room,
+    tuner.sweep.trials.too_big), which are then not needed: drop inputs and use the copies."""
     if count <= 1:
         return [inputs]
     rows_t, cols_t = _read_pages(inputs)
@@ -66,9 +68,14 @@ def fresh_page_copies(inputs: DecodeInputs, count: int) -> list[DecodeInputs]:
     k_pool = torch.cat([inputs.k_cache] + [inputs.k_cache[source]] * (count - 1))
     v_pool = torch.cat([inputs.v_cache] + [inputs.v_cache[source]] * (count - 1))
     copies = [dataclasses.replace(inputs, k_cache=k_pool, v_cache=v_pool)]
+    order = torch.Generator().manual_seed(count)
     for c in range(1, count):
         table = inputs.page_table.clone()
-        table[rows_t, cols_t] = torch.arange(held + (c - 1) * fresh, held + c * fresh, device=table.device,
-                                             dtype=table.dtype)
+        pages = torch.arange(held + (c - 1) * fresh, held + c * fresh)
+        if shuffled:  # each entry's page moves with its values: a copy keeps the same output
+            mix = torch.randperm(fresh, generator=order)
+            k_pool[pages[mix]], v_pool[pages[mix]] = k_pool[pages].clone(), v_pool[pages].clone()
+            pages = pages[mix]
+        table[rows_t, cols_t] = pages.to(device=table.device, dtype=table.dtype)
         copies.append(dataclasses.replace(inputs, k_cache=k_pool, v_cache=v_pool, page_table=table))
     return copies
