@@ -454,7 +454,36 @@ def test_a_trial_drops_each_batchs_own_pool_once_its_copies_are_made(monkeypatch
     plain = get_op("torch_split_decode")
     op = dataclasses.replace(plain, make_inputs=lambda shape, device, **kw: plain.make_inputs(shape, "cpu", **kw))
     trial = trial_module.build_trial(op, DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL), "cuda", seed=5)
-    assert len(originals) == len(trial.parts) == 6
+    assert len(trial.parts) == 6 and len(trial.guards) == 1
+    assert len(originals) == 7  # the guard's own pool too
+
+
+def test_a_serving_trial_guards_its_winner_with_a_batch_of_equal_lengths_in_its_kv_bucket(monkeypatch):
+    """Inside SGLang at batch 8 x 32k (bench_one_batch: one prompt length for the batch) the
+    dense record's Triton config ran about 4% slower than FA3 end to end; at equal lengths the
+    grid had timed it 14-18% slower, where the serving trials' spread lengths put it ahead."""
+    import tuner.sweep.trials as trial_module
+    from tuner.keys import kv_len_bucket
+
+    op = get_op("torch_split_decode")
+    shape = DecodeShape(batch=3, kv_len=64, lengths="serving", **SMALL)
+    trial = trial_module.build_trial(op, shape, "cpu", seed=5)
+    [guard] = trial.guards
+    [inputs] = {id(r.args[0]): r.args[0] for r in guard.runs}.values()  # one copy on the CPU
+    lengths = inputs.lengths()
+    assert len(set(lengths)) == 1 and len(lengths) == 3 and kv_len_bucket(lengths[0]) == kv_len_bucket(64)
+    torch.testing.assert_close(guard.runs[0](op.default(shape)), guard.reference)
+    # the second trial's guard is another draw; a batch of one has none (every batch of one is even)
+    [other] = trial_module.build_second_trial(op, shape, "cpu", seed=5).guards
+    other_lengths = other.runs[0].args[0].lengths()
+    assert len(set(other_lengths)) == 1 and other_lengths != lengths
+    assert trial_module.build_trial(op, dataclasses.replace(shape, batch=1), "cpu", seed=5).guards == []
+    # where the guard would not fit beside the mix, the mix is measured without it
+    real = trial_module.too_big
+    mix = len(trial.parts)  # (CPU trials: one copy a batch, a part each)
+    monkeypatch.setattr(trial_module, "too_big", lambda s, d, draws=None: "no room" if draws and len(draws) > mix else
+                        real(s, d, draws))
+    assert trial_module.build_trial(op, shape, "cpu", seed=5).guards == []
 
 
 def test_a_serving_trials_parts_are_each_batchs_runs_over_copies_cold_on_their_own(monkeypatch):
@@ -483,7 +512,9 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_copies_cold_on_their_o
     trial = trial_module.build_trial(op, shape, "cuda", seed=5)
     draws = serving_draws(3, 64, 5)
     assert len(draws) == 6  # batch 3: two rounds of the three distributions
-    assert len(trial.runs) == 12 and len(trial.parts) == 6 and asked[1:] == [40] * 6
+    assert len(trial.runs) == 12 and len(trial.parts) == 6 and asked[1:] == [40] * 7  # the guard's too
+    guard_inputs = [run.args[0] for run in trial.guards[0].runs]  # as many as it alone needs, at least one
+    assert len(guard_inputs) == min(40, max(1, bytes_read(guard_inputs[0]) // 1000))
     for j, (part, lens) in enumerate(zip(trial.parts, draws, strict=True)):
         inputs = [run.args[0] for run in part]
         assert all(i.lengths() == lens for i in inputs)
@@ -497,13 +528,15 @@ def test_a_serving_trials_parts_are_each_batchs_runs_over_copies_cold_on_their_o
 
 def drawn_op(timer, first_draw_cost, other_cost=50.0, wrong_off_first_draw=False, seed=0, seen=None):
     """Configs "default" (100 us) and "lucky": first_draw_cost on the batches of the first
-    trial's draws (serving_draws with the sweep's seed), other_cost on any other draw of the bucket,
-    and (wrong_off_first_draw) a wrong result there."""
-    from tuner.workload.traffic import serving_draws
+    trial's draws (serving_draws with the sweep's seed, and its guard's equal_draw), other_cost
+    on any other draw of the bucket, and (wrong_off_first_draw) a wrong result there."""
+    from tuner.workload.traffic import equal_draw, serving_draws
+
+    first_trial = serving_draws(SERVING.batch, SERVING.kv_len, seed) + [equal_draw(SERVING.batch, SERVING.kv_len, seed)]
 
     def run(inputs, config):
         timer.last = config["name"]
-        first = inputs.lengths() in serving_draws(SERVING.batch, SERVING.kv_len, seed)
+        first = inputs.lengths() in first_trial
         if seen is not None:
             seen.append(inputs.lengths())
         out = split_kv_decode(inputs, 0)
@@ -789,7 +822,7 @@ def test_a_dense_config_whose_gain_the_mix_dilutes_is_kept_where_it_loses_nowher
 
 
 def test_a_second_trial_asking_no_gain_still_refuses_a_config_the_default_beats():
-    from tuner.bench.trial import Trial
+    from tuner.bench.trial import Guard, Trial
     from tuner.search.pipeline import confirm_again
 
     class PairedTimer:
@@ -825,6 +858,15 @@ def test_a_second_trial_asking_no_gain_still_refuses_a_config_the_default_beats(
     behind = confirm_again(mix, mine, default, PartsTimer([(90.0, 100.0), (103.0, 100.0)]), must_gain=False)
     assert not behind.held and behind.winner.median_us == pytest.approx(96.5)
     assert confirm_again(mix, mine, default, PartsTimer([(90.0, 100.0), (101.0, 100.0)]), must_gain=False).held
+    # a guard (a batch of equal lengths, outside the mix): behind there by 3%, it loses; the mix is the parts' mean
+    guarded = dataclasses.replace(mix, guards=[Guard(runs=[run], reference=out)])
+    behind = confirm_again(guarded, mine, default, PartsTimer([(90.0, 100.0), (90.0, 100.0), (103.0, 100.0)]),
+                           must_gain=False)
+    assert not behind.held and behind.winner.median_us == pytest.approx(90.0)
+    assert confirm_again(guarded, mine, default, PartsTimer([(90.0, 100.0), (90.0, 100.0), (101.0, 100.0)])).held
+    wrong_there = dataclasses.replace(mix, guards=[Guard(runs=[lambda config: -out], reference=out)])
+    refused = confirm_again(wrong_there, mine, default, PartsTimer([(90.0, 100.0)] * 3))
+    assert not refused.held and "guard" in refused.error
 
 
 def test_a_dense_pass_that_finds_nothing_keeps_the_winner_and_says_so(db_path):

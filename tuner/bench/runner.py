@@ -14,6 +14,7 @@ from tuner import settings
 from tuner.bench.check import compare
 from tuner.bench.select import ERROR, OK, OOM, WRONG, Outcome, beats, same_config
 from tuner.bench.timing import Timing
+from tuner.bench.trial import Guard
 
 
 def boundary_sync(release: bool = True) -> None:
@@ -116,6 +117,8 @@ def decide(
     timer: Any,
     min_gain: float = settings.MIN_GAIN,
     parts: Sequence[Sequence[Callable[[dict[str, Any]], Any]]] = (),
+    guards: Sequence[Guard] = (),
+    tolerance: tuple[float, float] | None = None,
 ) -> tuple[Outcome | None, Timing | None]:
     """The winner and the default's timing.
 
@@ -131,6 +134,8 @@ def decide(
     more than settings.MAX_PART_LOSS, timed side by side on that batch alone; one that does
     gives way to the next fastest (settings.CONFIRM_TRIES challengers in all), else the
     default stays: the mix's mean can hide a large loss on one distribution's batches.
+    guards (batches outside the mix, tuner.bench.trial.Guard): likewise, and a challenger
+    must first give each guard's reference output (within tolerance).
     """
     ok = [o for o in outcomes if o.status == OK and o.timing is not None]
     if not ok:
@@ -141,31 +146,50 @@ def decide(
     challengers = sorted((o for o in ok if o is not default and o.timing.median_us < default.timing.median_us),
                          key=lambda o: o.timing.median_us)
     t_default = default.timing
-    for challenger in challengers[:settings.CONFIRM_TRIES if parts else 1]:
-        (t_challenger, t_default), holds = side_by_side(runs, parts, challenger.config, default.config, timer)
+    for challenger in challengers[:settings.CONFIRM_TRIES if parts or guards else 1]:
+        if guards and not right_on_guards(challenger.config, guards, tolerance):
+            continue
+        (t_challenger, t_default), holds = side_by_side(runs, parts, challenger.config, default.config, timer,
+                                                        guards=guards)
         if holds and beats(t_challenger, t_default, min_gain):
             return replace(challenger, timing=t_challenger), t_default
     return replace(default, timing=t_default), t_default
 
 
 def side_by_side(runs: Runs, parts: Sequence[Sequence[Callable[[dict[str, Any]], Any]]], config: dict[str, Any],
-                 default: dict[str, Any], timer: Any) -> tuple[tuple[Timing, Timing], bool]:
+                 default: dict[str, Any], timer: Any,
+                 guards: Sequence[Guard] = ()) -> tuple[tuple[Timing, Timing], bool]:
     """config and default timed side by side: on the whole rotation when there are no parts;
     else on each part alone (in one interleaved run where the timer has one), their mix's
-    timings being the parts' means. Also whether config lost to the default on no part by
-    more than settings.MAX_PART_LOSS. Each part rotates through copies of its own batch,
-    cold in the L2 as the whole rotation is (tuner.bench.trial.Trial.parts)."""
-    if not parts:
+    timings being the parts' means. Also whether config lost to the default on no part, and
+    on no guard (timed alone like a part, outside the mean), by more than
+    settings.MAX_PART_LOSS. Each part rotates through copies of its own batch, cold in the
+    L2 as the whole rotation is (tuner.bench.trial.Trial.parts)."""
+    subsets = [list(part) for part in parts] + [list(guard.runs) for guard in guards]
+    if not subsets:
         return timer.paired(rotation(runs, config), rotation(runs, default)), True
-    subsets = [list(part) for part in parts]
     if hasattr(timer, "interleaved"):
         timings = timer.interleaved([rotation(sub, c) for c in (config, default) for sub in subsets])
-        mine, theirs = timings[:len(parts)], timings[len(parts):]
+        mine, theirs = timings[:len(subsets)], timings[len(subsets):]
     else:
         pairs = [timer.paired(rotation(sub, config), rotation(sub, default)) for sub in subsets]
         mine, theirs = [a for a, _ in pairs], [b for _, b in pairs]
     holds = all(a.median_us <= b.median_us * (1 + settings.MAX_PART_LOSS) for a, b in zip(mine, theirs))
-    return (_mean_timing(mine), _mean_timing(theirs)), holds
+    if not parts:  # guards alone: the mix is the whole rotation
+        return timer.paired(rotation(runs, config), rotation(runs, default)), holds
+    return (_mean_timing(mine[:len(parts)]), _mean_timing(theirs[:len(parts)])), holds
+
+
+def right_on_guards(config: dict[str, Any], guards: Sequence[Guard], tolerance: tuple[float, float] | None) -> bool:
+    """Whether config gives each guard's reference output (a call that fails: not right)."""
+    for guard in guards:
+        try:
+            out = guard.runs[0](config)
+        except Exception:  # noqa: BLE001 - a candidate may fail in any way: it is not right there
+            return False
+        if tolerance is not None and not compare(out, guard.reference, *tolerance).ok:
+            return False
+    return True
 
 
 def _mean_timing(timings: Sequence[Timing]) -> Timing:

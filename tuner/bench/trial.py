@@ -14,6 +14,16 @@ from tuner.keys import Config
 
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A batch a winner must lose on nowhere, outside the mix whose mean ranks candidates:
+    runs of a config over copies of it (cold in the L2 as a part's are) and its reference
+    output, which a challenger must match before it is timed there."""
+
+    runs: Sequence[Callable[[Config], Any]]
+    reference: Any
+
+
 @dataclass
 class Trial:
     """runs: one callable of a config per copy of the inputs (a timer rotates through them
@@ -34,6 +44,9 @@ class Trial:
     # alone, as many as read twice the L2 within settings.PART_MAX_COPIES and the copies'
     # memory (tuner.sweep.trials.part_copies)
     parts: Sequence[Sequence[Callable[[Config], Any]]] = ()
+    # batches the winner must also lose on nowhere, each timed alone, outside the mix's mean
+    # (a serving trial's batch of equal lengths: tuner.sweep.trials.build_trial)
+    guards: Sequence[Guard] = ()
 
 
 def cold_l2_copies(nbytes: int, device: str, max_copies: int = 64) -> int:

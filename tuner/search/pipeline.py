@@ -13,7 +13,7 @@ from typing import Callable
 from tuner import settings
 from tuner.bench import (OK, WRONG, Outcome, Timer, Timing, beats, check_config, decide, measure_config, one_line,
                          same_config, side_by_side)
-from tuner.bench.runner import rotation
+from tuner.bench.runner import right_on_guards, rotation
 from tuner.bench.trial import Trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, get_strategy
@@ -111,7 +111,8 @@ def measure(
     if leader and decide_winner:
         try:
             result.winner, result.default_timing = decide(trial.runs, outcomes, default, timer=timer,
-                                                          min_gain=min_gain, parts=trial.parts)
+                                                          min_gain=min_gain, parts=trial.parts,
+                                                          guards=trial.guards, tolerance=trial.tolerance)
         except (RuntimeError, MemoryError):
             if not keep_default_if_confirm_fails:
                 raise
@@ -190,7 +191,9 @@ def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *
                                tolerance=trial.tolerance, checks=trial.checks)
         if checked.status == WRONG:
             return SecondTrial(False, error=checked.error)
-        (mine, theirs), holds = side_by_side(trial.runs, trial.parts, config, default, timer)
+        if not right_on_guards(config, trial.guards, trial.tolerance):
+            return SecondTrial(False, error="wrong output on a guard batch")
+        (mine, theirs), holds = side_by_side(trial.runs, trial.parts, config, default, timer, guards=trial.guards)
     except Exception as e:  # out of memory, a capture that failed: unsure, so not held
         return SecondTrial(False, error=one_line(e))
     kept = beats(mine, theirs, min_gain) if must_gain else not beats(theirs, mine, 0.0)

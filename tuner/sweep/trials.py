@@ -12,13 +12,14 @@ import torch
 
 from tuner import settings
 from tuner.bench import boundary_sync, one_line
-from tuner.bench.trial import Trial, cold_l2_copies, l2_bytes
+from tuner.bench.trial import Guard, Trial, cold_l2_copies, l2_bytes
 from tuner.ops import Config, Op
 from tuner.search.pipeline import SecondTrial, confirm_again
 from tuner.workload import DecodeInputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
 from tuner.workload.shapes import DecodeShape
-from tuner.workload.traffic import dense_draws, draws_per_distribution, graph_caps, graph_draws, serving_draws
+from tuner.workload.traffic import (dense_draws, draws_per_distribution, equal_draw, graph_caps, graph_draws,
+                                    serving_draws)
 
 
 def too_big(shape: DecodeShape, device: str, draws: list[list[int]] | None = None) -> str | None:
@@ -106,12 +107,19 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     serving trial's first batch reaches the bucket's top (serving_draws). Each serving batch
     runs as a call of it does (as_called). A "graph" shape's trial holds the batches its
     graph replays (graph_draws), each as wide as the bound and with no host lengths. draws:
-    the batches' lengths instead of the shape's own (a dense pass's)."""
+    the batches' lengths instead of the shape's own (a dense pass's). A serving trial of more
+    than one sequence also holds a guard, a batch of equal lengths (equal_draw) outside the
+    mix, where it fits beside it."""
     if shape.lengths == "serving" and draws is None:
         draws = serving_draws(shape.batch, shape.kv_len, seed, reach_top)
     why = too_big(shape, device, draws)  # (trial_bytes reads draws only for a serving shape's)
     if why:
         raise MemoryError(why)
+    guard_lens = None
+    if shape.lengths == "serving" and shape.batch > 1:
+        guard_lens = equal_draw(shape.batch, shape.kv_len, seed)
+        if too_big(shape, device, draws + [guard_lens]):  # the mix is measured without it
+            guard_lens = None
     if shape.lengths == "full" and draws is None:
         batches = [op.make_inputs(shape, device=device, seed=seed)]
     elif shape.lengths == "graph":  # each batch as the graph captured at the bound runs it
@@ -141,9 +149,21 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     precompile = functools.partial(op.precompile, copies[0][0]) if op.precompile is not None else None
     # runs[c * len(copies) + j] is copy c of batch j; a part runs every copy of its batch
     parts = [[functools.partial(op.run, c) for c in per_batch] for per_batch in copies] if len(copies) > 1 else []
+    guards = [] if guard_lens is None else [build_guard(op, shape, device, seed, guard_lens)]
     return Trial(runs=runs, reference=references[0], tolerance=op.tolerance[shape.dtype], kv_len=shape.kv_len,
                  checks=[(i, ref) for i, ref in enumerate(references) if i > 0], precompile=precompile,
-                 parts=parts)
+                 parts=parts, guards=guards)
+
+
+def build_guard(op: Op, shape: DecodeShape, device: str, seed: int, lengths: list[int]) -> Guard:
+    """A batch of these lengths as a call of it runs (as_called), over copies of its own for a
+    cold L2 (as a part's), with its reference output."""
+    called, width = as_called(shape, lengths)
+    inputs = op.make_inputs(called, device=device, seed=seed, seq_lens=lengths, table_width=width)
+    reference = inputs.reference()
+    copies = fresh_page_copies(inputs, part_copies(inputs, 1, device))
+    del inputs
+    return Guard(runs=[functools.partial(op.run, c) for c in copies], reference=reference)
 
 
 def part_copies(inputs: DecodeInputs, count: int, device: str) -> int:

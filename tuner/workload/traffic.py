@@ -111,6 +111,17 @@ def dense_draws(batch: int, kv_len: int, seed: int) -> list[list[int]]:
     return draws
 
 
+def equal_draw(batch: int, kv_len: int, seed: int) -> list[int]:
+    """A serving shape's guard batch: every sequence at one length, drawn in kv_len's bucket.
+    FA3's scheduler gives like sequences like splits, evenly over the SMs, where the
+    distributions' spread lengths leave it a ragged last wave; a config that beats FA3 on the
+    spread batches can lose to it here (by 14-18% at batch 4 x 32k and 128k on the H200), and
+    such batches occur: one prompt length for a whole batch (SGLang's bench_one_batch, offline
+    jobs). So a winner must also lose nowhere on it (tuner.bench.trial.Guard)."""
+    low = kv_bucket_low(kv_len)
+    return [random.Random(f"equal/{batch}/{kv_len}/{seed}").randint(min(low, kv_len), kv_len)] * batch
+
+
 def serving_draws(batch: int, kv_len: int, seed: int, reach_top: bool = False) -> list[list[int]]:
     """A serving shape's batches (DecodeShape.lengths "serving"): one of each distribution, capped
     at kv_len, each with its longest sequence moved into kv_len's bucket (above half its top)
