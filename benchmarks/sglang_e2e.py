@@ -5,7 +5,7 @@ and triton backends, dummy weights from a public config.json, each backend in it
     python benchmarks/sglang_e2e.py --out $OUT/sglang_e2e.json --model llama-3.1-8b \\
         [--backends tuner,fa3,flashinfer,triton] [--batches 1,8,32,128] \\
         [--input-lens 1024,4096,16384,32768] [--output-len 128] [--rounds 3] [--db graph.db] \\
-        [--no-logits | --no-latency] [--layers N]
+        [--no-logits | --no-latency] [--layers N] [--lengths spread]
     python benchmarks/sglang_e2e.py --merge A.json B.json ... --out all.json     # no GPU
 
 Latency: per backend, input length and round, one bench_one_batch process (an out-of-memory
@@ -14,6 +14,11 @@ model's context, a batch past MAX_PREFILL_TOKENS prefilled in parts of whole req
 into one decode batch (as SGLang's scheduler merges them), one past the KV cache skipped by
 SGLang; its median decode latency and throughput per
 (batch, input length), from its result file; decode graphs captured for those batch sizes only.
+Lengths: bench_one_batch's own batches hold one prompt length (every request at the input
+length), where FA3's scheduler is at its most even; --lengths spread gives each request its
+own, drawn from the serving distribution "uniform" (in [input length / 2, input length],
+seeded, the same for every backend), through bench_one_batch's --prompt-filename (a prompt of
+N words is N tokens to the dummy tokenizer), as a server's batches hold mixed lengths.
 Rounds, because one backend's median decode throughput moves by up to +-5% from one process to
 the next (fa3 at 8 x 4096 on the H200: 1204, 1126 and 1105 tokens/s), more than the differences
 sought: round r runs every backend's workers once, the backends' order rotated to start at the
@@ -122,13 +127,27 @@ def write_model_dir(model: str, path: Path, layers: int | None = None) -> Path:
 def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int, args: argparse.Namespace,
                result: Path) -> list[str]:
     """SGLang's arguments for bench_one_batch's latency test of one input length, its decode
-    graphs captured for these batch sizes only."""
+    graphs captured for these batch sizes only; with --lengths spread, its prompts file."""
     sizes = [str(b) for b in batches]
     graphs = [] if args.capture_bs == "default" else ["--cuda-graph-bs-decode", *sizes]
+    prompts = []
+    if getattr(args, "lengths", "equal") == "spread":
+        path = result.parent / f"prompts.{input_len}.txt"
+        path.write_text("".join(" ".join(["a"] * n) + "\n" for n in spread_lengths(max(batches), input_len)))
+        prompts = ["--prompt-filename", str(path)]
     return ["--model-path", str(model_dir), "--load-format", "dummy", "--attention-backend", backend,
             "--batch-size", *sizes, "--input-len", str(input_len), "--output-len", str(args.output_len),
             "--result-filename", str(result), "--run-name", backend, "--mem-fraction-static", str(args.mem_fraction),
-            *graphs]
+            *graphs, *prompts]
+
+
+def spread_lengths(batch: int, input_len: int) -> list[int]:
+    """A batch's prompt lengths under --lengths spread: the serving distribution "uniform" (in
+    [input_len / 2, input_len]), seeded by the batch and length alone; bench_one_batch takes
+    the first B of them for a batch of B."""
+    from tuner.workload.traffic import draw_lengths
+
+    return draw_lengths("uniform", batch, input_len, seed=0)
 
 
 def capture_cost(log_text: str) -> dict | None:
@@ -442,7 +461,7 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
     config = dict(CONFIGS[args.model], **({"num_hidden_layers": args.layers} if args.layers else {}))
     return dict(header("sglang_e2e", started), model=args.model, config=config,
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len, rounds=args.rounds,
-                capture_bs=getattr(args, "capture_bs", "run"),
+                capture_bs=getattr(args, "capture_bs", "run"), lengths=getattr(args, "lengths", "equal"),
                 max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
@@ -487,6 +506,10 @@ def merge(files: list[str], out: Path, args: argparse.Namespace) -> dict:
     if len(modes) > 1:
         raise UsageError("--merge: these runs captured different batch sizes "
                          f"(--capture-bs {', '.join(sorted(modes))})")
+    lengths = {doc.get("lengths", "equal") for doc in docs}
+    if len(lengths) > 1:
+        raise UsageError(f"--merge: these runs' batches hold different lengths (--lengths {', '.join(sorted(lengths))})")
+    args.lengths = lengths.pop()
     first = docs[0]
     args.capture_bs = modes.pop()
     args.model, args.batches, args.input_lens, args.output_len = (first["model"], first["batches"],
@@ -532,6 +555,9 @@ def main() -> None:
                     help="decode graphs for the run's batch sizes only (run), or for SGLang's default list "
                          "(default: what a server captures at startup; each worker's capture seconds and GB are "
                          "in its results either way)")
+    ap.add_argument("--lengths", choices=("equal", "spread"), default="equal",
+                    help="equal: every request at the input length (bench_one_batch's own batches); spread: each "
+                         "its own, uniform in [input length / 2, input length], as a server's batches hold")
     ap.add_argument("--layers", type=int, help="fewer decoder layers than the model has: a quick check of the "
                     "integration (its figures are not the model's)")
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")

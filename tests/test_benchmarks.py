@@ -560,6 +560,30 @@ def fake_sglang_e2e(out: Path, backends: str, *flags: str, crash: str = "", **en
     return json.loads(out.read_text())
 
 
+def test_sglang_e2e_spread_lengths_give_every_backend_the_same_mixed_prompts_through_bench_one_batchs_file(
+        tmp_path):
+    """--lengths spread: each request its own prompt length (uniform in [L/2, L]), handed to
+    bench_one_batch as its --prompt-filename, the same for every backend and round; the JSON
+    says which lengths its batches held, and runs of different lengths do not merge."""
+    e2e = benchmark_module("sglang_e2e")
+    spread = fake_sglang_e2e(tmp_path / "s.json", "fa3,tuner", "--lengths", "spread", "--no-logits")
+    assert spread["lengths"] == "spread"
+    for backend in ("fa3", "tuner"):
+        rows = spread["results"][backend]["latency"]["rows"]
+        assert {(r["batch_size"], r["input_len"]) for r in rows} == {(b, n) for b in (1, 8, 64) for n in (1024, 4096)}
+        for r in rows:
+            assert r["prompt_lens"] == e2e.spread_lengths(64, r["input_len"])[:r["batch_size"]]
+            assert all(r["input_len"] // 2 <= n <= r["input_len"] for n in r["prompt_lens"])
+    assert len(set(e2e.spread_lengths(64, 4096))) > 1  # mixed, not one length
+    equal = fake_sglang_e2e(tmp_path / "e.json", "fa3", "--no-logits")
+    assert equal["lengths"] == "equal" and all(r["prompt_lens"] is None
+                                               for r in equal["results"]["fa3"]["latency"]["rows"])
+    refused = subprocess.run([sys.executable, "sglang_e2e.py", "--merge", str(tmp_path / "s.json"),
+                              str(tmp_path / "e.json"), "--out", str(tmp_path / "m.json")], cwd=ROOT / "benchmarks",
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "different lengths" in refused.stderr
+
+
 def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang(tmp_path):
     """Issue 38's harness end to end on a stand-in of SGLang's bench_one_batch
     (tests/support/fake_sglang_bench): a worker per backend and input length, so a run that

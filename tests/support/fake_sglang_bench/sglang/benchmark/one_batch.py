@@ -7,7 +7,9 @@ round 1, ...]}' scales a backend's throughput by round (one process's luck); FAK
 names a file each latency run appends "backend round" to as it starts (the order they ran in).
 FAKE_SGLANG_EXTENDS names a file each call of the module's extend() appends its requests' input
 lengths to: the latency test then prefills each batch through it (as the real one's runner
-does) and its rows say how many requests the decode batch held."""
+does) and its rows say how many requests the decode batch held. --prompt-filename: as the real
+one, one prompt a line, a batch of B takes the first B (the rows' prompt_lens: their words,
+each a token to the harness's dummy tokenizer)."""
 
 import argparse
 import json
@@ -60,6 +62,7 @@ class BenchArgs:
         parser.add_argument("--output-len", type=int, nargs="+")
         parser.add_argument("--result-filename")
         parser.add_argument("--run-name")
+        parser.add_argument("--prompt-filename", default="")
 
 
 def _parse(argv):
@@ -88,6 +91,10 @@ def cli_main():
           f"mem usage={0.01 * len(sizes):.2f} GB, avail mem=17.66 GB.", flush=True)
     factors = json.loads(os.environ.get("FAKE_SGLANG_ROUND_SPEED", "{}")).get(backend)
     speed = SPEED[backend] * (factors[rnd] if factors else 1.0)
+    prompts = []
+    if args.prompt_filename:
+        with open(args.prompt_filename) as lines:
+            prompts = [len(line.split()) for line in lines]
     with open(args.result_filename, "a") as out:
         for n in args.input_len:
             for b in args.batch_size:
@@ -96,7 +103,7 @@ def cli_main():
                 out.write(json.dumps(dict(run_name=args.run_name, batch_size=b, input_len=n, decode_batch=decoded,
                                           output_len=args.output_len[0], median_decode_throughput=throughput,
                                           median_decode_latency=b / throughput,
-                                          graph_bs=args.cuda_graph_bs_decode)) + "\n")
+                                          graph_bs=args.cuda_graph_bs_decode, prompt_lens=prompts[:b] or None)) + "\n")
 
 
 def load_model(server_args, port_args, gpu_id, tp_rank):
