@@ -11,7 +11,9 @@ the call (the shipped tunings, or --db), resolved as an eager call resolves it (
 record's branch), against FA3's default, side by side in one interleaved CUDA-graph timing
 (cold L2 by the bytes a call reads), on a shuffled and a contiguous table (PAGE_LAYOUTS), each
 as wide as the call's longest sequence (as called) and as wide as the max context with that as
-max_kv_len (as SGLang's decode graphs capture it: `--bound`). Kinds of lengths: "equal", every
+max_kv_len, without host lengths (as SGLang's decode graphs capture it: the "bound" columns,
+which run the same eager pick: what the step's graph variant runs for a dense batch's class;
+a wave_fit pick keeps its eager cap there, where a graph would replay its cap graph). Kinds of lengths: "equal", every
 sequence at L + 1 (bench_one_batch's batches: one input length, then decode), and the serving
 distributions "uniform" and "few_long" capped at 2L (the same kv bucket).
 """
@@ -97,13 +99,14 @@ def run_case(heads: dict, lengths: list[int], max_context: int, timer: CudaGraph
         errors["/".join(v)] = float((decode_attention(*calls[v][0], config=pick, **kwargs).float()
                                      - reference).abs().max())
     us = [t.median_us for t in timer.interleaved(rotations)]
+    eager = timer.last_capture_failed  # a call that cannot be captured was timed eagerly instead
     del calls, rotations
     torch.cuda.empty_cache()
     timed = {}
     for i, v in enumerate(variants):
         default_us, pick_us = us[2 * i], us[2 * i + 1]
         timed["/".join(v)] = dict(default_us=default_us, pick_us=pick_us, speedup=default_us / pick_us)
-    return dict(record=record, pick=pick, timed=timed, max_error=errors)
+    return dict(record=record, pick=pick, timed=timed, max_error=errors, timed_eagerly=eager)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -131,6 +134,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=300.0, help="stop starting cases after this long")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if not args.db:  # elsewhere every lookup gives FA3's default, and the run times it against itself
+        from tuner.db import current_fingerprint
+        from tuner.db.shipped import load_shipped
+
+        layer = load_shipped(current_fingerprint(), SHIPPED)
+        if not layer.applied:
+            ap.error("the shipped tunings do not apply here (" + "; ".join(
+                why for f in layer.files for why in f.mismatches.values()) + "): give --db")
     # lookup only, over the checkout's shipped tunings (and --db): never a tune inside the timing
     tuner.configure(db=args.db or Path(tempfile.mkdtemp()) / "none.db", shipped=SHIPPED, mode="lookup")
     try:

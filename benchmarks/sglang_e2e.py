@@ -141,13 +141,21 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
             *graphs, *prompts]
 
 
+# --lengths spread draws this many prompt lengths per input length, whatever the run's batch
+# sizes, and a batch of B takes the first B: so a (batch, length) point gets the same prompts
+# in every run, and runs with other --batches merge
+SPREAD_DRAWS = 256
+
+
 def spread_lengths(batch: int, input_len: int) -> list[int]:
-    """A batch's prompt lengths under --lengths spread: the serving distribution "uniform" (in
-    [input_len / 2, input_len]), seeded by the batch and length alone; bench_one_batch takes
-    the first B of them for a batch of B."""
+    """The first `batch` prompt lengths under --lengths spread: the serving distribution
+    "uniform" (in [input_len / 2, input_len]), SPREAD_DRAWS of them seeded by the length alone;
+    bench_one_batch takes the first B of the file's for a batch of B."""
     from tuner.workload.traffic import draw_lengths
 
-    return draw_lengths("uniform", batch, input_len, seed=0)
+    if batch > SPREAD_DRAWS:
+        raise UsageError(f"--lengths spread draws {SPREAD_DRAWS} prompts: batch {batch} is larger")
+    return draw_lengths("uniform", SPREAD_DRAWS, input_len, seed=0)[:batch]
 
 
 def capture_cost(log_text: str) -> dict | None:
@@ -577,6 +585,8 @@ def main() -> None:
         return
     if not args.out:
         ap.error("--out is required")
+    if args.lengths == "spread" and not args.merge and max(int(b) for b in args.batches.split(",")) > SPREAD_DRAWS:
+        ap.error(f"--lengths spread draws {SPREAD_DRAWS} prompts: --batches {args.batches} goes past that")
     out = Path(args.out)
     try:
         doc = merge(args.merge, out, args) if args.merge else run_all(args, out)

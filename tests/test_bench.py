@@ -1,8 +1,6 @@
 """tuner.bench on its own: the winner rule, the decision against the default, the timer's
 statistics, and the search strategies' steps (tuner.search)."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from tuner.bench import ERROR, OK, WRONG, Outcome, Timing, WallClockTimer, beats, decide, summarize, timer_for
@@ -79,29 +77,55 @@ def test_a_winner_of_a_mix_must_not_lose_on_any_of_its_batches(timer_class):
 
 
 @pytest.mark.parametrize("timer_class", [MixTimer, InterleavingMixTimer])
-def test_a_winner_must_not_lose_on_a_guard_batch_outside_the_mix_nor_be_wrong_there(timer_class, monkeypatch):
+def test_a_winner_must_not_lose_on_a_guard_batch_outside_the_mix_nor_be_wrong_there(timer_class):
     """A batch of equal lengths (FA3's most even schedule) is timed apart from the mix, whose
     mean it does not enter: a config ahead on every batch of the mix but behind on it by more
-    than settings.MAX_PART_LOSS, or wrong there, gives way to the next."""
-    import tuner.bench.runner as runner
+    than settings.MAX_PART_LOSS, or not right there, gives way to the next."""
     from tuner.bench.trial import Guard
 
-    # the guard is batch 2: its runs return (config, 2); config 9 gives a wrong output there
+    # the guard is batch 2: its runs return (config, 2); config 9 does not run right there
     guard = Guard(runs=[lambda config: (config["c"], 2)] * 2, reference=(0, 2))
-    monkeypatch.setattr(runner, "compare", lambda out, ref, atol, rtol: SimpleNamespace(ok=out[0] != 9))
+    asked = []
+
+    def problem(config):
+        asked.append(config["c"])
+        return "wrong on a guard batch" if config["c"] == 9 else None
+
     default = Outcome({"c": 0}, OK, t(100))
     behind_there = Outcome({"c": 1}, OK, t(70))  # 70 on the mix, 103 on the guard
     ahead = Outcome({"c": 2}, OK, t(80))
     wrong = Outcome({"c": 9}, OK, t(60))
     timer = timer_class({0: [100, 100, 100], 1: [70, 70, 103], 2: [80, 80, 95], 9: [60, 60, 60]})
     winner, default_timing = decide(MIX_RUNS, [default, behind_there, ahead], {"c": 0}, timer=timer,
-                                    parts=MIX_PARTS, guards=[guard], tolerance=(0.0, 0.0))
+                                    parts=MIX_PARTS, guards=[guard], guard_problem=problem)
     # the mix's timings are the parts' means: the guard is not in them
     assert winner.config == {"c": 2} and winner.timing.median_us == 80 and default_timing.median_us == 100
+    assert asked == [1, 2]  # each challenger checked on the guard before it is timed there
     assert decide(MIX_RUNS, [default, behind_there, ahead], {"c": 0}, timer=timer,
                   parts=MIX_PARTS)[0].config == {"c": 1}  # without the guard it wins
     assert decide(MIX_RUNS, [default, wrong, ahead], {"c": 0}, timer=timer, parts=MIX_PARTS, guards=[guard],
-                  tolerance=(0.0, 0.0))[0].config == {"c": 2}
+                  guard_problem=problem)[0].config == {"c": 2}
+
+
+def test_guards_problem_says_why_a_config_is_not_right_on_a_guard_and_lets_a_lost_context_through():
+    import torch
+
+    from tuner.bench.runner import guards_problem
+    from tuner.bench.trial import Guard
+
+    def run(config):
+        if config["c"] == "fails":
+            raise ValueError("no kernel for this shape")
+        if config["c"] == "faults":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return torch.ones(3) * (2.0 if config["c"] == "wrong" else 1.0)
+
+    guard = Guard(runs=[run], reference=torch.ones(3))
+    assert guards_problem({"c": "right"}, [guard], (1e-3, 1e-3)) is None
+    assert guards_problem({"c": "wrong"}, [guard], (1e-3, 1e-3)).startswith("wrong on a guard batch")
+    assert "no kernel for this shape" in guards_problem({"c": "fails"}, [guard], (1e-3, 1e-3))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        guards_problem({"c": "faults"}, [guard], (1e-3, 1e-3))
 
 
 def test_summarize_median_and_iqr():

@@ -575,6 +575,7 @@ def test_sglang_e2e_spread_lengths_give_every_backend_the_same_mixed_prompts_thr
             assert r["prompt_lens"] == e2e.spread_lengths(64, r["input_len"])[:r["batch_size"]]
             assert all(r["input_len"] // 2 <= n <= r["input_len"] for n in r["prompt_lens"])
     assert len(set(e2e.spread_lengths(64, 4096))) > 1  # mixed, not one length
+    assert e2e.spread_lengths(8, 4096) == e2e.spread_lengths(64, 4096)[:8]  # a point's prompts, whatever the run
     equal = fake_sglang_e2e(tmp_path / "e.json", "fa3", "--no-logits")
     assert equal["lengths"] == "equal" and all(r["prompt_lens"] is None
                                                for r in equal["results"]["fa3"]["latency"]["rows"])

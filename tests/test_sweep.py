@@ -585,6 +585,10 @@ def test_a_serving_winner_that_holds_on_a_second_draw_is_stored_with_what_it_mea
     assert result.winner == {"name": "lucky"} and result.note == "" and result.winner_us == 50.0
     again = db.records()[0].method["second_trial"]
     assert again["held"] is True and again["winner_us"] == 60.0 and again["seed"] == 4 + 1_000_003
+    # the record says which equal batch guarded its first trial
+    from tuner.workload.traffic import equal_draw
+
+    assert db.records()[0].method["equal_guard"] == equal_draw(SERVING.batch, SERVING.kv_len, 4)[0]
 
 
 def test_a_serving_winner_wrong_on_a_second_draw_keeps_the_default(db_path):
@@ -867,6 +871,37 @@ def test_a_second_trial_asking_no_gain_still_refuses_a_config_the_default_beats(
     wrong_there = dataclasses.replace(mix, guards=[Guard(runs=[lambda config: -out], reference=out)])
     refused = confirm_again(wrong_there, mine, default, PartsTimer([(90.0, 100.0)] * 3))
     assert not refused.held and "guard" in refused.error
+
+
+def test_a_fault_on_a_guard_is_told_to_the_flight_recorder_first_and_recorded_as_the_configs():
+    """The guard's lengths are new to a challenger: the sweep's flight recorder hears of the
+    config before it runs there (a hard crash then refuses it for the shape), and an error that
+    lost the CUDA context is recorded as its outcome (a sweep's sink then ends the worker)."""
+    from tuner.bench.trial import Guard, Trial
+    from tuner.search.pipeline import measure
+
+    timer = FakeTimer()
+    out = torch.ones(2)
+
+    def run(config):
+        timer.last, timer.cost = config["name"], 100.0 if config["name"] == "default" else 50.0
+        return out
+
+    def on_guard(config):
+        if config["name"] == "faulty":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return run(config)
+
+    trial = Trial(runs=[run] * 2, reference=out, tolerance=(1e-3, 1e-3), kv_len=64, parts=[[run], [run]],
+                  guards=[Guard(runs=[on_guard], reference=out)])
+    events = []
+    result = measure(trial, [{"name": "default"}, {"name": "faulty"}], {"name": "default"}, timer,
+                     strategy="exhaustive", keep_default_if_confirm_fails=True,
+                     starting=lambda step: events.append(("starting", step.config["name"])),
+                     record=lambda step, outcome: events.append((outcome.status, step.config["name"], outcome.error)))
+    assert events[-2] == ("starting", "faulty")  # before it ran on the guard
+    assert events[-1] == (ERROR, "faulty", "RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert result.winner.config == {"name": "default"}  # where no sink ends the process, the default stays
 
 
 def test_a_dense_pass_that_finds_nothing_keeps_the_winner_and_says_so(db_path):

@@ -46,6 +46,15 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+# errors after which a CUDA context is unusable: a sweep's worker stops as if the fault had killed it
+STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
+                      "illegal instruction", "device-side assert")
+
+
+def is_sticky_cuda_error(error: str | None) -> bool:
+    return bool(error) and any(s in error for s in STICKY_CUDA_ERRORS)
+
+
 # How to run a config: one callable taking the config, or one per copy of the inputs
 # (all copies hold the same values; the timers rotate through them for a cold cache).
 Runs = Callable[[dict[str, Any]], Any] | Sequence[Callable[[dict[str, Any]], Any]]
@@ -118,7 +127,7 @@ def decide(
     min_gain: float = settings.MIN_GAIN,
     parts: Sequence[Sequence[Callable[[dict[str, Any]], Any]]] = (),
     guards: Sequence[Guard] = (),
-    tolerance: tuple[float, float] | None = None,
+    guard_problem: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> tuple[Outcome | None, Timing | None]:
     """The winner and the default's timing.
 
@@ -135,7 +144,8 @@ def decide(
     gives way to the next fastest (settings.CONFIRM_TRIES challengers in all), else the
     default stays: the mix's mean can hide a large loss on one distribution's batches.
     guards (batches outside the mix, tuner.bench.trial.Guard): likewise, and a challenger
-    must first give each guard's reference output (within tolerance).
+    must first run right on each (guard_problem(config): why not, or None; the caller's, so
+    that a sweep's flight recorder hears of the new lengths first).
     """
     ok = [o for o in outcomes if o.status == OK and o.timing is not None]
     if not ok:
@@ -147,7 +157,7 @@ def decide(
                          key=lambda o: o.timing.median_us)
     t_default = default.timing
     for challenger in challengers[:settings.CONFIRM_TRIES if parts or guards else 1]:
-        if guards and not right_on_guards(challenger.config, guards, tolerance):
+        if guards and guard_problem is not None and guard_problem(challenger.config) is not None:
             continue
         (t_challenger, t_default), holds = side_by_side(runs, parts, challenger.config, default.config, timer,
                                                         guards=guards)
@@ -180,16 +190,23 @@ def side_by_side(runs: Runs, parts: Sequence[Sequence[Callable[[dict[str, Any]],
     return (_mean_timing(mine[:len(parts)]), _mean_timing(theirs[:len(parts)])), holds
 
 
-def right_on_guards(config: dict[str, Any], guards: Sequence[Guard], tolerance: tuple[float, float] | None) -> bool:
-    """Whether config gives each guard's reference output (a call that fails: not right)."""
+def guards_problem(config: dict[str, Any], guards: Sequence[Guard], tolerance: tuple[float, float]) -> str | None:
+    """Why config does not run right on every guard (its error, or how its output differs
+    from the guard's reference), or None. Out of memory, and an error that leaves the CUDA
+    context unusable, propagate: the caller decides what becomes of the shape."""
     for guard in guards:
         try:
             out = guard.runs[0](config)
-        except Exception:  # noqa: BLE001 - a candidate may fail in any way: it is not right there
-            return False
-        if tolerance is not None and not compare(out, guard.reference, *tolerance).ok:
-            return False
-    return True
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a candidate may fail in any way: it is not right there
+            if is_sticky_cuda_error(str(e)):
+                raise
+            return f"failed on a guard batch: {one_line(e)}"
+        check = compare(out, guard.reference, *tolerance)
+        if not check.ok:
+            return f"wrong on a guard batch: {check.reason}"
+    return None
 
 
 def _mean_timing(timings: Sequence[Timing]) -> Timing:

@@ -22,6 +22,7 @@ class Guard:
 
     runs: Sequence[Callable[[Config], Any]]
     reference: Any
+    lengths: tuple[int, ...] = ()  # its sequences' kv lengths, for what a record says of its trial
 
 
 @dataclass

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tuner import settings
-from tuner.bench import (OK, WRONG, Outcome, Timer, Timing, beats, check_config, decide, measure_config, one_line,
+from tuner.bench import (ERROR, OK, WRONG, Outcome, Timer, Timing, beats, check_config, decide, measure_config, one_line,
                          same_config, side_by_side)
-from tuner.bench.runner import right_on_guards, rotation
+from tuner.bench.runner import guards_problem, is_sticky_cuda_error, rotation
 from tuner.bench.trial import Trial
 from tuner.ranks import Ranks
 from tuner.search import DEFAULT_STRATEGY, get_strategy
@@ -93,6 +93,20 @@ def measure(
         measured_now.add(key)
         return outcome
 
+    def on_guards(config: Config) -> str | None:
+        """guards_problem, the flight recorder told first (the guards' lengths are new to the
+        config); an error that lost the CUDA context is recorded as the config's (a sweep's
+        sink then ends the worker, tuner.sweep.sink) and propagates."""
+        step = Step(config, timer, 0)
+        if starting is not None:
+            starting(step)
+        try:
+            return guards_problem(config, trial.guards, trial.tolerance)
+        except Exception as e:
+            if record is not None and is_sticky_cuda_error(str(e)):
+                record(step, Outcome(config, ERROR, error=one_line(e)))
+            raise
+
     first = strategy.first(configs, timer)
     _precompile_mine(trial, first, ranks, resume)
     outcomes = _first_rung(first, run, ranks, gather, advance)
@@ -112,7 +126,7 @@ def measure(
         try:
             result.winner, result.default_timing = decide(trial.runs, outcomes, default, timer=timer,
                                                           min_gain=min_gain, parts=trial.parts,
-                                                          guards=trial.guards, tolerance=trial.tolerance)
+                                                          guards=trial.guards, guard_problem=on_guards)
         except (RuntimeError, MemoryError):
             if not keep_default_if_confirm_fails:
                 raise
@@ -191,8 +205,9 @@ def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *
                                tolerance=trial.tolerance, checks=trial.checks)
         if checked.status == WRONG:
             return SecondTrial(False, error=checked.error)
-        if not right_on_guards(config, trial.guards, trial.tolerance):
-            return SecondTrial(False, error="wrong output on a guard batch")
+        problem = guards_problem(config, trial.guards, trial.tolerance)
+        if problem is not None:
+            return SecondTrial(False, error=problem)
         (mine, theirs), holds = side_by_side(trial.runs, trial.parts, config, default, timer, guards=trial.guards)
     except Exception as e:  # out of memory, a capture that failed: unsure, so not held
         return SecondTrial(False, error=one_line(e))

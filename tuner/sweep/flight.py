@@ -15,20 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from tuner.bench import ERROR
+
 from tuner.db import Problem
 from tuner.keys import Config, attention_run_key
 
 # the rung of a refusal: above any strategy's, so a resumed sweep takes it at every rung and
 # never runs the config again for that shape
 REFUSED_RUNG = 1 << 20
-# errors after which a CUDA context is unusable: the worker stops as if the fault had killed it
-STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
-                      "illegal instruction", "device-side assert")
 FAULT_EXIT = 75
-
-
-def is_sticky_cuda_error(error: str | None) -> bool:
-    return bool(error) and any(s in error for s in STICKY_CUDA_ERRORS)
 
 
 class Flight:

@@ -40,6 +40,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
             gather=lambda cs, mine: _all_outcomes(run, problem, cs, mine, shape),
             advance=lambda n: run.advance(n, label), keep_default_if_confirm_fails=True,
         )
+    guarded = guard_info(shape, trial)
     del trial  # free the device before the next shape's inputs
     boundary_sync(release=False)
     if run.guide is not None:  # from what every rank holds alike: the ranks' shortlists agree
@@ -49,7 +50,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     if run.leader and winner is not None:
         run.db.save_winner(problem, run.env, winner.config, winner.timing, default, default_timing,
                            method=dict(sink.method, min_gain=options.min_gain,
-                                       ranks=options.ranks.world if options.ranks else 1, **info))
+                                       ranks=options.ranks.world if options.ranks else 1, **guarded, **info))
     if options.ranks is not None:  # every rank takes the one winner rank 0 stored
         winner, default_timing = _stored_winner(run, problem)
     if winner is None:
@@ -58,6 +59,15 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     return ShapeResult(shape, MEASURED, winner.config, winner.timing.median_us,
                        default_timing and default_timing.median_us, result.measured, result.resumed,
                        result.failures, note=note)
+
+
+def guard_info(shape: DecodeShape, trial: Any) -> dict[str, Any]:
+    """What a record says of its first trial's guard (tuner.sweep.trials.build_trial): the
+    length of its equal batch, or None where a serving trial had none (it did not fit, or a
+    batch of one); nothing for other shapes. Records without the key predate the guard."""
+    if shape.lengths != "serving" or shape.batch <= 1:
+        return {}
+    return {"equal_guard": trial.guards[0].lengths[0] if trial.guards else None}
 
 
 def _confirm(run: SweepRun, shape: DecodeShape, problem: Problem, default: Config, result: Measured,

@@ -10,11 +10,12 @@ from typing import Any, Callable
 
 from tuner import settings
 from tuner.bench import OK, Outcome, Timing
+from tuner.bench.runner import is_sticky_cuda_error
 from tuner.db import MeasurementRow, Problem, TuningDB
 from tuner.errors import TunerError
 from tuner.keys import Config, canonical_json
 from tuner.search import Step
-from tuner.sweep.flight import FAULT_EXIT, Flight, is_sticky_cuda_error
+from tuner.sweep.flight import FAULT_EXIT, Flight
 from tuner.workload import DecodeShape
 from tuner.workload.traffic import draws_per_distribution
 

@@ -109,7 +109,8 @@ def build_trial(op: Op, shape: DecodeShape, device: str, seed: int = 0, reach_to
     graph replays (graph_draws), each as wide as the bound and with no host lengths. draws:
     the batches' lengths instead of the shape's own (a dense pass's). A serving trial of more
     than one sequence also holds a guard, a batch of equal lengths (equal_draw) outside the
-    mix, where it fits beside it."""
+    mix, where it fits beside it (a dense pass's trial too, the same batch as its shape's first
+    trial's: its candidates must lose nowhere to the winner they would run beside)."""
     if shape.lengths == "serving" and draws is None:
         draws = serving_draws(shape.batch, shape.kv_len, seed, reach_top)
     why = too_big(shape, device, draws)  # (trial_bytes reads draws only for a serving shape's)
@@ -163,7 +164,7 @@ def build_guard(op: Op, shape: DecodeShape, device: str, seed: int, lengths: lis
     reference = inputs.reference()
     copies = fresh_page_copies(inputs, part_copies(inputs, 1, device))
     del inputs
-    return Guard(runs=[functools.partial(op.run, c) for c in copies], reference=reference)
+    return Guard(runs=[functools.partial(op.run, c) for c in copies], reference=reference, lengths=tuple(lengths))
 
 
 def part_copies(inputs: DecodeInputs, count: int, device: str) -> int:
