@@ -363,7 +363,7 @@ def test_merge_reship_takes_only_the_named_heads_records(tmp_path):
 
 @pytest.mark.parametrize("trial, seed, second", [(("--seed", "7"), 7, False), (("--second-trial",), 0, True)])
 def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_path, trial, seed, second):
-    """--challengers-only, --heads, --ops and --max-batch pick the records; --seed builds the
+    """--challengers-only, --heads, --ops, --max-batch and --batches pick the records; --seed builds the
     trials of lengths drawn with that seed, --second-trial the sweep's second trial; the
     verified record says which."""
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id, export_document
@@ -375,6 +375,7 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
     records = {DecodeShape(batch=2, kv_len=64, **common): {"chunk": 16},  # a challenger: re-timed
                DecodeShape(batch=3, kv_len=64, **common): default,  # the default: left alone
                DecodeShape(batch=4, kv_len=64, **common): {"chunk": 16},  # past --max-batch
+               DecodeShape(batch=1, kv_len=64, **common): {"chunk": 16},  # not in --batches
                DecodeShape(batch=2, kv_len=64, **dict(common, num_q_heads=8)): {"chunk": 16}}  # other heads
     with TuningDB(tmp_path / "sweep.db") as db:
         for shape, config in records.items():
@@ -384,8 +385,8 @@ def test_verify_shipped_re_times_serving_challengers_on_independent_lengths(tmp_
         (tmp_path / "sweep.tunings.json").write_text(json.dumps(export_document(db)))
     out, verified = tmp_path / "verified.json", tmp_path / "verified.db"
     args = ["--tunings", str(tmp_path / "sweep.tunings.json"), "--db", str(verified), "--out", str(out),
-            *trial, "--heads", "4/2", "--ops", "torch_split_decode", "--max-batch", "2", "--challengers-only",
-            "--seconds", "120"]
+            *trial, "--heads", "4/2", "--ops", "torch_split_decode", "--max-batch", "2", "--batches", "2,4",
+            "--challengers-only", "--seconds", "120"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
     result = subprocess.run([sys.executable, "verify_shipped.py", *args], cwd=ROOT / "tools", env=env,
                             capture_output=True, text=True, timeout=600)

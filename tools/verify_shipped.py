@@ -10,7 +10,7 @@ machine's fingerprint, in a new DB. The shipped tunings are exported from that D
 
 --seed other than 0 re-times a serving winner on lengths drawn independently of the sweep's
 (its trials' seed); --second-trial on the sweep's own second trial (tuner.sweep); --ops,
---heads, --max-batch and --challengers-only pick which records.
+--heads, --max-batch, --batches and --challengers-only pick which records.
 
 One worker per GPU (CUDA_VISIBLE_DEVICES, else every GPU torch sees), each taking every
 n-th record. Resumable: records already in --db for this environment are not re-timed.
@@ -41,7 +41,8 @@ def _records(args: argparse.Namespace) -> list[dict]:
     records = [r for r in load_document(args.tunings)["records"]
                if (ops is None or r["op"] in ops)
                and not (args.challengers_only and r["config"] == r["default"]["config"])
-               and (args.max_batch is None or r["run_key"]["batch"] <= args.max_batch)]
+               and (args.max_batch is None or r["run_key"]["batch"] <= args.max_batch)
+               and (not args.batches or r["run_key"]["batch"] in args.batches)]
     records = [r for r in records if only_heads([r["static_key"]], args.heads)]
     return sorted(records, key=lambda r: (r["op"], json.dumps(r["static_key"], sort_keys=True),
                                           sorted(r["run_key"].items())))
@@ -144,6 +145,8 @@ def main() -> None:
                     help="re-time on the sweep's second trial of each shape (tuner.sweep.trials.build_second_trial: "
                          "lengths of the seed plus settings.SECOND_TRIAL_SEED, one batch at the bucket's top)")
     ap.add_argument("--max-batch", type=int, default=None, help="only records of batch sizes up to this")
+    ap.add_argument("--batches", default=None, type=lambda text: {int(b) for b in text.split(",")},
+                    help="only records of these batch sizes, comma-separated (a server benchmark's)")
     ap.add_argument("--heads", default=None, help="only these head configurations, Q/KV comma-separated")
     ap.add_argument("--ops", default=None, help="only these ops' records, comma-separated")
     ap.add_argument("--challengers-only", action="store_true",
