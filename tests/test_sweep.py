@@ -571,7 +571,9 @@ def test_a_serving_winner_that_loses_on_a_second_draw_of_lengths_keeps_the_defau
     [record] = db.records()
     again = record.method["second_trial"]
     assert record.config == {"name": "default"} and record.default_median_us == 100.0
-    assert again == dict(seed=settings.SECOND_TRIAL_SEED, held=False, error=None, winner_us=120.0, default_us=100.0)
+    # its guard (one length, drawn with the second trial's seed) timed too: the winner's, the default's
+    assert again == dict(seed=settings.SECOND_TRIAL_SEED, held=False, error=None, winner_us=120.0, default_us=100.0,
+                         guards_us=[[120.0, 100.0]])
     # without it, the first trial's winner stands
     [unchecked] = sweep(drawn_op(timer, 50.0, 120.0), [SERVING], db, timer=timer, force=True, second_trial=False)
     assert unchecked.winner == {"name": "lucky"} and "second_trial" not in db.records()[0].method

@@ -110,6 +110,8 @@ def worker(args: argparse.Namespace) -> None:
                               "median_us": o.timing and o.timing.median_us} for o in outcomes],
                 **({"rule": f"{DENSE_RULE} (a dense-pass record)"} if by_dense_rule else {}),
                 **({"dense_rule_error": checked.error} if checked is not None and checked.error else {}),
+                # the equal-length guard's (winner, default) medians, where the dense rule timed one
+                **({"guards_us": checked.guards_us} if checked is not None and checked.guards_us else {}),
             }
             rounds = draws_per_distribution(shape.batch)
             if winner is not None:

@@ -159,8 +159,8 @@ def decide(
     for challenger in challengers[:settings.CONFIRM_TRIES if parts or guards else 1]:
         if guards and guard_problem is not None and guard_problem(challenger.config) is not None:
             continue
-        (t_challenger, t_default), holds = side_by_side(runs, parts, challenger.config, default.config, timer,
-                                                        guards=guards)
+        (t_challenger, t_default), holds, _ = side_by_side(runs, parts, challenger.config, default.config, timer,
+                                                           guards=guards)
         if holds and beats(t_challenger, t_default, min_gain):
             return replace(challenger, timing=t_challenger), t_default
     return replace(default, timing=t_default), t_default
@@ -168,16 +168,16 @@ def decide(
 
 def side_by_side(runs: Runs, parts: Sequence[Sequence[Callable[[dict[str, Any]], Any]]], config: dict[str, Any],
                  default: dict[str, Any], timer: Any,
-                 guards: Sequence[Guard] = ()) -> tuple[tuple[Timing, Timing], bool]:
+                 guards: Sequence[Guard] = ()) -> tuple[tuple[Timing, Timing], bool, list[tuple[Timing, Timing]]]:
     """config and default timed side by side: on the whole rotation when there are no parts;
     else on each part alone (in one interleaved run where the timer has one), their mix's
     timings being the parts' means. Also whether config lost to the default on no part, and
     on no guard (timed alone like a part, outside the mean), by more than
-    settings.MAX_PART_LOSS. Each part rotates through copies of its own batch, cold in the
+    settings.MAX_PART_LOSS; and each guard's (config, default) timings. Each part rotates through copies of its own batch, cold in the
     L2 as the whole rotation is (tuner.bench.trial.Trial.parts)."""
     subsets = [list(part) for part in parts] + [list(guard.runs) for guard in guards]
     if not subsets:
-        return timer.paired(rotation(runs, config), rotation(runs, default)), True
+        return timer.paired(rotation(runs, config), rotation(runs, default)), True, []
     if hasattr(timer, "interleaved"):
         timings = timer.interleaved([rotation(sub, c) for c in (config, default) for sub in subsets])
         mine, theirs = timings[:len(subsets)], timings[len(subsets):]
@@ -185,9 +185,10 @@ def side_by_side(runs: Runs, parts: Sequence[Sequence[Callable[[dict[str, Any]],
         pairs = [timer.paired(rotation(sub, config), rotation(sub, default)) for sub in subsets]
         mine, theirs = [a for a, _ in pairs], [b for _, b in pairs]
     holds = all(a.median_us <= b.median_us * (1 + settings.MAX_PART_LOSS) for a, b in zip(mine, theirs))
+    guarded = list(zip(mine[len(parts):], theirs[len(parts):]))
     if not parts:  # guards alone: the mix is the whole rotation
-        return timer.paired(rotation(runs, config), rotation(runs, default)), holds
-    return (_mean_timing(mine[:len(parts)]), _mean_timing(theirs[:len(parts)])), holds
+        return timer.paired(rotation(runs, config), rotation(runs, default)), holds, guarded
+    return (_mean_timing(mine[:len(parts)]), _mean_timing(theirs[:len(parts)])), holds, guarded
 
 
 def guards_problem(config: dict[str, Any], guards: Sequence[Guard], tolerance: tuple[float, float]) -> str | None:

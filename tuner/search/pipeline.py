@@ -176,18 +176,21 @@ class SecondTrial:
     """A winner against the default on a second trial: whether it held (right on every
     batch, lost on none by more than settings.MAX_PART_LOSS, beat the default by the
     winner rule, or where no gain is asked was not beaten by it), the two timings there,
-    and why not where it failed to run."""
+    each guard's (winner, default) medians in us, and why not where it failed to run."""
 
     held: bool
     winner: Timing | None = None
     default: Timing | None = None
     error: str | None = None
+    guards_us: list[tuple[float, float]] = field(default_factory=list)
 
     def as_method(self, seed: int) -> dict:
         """What a stored winner's method says of it."""
         return dict(seed=seed, held=self.held, error=self.error,
                     winner_us=self.winner and round(self.winner.median_us, 3),
-                    default_us=self.default and round(self.default.median_us, 3))
+                    default_us=self.default and round(self.default.median_us, 3),
+                    **({"guards_us": [[round(a, 3), round(b, 3)] for a, b in self.guards_us]}
+                       if self.guards_us else {}))
 
 
 def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *,
@@ -208,8 +211,9 @@ def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *
         problem = guards_problem(config, trial.guards, trial.tolerance)
         if problem is not None:
             return SecondTrial(False, error=problem)
-        (mine, theirs), holds = side_by_side(trial.runs, trial.parts, config, default, timer, guards=trial.guards)
+        (mine, theirs), holds, guarded = side_by_side(trial.runs, trial.parts, config, default, timer,
+                                                      guards=trial.guards)
     except Exception as e:  # out of memory, a capture that failed: unsure, so not held
         return SecondTrial(False, error=one_line(e))
     kept = beats(mine, theirs, min_gain) if must_gain else not beats(theirs, mine, 0.0)
-    return SecondTrial(holds and kept, mine, theirs)
+    return SecondTrial(holds and kept, mine, theirs, guards_us=[(a.median_us, b.median_us) for a, b in guarded])
