@@ -111,15 +111,21 @@ def run_case(heads: dict, lengths: list[int], max_context: int, timer: CudaGraph
 
 def summarize(rows: list[dict]) -> dict:
     """Per layout and width: the pick's geomean over FA3's default where it is not the default,
-    and how many such cases ran slower by 2%."""
+    and how many such cases ran slower by 2%; the same per kind of lengths (equal lengths are
+    FA3's most even case, and a server benchmark's)."""
     tuned = [r for r in rows if r["pick"] != DEFAULT]
     out = {"cases": len(rows), "pick_not_default": len(tuned)}
     for v in itertools.product(PAGE_LAYOUTS, WIDTHS):
         name = "/".join(v)
-        speedups = [r["timed"][name]["speedup"] for r in tuned]
-        out[name] = dict(geomean=geomean(speedups), slower_by_2pct=sum(s < 1 / 1.02 for s in speedups),
-                         worst=min(speedups, default=None))
+        out[name] = _gains([r["timed"][name]["speedup"] for r in tuned])
+        out[name]["by_kind"] = {kind: _gains([r["timed"][name]["speedup"] for r in tuned if r["kind"] == kind])
+                                for kind in KINDS}
     return out
+
+
+def _gains(speedups: list[float]) -> dict:
+    return dict(cases=len(speedups), geomean=geomean(speedups), slower_by_2pct=sum(s < 1 / 1.02 for s in speedups),
+                worst=min(speedups, default=None))
 
 
 def main() -> None:
