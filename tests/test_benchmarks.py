@@ -881,11 +881,15 @@ def test_page_layout_summary_counts_only_the_cases_whose_pick_is_not_the_default
     page_layout = benchmark_module("page_layout")
     timed = lambda s: {f"{lay}/{w}": {"speedup": s} for lay in ("shuffled", "contiguous")
                        for w in page_layout.WIDTHS}
-    rows = [dict(pick=page_layout.DEFAULT, timed=timed(0.5)),
-            dict(pick={"backend": "triton_decode"}, timed=timed(1.2)),
-            dict(pick={"backend": "triton_decode"}, timed=timed(0.9))]
+    rows = [dict(pick=page_layout.DEFAULT, kind="equal", timed=timed(0.5)),
+            dict(pick={"backend": "triton_decode"}, kind="uniform", timed=timed(1.2)),
+            dict(pick={"backend": "triton_decode"}, kind="equal", timed=timed(0.9))]
     summary = page_layout.summarize(rows)
     assert summary["cases"] == 3 and summary["pick_not_default"] == 2
     assert summary["contiguous/bound"]["slower_by_2pct"] == 1
     assert summary["shuffled/as_called"]["geomean"] == pytest.approx((1.2 * 0.9) ** 0.5)
     assert summary["shuffled/as_called"]["worst"] == 0.9
+    # per kind of lengths: the equal-length loss apart from the spread batch's gain
+    by_kind = summary["contiguous/as_called"]["by_kind"]
+    assert by_kind["equal"] == dict(cases=1, geomean=pytest.approx(0.9), slower_by_2pct=1, worst=0.9)
+    assert by_kind["uniform"]["slower_by_2pct"] == 0 and by_kind["few_long"]["cases"] == 0
