@@ -93,6 +93,8 @@ MAX_PREFILL_TOKENS = 131072
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
+# tuner.integrations.sglang.drop_variant's warning
+JUDGE_LINE = re.compile(r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x")
 
 
 class UsageError(ValueError):
@@ -173,6 +175,12 @@ def capture_cost(log_text: str) -> dict | None:
         return None
     return dict(captures=len(captures), batch_sizes=sum(c[0] for c in captures),
                 seconds=round(sum(c[1] for c in captures), 3), mem_gb=round(sum(c[2] for c in captures), 3))
+
+
+def judge_drops(log_text: str) -> list[dict]:
+    """The graph variants tuner's replay judge dropped in a worker (its warnings in the log):
+    label, batch size, and the variant's time over the base graph's."""
+    return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"])) for m in JUDGE_LINE.finditer(log_text)]
 
 
 def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:
@@ -407,10 +415,12 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     latency["exit_codes"][key] = code
     with log.open("rb") as text:  # this worker's part of the backend's log
         text.seek(logged)
-        capture = capture_cost(text.read().decode(errors="replace"))
+        worker_log = text.read().decode(errors="replace")
+    capture = capture_cost(worker_log)
     latency.setdefault("capture", {}).pop(key, None)  # an earlier attempt's, if any
     if capture is not None:
         latency["capture"][key] = capture
+    latency.setdefault("judge_drops", {})[key] = judge_drops(worker_log)
     rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
     latency["rows"] = [r for r in latency["rows"] if row_key(r) != key] + [dict(r, round=rnd) for r in rows]
     run.save()

@@ -221,6 +221,7 @@ def test_sglangs_graph_runner_captures_a_graph_per_variant_and_replays_each_step
     _store(db_path, 1024, _triton(16, 2))
     tuner.configure(db=db_path, mode="lookup", shipped="off")
     ran = recording_triton(monkeypatch)
+    monkeypatch.setenv("TUNER_REPLAY_JUDGE", "0")  # every step its own variant (the judge: its own tests)
     # a CUDA machine whose runner's third run of a step is a capture, as torch.cuda.graph counts one
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: sgl.capturing[0])
@@ -248,7 +249,7 @@ def _capture_and_replay_variants(sgl, db_path, ran):
         batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(len(lengths), dtype=torch.int64),
                                          seq_lens_cpu=torch.tensor(lengths, dtype=torch.int32))
         batch.lora = lora
-        runner.replay(batch)
+        runner.execute(batch)
         return runner._replay_graph_key.variant_label
     assert replayed([2000, 10, 10, 10]) == "tuner-1" and replayed([900, 900, 5]) == "tuner-2"  # 3 padded to 4
     assert replayed([100] * 4) is None and replayed([2000] * 4, lora="lora") == "lora+tuner-1"
@@ -258,20 +259,20 @@ def _capture_and_replay_variants(sgl, db_path, ran):
     plain.capture_one_shape(4, lambda: "fa3")
     assert list(plain.graphs) == [fake_sglang.ShapeKey(4)]
     batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4), seq_lens_cpu=torch.full((4,), 2000))
-    assert plain.replay(batch) == "fa3" and plain._replay_graph_key == fake_sglang.ShapeKey(4)
+    assert plain.execute(batch) == "fa3" and plain._replay_graph_key == fake_sglang.ShapeKey(4)
 
 
 def test_the_graph_hooks_are_registered_once_and_left_to_sglang_while_it_loads_plugins(sgl, monkeypatch):
     integration.register()
     integration.register()
     hooked = {target.rsplit(".", 1)[1]: len(hooks) for target, hooks in sgl.hooks.hooks.items()}
-    assert hooked == {"capture_one_shape": 1, "load_batch": 1}
-    assert len(sgl.hooks.patched) == 2  # applied now: no plugin loading is under way
+    assert hooked == {"capture_one_shape": 1, "load_batch": 1, "execute": 1}
+    assert len(sgl.hooks.patched) == 3  # applied now: no plugin loading is under way
     monkeypatch.setattr(integration, "_hooks_registered", False)
     fresh = fake_sglang.install(monkeypatch)
     monkeypatch.setattr(sys.modules["sglang.srt.plugins"], "_plugins_loaded", True)  # inside load_plugins
     integration.register()
-    assert len(fresh.hooks.hooks) == 2 and not fresh.hooks.patched  # SGLang applies them after the last plugin
+    assert len(fresh.hooks.hooks) == 3 and not fresh.hooks.patched  # SGLang applies them after the last plugin
 
 
 def _variant_runner(sgl, db_path, **runner_fields):
@@ -289,7 +290,7 @@ def _variant_runner(sgl, db_path, **runner_fields):
 
 
 def _replayed_key(runner, lengths):
-    runner.replay(fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(len(lengths)),
+    runner.execute(fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(len(lengths)),
                                            seq_lens_cpu=torch.tensor(lengths, dtype=torch.int32)))
     return runner._replay_graph_key
 
@@ -349,3 +350,107 @@ def test_under_tensor_parallelism_a_variant_that_cannot_be_captured_stops_the_ca
     runner, step = _variant_runner(sgl, db_path, tp_size=2)
     with pytest.raises(RuntimeError, match="TUNER_GRAPH_VARIANTS=0"):
         runner.capture_one_shape(4, _out_of_memory_in_variants(step))
+
+
+class _Clock:
+    """The GPU's time as fake CUDA events see it: each replay adds its graph's cost (ms)."""
+
+    def __init__(self, costs):
+        self.now, self.costs, self.done, self.events = 0.0, costs, True, []
+
+    def event(self, enable_timing=False):
+        clock = self
+
+        class Event:
+            def record(self):
+                self.at = clock.now
+
+            def query(self):
+                return clock.done
+
+            def elapsed_time(self, end):
+                assert clock.done, "an event read before it was done: a step would wait for the GPU"
+                return end.at - self.at
+
+        made = Event()
+        self.events.append(made)
+        return made
+
+    def replay(self, runner):
+        def run(key, forward_batch):
+            self.now += self.costs[key.variant_label]
+            return runner.graphs[key]
+        return run
+
+
+@pytest.fixture
+def judged(sgl, db_path, monkeypatch):
+    """A CUDA machine as the judge sees it (events from a fake clock), and a runner with one
+    variant captured: "tuner-1", for batches of 4 whose longest is in the 2048 bucket."""
+    def make(costs, **runner_fields):
+        clock = _Clock(costs)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: sgl.capturing[0])
+        monkeypatch.setattr(torch.cuda, "Event", clock.event)
+        runner, step = _variant_runner(sgl, db_path, **runner_fields)
+        runner.capture_one_shape(4, step)
+        runner.backend.replay = clock.replay(runner)
+        return runner, clock
+    CAPTURES[0] += 1  # as torch.cuda.graph counts a capture
+    try:
+        yield make
+    finally:
+        CAPTURES[0] -= 1
+
+
+def _labels(runner, steps, lengths=(2000,) * 4):
+    return [_replayed_key(runner, list(lengths)).variant_label for _ in range(steps)]
+
+
+def test_a_variant_slower_than_the_base_graph_over_its_first_replays_is_dropped(judged):
+    """Its first replays alternate with the batch size's graph, the base graph first; the 8th
+    pair's time is read at the next step, which finds the variant dropped (5% slower than the
+    base graph) and replays the base graph, as every later step of its lengths does."""
+    runner, clock = judged({None: 1.0, "tuner-1": 1.05})
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8
+    with pytest.warns(RuntimeWarning, match="graph variant tuner-1 of batch size 4 ran 1.050x"):
+        assert _labels(runner, 3) == [None] * 3
+    assert runner.attn_backend.tuner_judge.verdicts == {(4, "tuner-1"): pytest.approx(1.05)}
+    timed = len(clock.events)
+    _labels(runner, 5)
+    assert len(clock.events) == timed  # judged: no more events
+
+
+def test_a_variant_no_slower_than_the_base_graph_is_kept_and_timed_no_more(judged):
+    runner, clock = judged({None: 1.0, "tuner-1": 0.8})
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8
+    timed = len(clock.events)
+    assert _labels(runner, 4) == ["tuner-1"] * 4
+    assert runner.attn_backend.tuner_judge.verdicts == {(4, "tuner-1"): pytest.approx(0.8)}
+    assert len(clock.events) == timed  # the step that read the last pair had its verdict before its replay
+    # a step of lengths no variant was captured for replays the base graph, untimed
+    assert _labels(runner, 2, lengths=(100,) * 4) == [None, None] and len(clock.events) == timed
+
+
+def test_no_step_waits_for_the_gpu_to_time_a_replay(judged):
+    """Events still running on the GPU are left for a later step: no verdict, no wait."""
+    runner, clock = judged({None: 1.0, "tuner-1": 2.0})
+    clock.done = False
+    assert _labels(runner, 40) == [None, "tuner-1"] * 20
+    assert runner.attn_backend.tuner_judge.verdicts == {}
+    clock.done = True
+    with pytest.warns(RuntimeWarning, match="ran 2.000x"):
+        assert _labels(runner, 1) == [None]
+
+
+def test_ranks_that_replay_graphs_together_do_not_judge_alone(judged):
+    """Under tensor parallelism each rank timing its own replays could reach its own verdict,
+    and ranks would replay different graphs: every step runs its variant, untimed."""
+    runner, clock = judged({None: 1.0, "tuner-1": 1.5}, tp_size=2)
+    assert _labels(runner, 20) == ["tuner-1"] * 20 and clock.events == []
+
+
+def test_a_judge_of_no_pairs_leaves_every_variant_as_planned(judged, monkeypatch):
+    monkeypatch.setenv("TUNER_REPLAY_JUDGE", "0")
+    runner, clock = judged({None: 1.0, "tuner-1": 1.5})
+    assert _labels(runner, 20) == ["tuner-1"] * 20 and clock.events == []

@@ -106,6 +106,21 @@ def graph_variants_max() -> int:
     return int(value) if value.isdigit() else GRAPH_VARIANTS
 
 
+# a server's first replays of each graph variant alternate with its batch size's base graph,
+# and a variant slower than the base graph by more than REPLAY_JUDGE_TOLERANCE (the median of
+# this many pairs) is dropped ($TUNER_REPLAY_JUDGE; 0: every variant replays as planned):
+# trials missed a ~4% loss inside SGLang (tuner.integrations.replay_judge)
+ENV_REPLAY_JUDGE = "TUNER_REPLAY_JUDGE"
+REPLAY_JUDGE_PAIRS = 8
+REPLAY_JUDGE_TOLERANCE = 0.01
+
+
+def replay_judge_pairs() -> int:
+    """$TUNER_REPLAY_JUDGE if a whole number >= 0, else REPLAY_JUDGE_PAIRS."""
+    value = os.environ.get(ENV_REPLAY_JUDGE, "").strip()
+    return int(value) if value.isdigit() else REPLAY_JUDGE_PAIRS
+
+
 # successive halving: the quick rung keeps the default and the configs within this fraction
 # of the fastest, at most this many, for the full measurement
 HALVING_KEEP = 0.10

@@ -134,7 +134,9 @@ def runner_class(capturing: list[bool]) -> type:
         def __init__(self, attn_backend: Any, capture_bs: list[int]) -> None:
             self.attn_backend, self.capture_bs = attn_backend, sorted(capture_bs)
             self.graphs: dict[ShapeKey, Any] = {}
-            self.backend = types.SimpleNamespace(can_run=lambda forward_batch, key: key in self.graphs)
+            # SGLang's graph store: which graphs it holds, and a replay of one (here: its capture's result)
+            self.backend = types.SimpleNamespace(can_run=lambda forward_batch, key: key in self.graphs,
+                                                 replay=lambda key, forward_batch: self.graphs[key])
             self.ragged_verify_mode = self.require_mlp_sync = False
             self.tp_size = 1
 
@@ -151,9 +153,9 @@ def runner_class(capturing: list[bool]) -> type:
             self.bs = next(b for b in self.capture_bs if b >= forward_batch.batch_size)
             self._replay_graph_key = ShapeKey(self.bs, None, getattr(forward_batch, "lora", None))
 
-        def replay(self, forward_batch):
-            self.load_batch(forward_batch)
-            return self.graphs[self._replay_graph_key]
+        def execute(self, forward_batch, pp_proxy_tensors=None):
+            self.load_batch(forward_batch, pp_proxy_tensors)
+            return self.backend.replay(self._replay_graph_key, forward_batch)
 
     return DecodeCudaGraphRunner
 

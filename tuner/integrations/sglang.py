@@ -18,9 +18,12 @@ fill), are bounded by the page table's whole width, and tuner serves them the gr
 of their batch size (tuner.runtime) or the frozen rule. Where the per-call records name other
 configs for some of the lengths a graph may replay, SGLang's decode graph runner captures a
 graph variant for each (tuner.integrations.graph_variants) under the variant labels its
-ShapeKey has, and before each replay runs the one for the step's lengths: two hooks of
-SGLang's plugin HookRegistry, around DecodeCudaGraphRunner.capture_one_shape and load_batch,
-which act only where the runner's decode backend is tuner's. SGLang is imported only when
+ShapeKey has, and before each replay runs the one for the step's lengths. Where one process
+decides alone (no tensor, pipeline or data parallelism), each variant's first replays
+alternate with the base graph and a variant that runs slower than it is dropped
+(tuner.integrations.replay_judge). Three hooks of SGLang's plugin HookRegistry, around
+DecodeCudaGraphRunner.capture_one_shape, load_batch and execute, which act only where the
+runner's decode backend is tuner's. SGLang is imported only when
 the backend is created or the hooks registered; its 0.5.17 source was read.
 """
 
@@ -37,6 +40,7 @@ import torch
 from tuner import settings
 from tuner.integrations.decode_attention import decode_attention
 from tuner.integrations.graph_variants import GraphVariants
+from tuner.integrations.replay_judge import ReplayJudge
 from tuner.runtime.capture import graph_capture
 from tuner.runtime.state import runtime, stream_capturing
 
@@ -79,6 +83,7 @@ def register_graph_hooks() -> None:
         return
     HookRegistry.register(f"{_RUNNER}.capture_one_shape", capture_with_variants, HookType.AROUND)
     HookRegistry.register(f"{_RUNNER}.load_batch", load_batch_of_variant, HookType.AROUND)
+    HookRegistry.register(f"{_RUNNER}.execute", time_judged_replay, HookType.AROUND)
     _hooks_registered = True
     if not getattr(plugins, "_plugins_loaded", False):
         HookRegistry.apply_hooks()
@@ -102,6 +107,10 @@ def backend_class() -> type:
             super().__init__(*args, **kwargs)
             self.tuner_on_cuda = torch.cuda.is_available()
             self.tuner_variants = GraphVariants()
+            # (CUDA events time the replays: no judge without CUDA)
+            self.tuner_judge = ReplayJudge(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE,
+                                           on_drop=functools.partial(drop_variant, self.tuner_variants)
+                                           ) if self.tuner_on_cuda else None
             # per captured batch size, one decode_attention call of each static key its graph holds
             self.tuner_graph_calls: dict[int, dict[Any, tuple]] = {}
 
@@ -259,17 +268,54 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
 
 def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
     """Around DecodeCudaGraphRunner.load_batch (the host step before a replay): the graph to
-    replay becomes the variant for the step's host lengths, where one was captured."""
+    replay becomes the variant for the step's host lengths, where one was captured; while
+    the variant is judged, every other such step keeps the base graph, and the replay's start
+    is marked for the judge."""
     result = original(runner, forward_batch, *args, **kwargs)
     backend = tuner_backend(runner)
     key = getattr(runner, "_replay_graph_key", None)
     if backend is None or key is None:
         return result
+    judge = backend.tuner_judge if decides_alone(runner) else None  # (None without CUDA)
+    if judge is not None and judge.in_flight:
+        judge.collect()  # a verdict may drop a variant: before the step's label is asked for
     label = backend.tuner_variants.label(key.size, getattr(forward_batch, "seq_lens_cpu", None),
                                          raw_batch=getattr(forward_batch, "batch_size", None))
-    if label is not None:
-        variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, label))
-        graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
-        if graphs is None or not hasattr(graphs, "can_run") or graphs.can_run(forward_batch, variant_key):
-            runner._replay_graph_key = variant_key
+    if label is None:
+        return result
+    variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, label))
+    graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
+    if graphs is not None and hasattr(graphs, "can_run") and not graphs.can_run(forward_batch, variant_key):
+        return result
+    if judge is not None and judge.judging(key.size, label):
+        variant = judge.replays_variant(key.size, label)
+        runner._tuner_timed = judge.start(key.size, label, variant)
+        if not variant:
+            return result
+    runner._replay_graph_key = variant_key
     return result
+
+
+def time_judged_replay(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around DecodeCudaGraphRunner.execute (load_batch, then the replay): the replay's end
+    marked for the judge where load_batch marked its start."""
+    runner._tuner_timed = None
+    output = original(runner, *args, **kwargs)
+    timed, runner._tuner_timed = runner._tuner_timed, None
+    if timed is not None:
+        tuner_backend(runner).tuner_judge.finish(timed)
+    return output
+
+
+def decides_alone(runner: Any) -> bool:
+    """Whether this process picks its graphs alone: no peer rank replays a graph with it, so
+    its own timings may drop a variant (tuner.integrations.replay_judge)."""
+    return all(getattr(runner, name, 1) == 1 for name in ("tp_size", "pp_size", "dp_size"))
+
+
+def drop_variant(variants: GraphVariants, batch: int, label: str, ratio: float) -> None:
+    """The judge's verdict against a variant: its steps replay the base graph from now on."""
+    variants.drop(batch, label)
+    warnings.warn(f"tuner: graph variant {label} of batch size {batch} ran {ratio:.3f}x the time of the batch "
+                  "size's graph over its first replays here; its steps replay that graph", RuntimeWarning,
+                  stacklevel=2)
