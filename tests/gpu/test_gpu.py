@@ -175,3 +175,37 @@ def test_the_wave_fit_model_gives_the_split_counts_fa3s_own_scheduler_computes()
         assert orders & set(windows), (batch, expected, meta[:64])
         checked += 1
     assert checked >= 3
+
+
+def test_the_replay_judge_times_real_graph_replays_and_drops_the_slower_one():
+    """tuner.integrations.replay_judge with CUDA events around real graph replays, as SGLang's
+    hooks drive it: a variant doing twice the base graph's work is dropped, one doing half is
+    kept, and no event is read before it is done (elapsed_time would raise)."""
+    from tuner.integrations.replay_judge import ReplayJudge
+
+    a = torch.randn(2048, 2048, device="cuda")
+    graphs = {}
+    for label, matmuls in (("base", 4), ("slow", 8), ("fast", 2)):
+        for _ in range(2):  # warm-up, as before a capture
+            for _ in range(matmuls):
+                a @ a
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(matmuls):
+                a @ a
+        graphs[label] = graph
+    dropped = []
+    judge = ReplayJudge(8, 0.01, on_drop=lambda batch, label, ratio: dropped.append((label, ratio)))
+    for label in ("slow", "fast"):
+        for _ in range(200):
+            judge.collect()
+            if not judge.judging(1, label):
+                break
+            variant = judge.replays_variant(1, label)
+            timed = judge.start(1, label, variant)
+            graphs[label if variant else "base"].replay()
+            judge.finish(timed)
+        torch.cuda.synchronize()
+        judge.collect()
+    assert [label for label, _ in dropped] == ["slow"] and dropped[0][1] > 1.5, dropped
+    assert set(judge.verdicts) == {(1, "slow"), (1, "fast")} and judge.verdicts[(1, "fast")] < 0.8, judge.verdicts
