@@ -93,7 +93,7 @@ MAX_PREFILL_TOKENS = 131072
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
-# tuner.integrations.sglang.drop_variant's warning
+# tuner.integrations.replay_judge.drop_variant's warning
 JUDGE_LINE = re.compile(r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x")
 
 

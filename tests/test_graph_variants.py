@@ -168,3 +168,51 @@ def test_the_cap_on_variants_comes_from_the_environment(monkeypatch):
     for unreadable in ("", "-1", "many"):
         monkeypatch.setenv("TUNER_GRAPH_VARIANTS", unreadable)
         assert GraphVariants().max_variants == settings.GRAPH_VARIANTS == 12
+
+
+class _Events:
+    """CUDA events over a clock the test advances by each replay's cost (ms)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        clock = self
+
+        class Event:
+            def record(self):
+                self.at = clock.now
+
+            def query(self):
+                return True
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+        return Event()
+
+
+def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_base_graph(records):
+    """The README's pattern for any server: the step's label, then judge.replaying around the
+    replay. A variant 10% slower than the base graph over its first 8 pairs is dropped (its
+    steps then replay the base graph, and label() no longer names it); one 10% faster keeps
+    its steps; a step no variant was planned for is left alone."""
+    from tuner.integrations.replay_judge import ReplayJudge
+
+    variants = GraphVariants(max_variants=8)
+    variants.plan(4, [_call()])
+    events = _Events()
+    judge = ReplayJudge.for_variants(variants, event=events)
+    cost = {None: 1.0, "tuner-1": 1.1, "tuner-2": 0.9}
+
+    def step(lengths):
+        with judge.replaying(4, variants.label(4, lengths)) as chosen:
+            events.now += cost[chosen]  # the replay
+        return chosen
+
+    assert [step([2000] * 4) for _ in range(16)] == [None, "tuner-1"] * 8
+    with pytest.warns(RuntimeWarning, match="graph variant tuner-1 of batch size 4 ran 1.100x"):
+        assert step([2000] * 4) is None
+    assert variants.label(4, [2000] * 4) is None and judge.dropped(4, "tuner-1")
+    assert [step([1000] * 4) for _ in range(18)] == [None, "tuner-2"] * 8 + ["tuner-2"] * 2
+    assert not judge.dropped(4, "tuner-2") and judge.verdicts[(4, "tuner-2")] == pytest.approx(0.9)
+    assert step([40] * 4) is None

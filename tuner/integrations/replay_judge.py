@@ -20,12 +20,19 @@ graph together (tensor parallelism) could reach different verdicts from their ow
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from tuner import settings
+
+if TYPE_CHECKING:
+    from tuner.integrations.graph_variants import GraphVariants
 
 VariantKey = tuple[int, str]  # (batch size, variant label)
 
@@ -62,6 +69,37 @@ class ReplayJudge:
         self._tallies: dict[VariantKey, _Tally] = {}
         self.verdicts: dict[VariantKey, float] = {}  # each judged variant's median ratio to the base graph
         self._in_flight: deque[Timed] = deque()
+
+    @classmethod
+    def for_variants(cls, variants: GraphVariants, event: Callable[[], Any] = _cuda_event) -> ReplayJudge:
+        """The judge of a server's graph variants: $TUNER_REPLAY_JUDGE pairs (settings), a
+        variant that loses dropped from `variants` with a warning (drop_variant)."""
+        return cls(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE,
+                   on_drop=lambda batch, label, ratio: drop_variant(variants, batch, label, ratio), event=event)
+
+    @contextmanager
+    def replaying(self, batch: int, label: str | None) -> Iterator[str | None]:
+        """Around a replay a server runs itself: gives the label to replay (label, or None for
+        the base graph: on every other step while the variant is judged, and once it has been
+        dropped) and times the replay where it is judged.
+
+            label = variants.label(bs, seq_lens_cpu)
+            with judge.replaying(bs, label) as chosen:
+                graphs[bs, chosen].replay()
+        """
+        if self._in_flight:
+            self.collect()
+        if label is None or not self.judging(batch, label):
+            yield None if label is not None and self.dropped(batch, label) else label
+            return
+        variant = self.replays_variant(batch, label)
+        timed = self.start(batch, label, variant)
+        yield label if variant else None
+        self.finish(timed)
+
+    def dropped(self, batch: int, label: str) -> bool:
+        """Whether the variant was judged slower than the base graph."""
+        return self.verdicts.get((batch, label), 0.0) > 1 + self.tolerance
 
     def replays_variant(self, batch: int, label: str) -> bool:
         """Whether this step of the variant's class replays the variant (else the base graph):
@@ -115,4 +153,12 @@ class ReplayJudge:
             self._on_drop(*key, ratio)
 
 
-__all__ = ["ReplayJudge", "Timed"]
+def drop_variant(variants: GraphVariants, batch: int, label: str, ratio: float) -> None:
+    """A verdict against a variant: its steps replay the batch size's graph from now on."""
+    variants.drop(batch, label)
+    warnings.warn(f"tuner: graph variant {label} of batch size {batch} ran {ratio:.3f}x the time of the batch "
+                  "size's graph over its first replays here; its steps replay that graph", RuntimeWarning,
+                  stacklevel=2)
+
+
+__all__ = ["ReplayJudge", "Timed", "drop_variant"]

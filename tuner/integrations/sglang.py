@@ -108,9 +108,7 @@ def backend_class() -> type:
             self.tuner_on_cuda = torch.cuda.is_available()
             self.tuner_variants = GraphVariants()
             # (CUDA events time the replays: no judge without CUDA)
-            self.tuner_judge = ReplayJudge(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE,
-                                           on_drop=functools.partial(drop_variant, self.tuner_variants)
-                                           ) if self.tuner_on_cuda else None
+            self.tuner_judge = ReplayJudge.for_variants(self.tuner_variants) if self.tuner_on_cuda else None
             # per captured batch size, one decode_attention call of each static key its graph holds
             self.tuner_graph_calls: dict[int, dict[Any, tuple]] = {}
 
@@ -311,11 +309,3 @@ def decides_alone(runner: Any) -> bool:
     """Whether this process picks its graphs alone: no peer rank replays a graph with it, so
     its own timings may drop a variant (tuner.integrations.replay_judge)."""
     return all(getattr(runner, name, 1) == 1 for name in ("tp_size", "pp_size", "dp_size"))
-
-
-def drop_variant(variants: GraphVariants, batch: int, label: str, ratio: float) -> None:
-    """The judge's verdict against a variant: its steps replay the base graph from now on."""
-    variants.drop(batch, label)
-    warnings.warn(f"tuner: graph variant {label} of batch size {batch} ran {ratio:.3f}x the time of the batch "
-                  "size's graph over its first replays here; its steps replay that graph", RuntimeWarning,
-                  stacklevel=2)
