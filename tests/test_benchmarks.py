@@ -731,22 +731,20 @@ def test_sglang_e2e_records_each_workers_graph_capture_and_captures_sglangs_defa
     assert merged["results"]["fa3"]["latency"]["capture"] == doc["results"]["fa3"]["latency"]["capture"]
 
 
-def test_sglang_e2e_reads_the_variants_tuners_replay_judge_dropped_from_a_workers_log():
-    """The warning tuner's replay judge gives for a dropped variant, as a worker's log holds
-    it, read back: the run's JSON says which variants ran slower than the base graph."""
+def test_sglang_e2e_reads_the_variants_tuners_replay_judge_dropped_from_a_workers_log(caplog):
+    """The line tuner's replay judge logs for a dropped variant, as a worker's log holds it,
+    read back: the run's JSON says which variants ran slower than the base graph."""
+    import logging
     import types
-    import warnings
 
     from tuner.integrations.replay_judge import drop_variant
 
     e2e = benchmark_module("sglang_e2e")
     dropped = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        drop_variant(types.SimpleNamespace(drop=lambda *a: dropped.append(a)), 8, "tuner-3", 1.0437)
+    drop_variant(types.SimpleNamespace(drop=lambda *a: dropped.append(a)), 8, "tuner-3", 1.0437)
     assert dropped == [(8, "tuner-3")]
-    log = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
-    assert e2e.judge_drops("Decode 1. Batch size: 8\n" + log) == [dict(label="tuner-3", batch=8, ratio=1.044)]
+    line = logging.Formatter("[%(asctime)s TP0] %(message)s").format(caplog.records[-1])
+    assert e2e.judge_drops("Decode 1. Batch size: 8\n" + line) == [dict(label="tuner-3", batch=8, ratio=1.044)]
     assert e2e.judge_drops("no drops") == []
 
 

@@ -356,6 +356,7 @@ class _Clock:
     """The GPU's time as fake CUDA events see it: each replay adds its graph's cost (ms)."""
 
     def __init__(self, costs):
+        # done: every event (True), none (False), or those of the first n made (an int)
         self.now, self.costs, self.done, self.events = 0.0, costs, True, []
 
     def event(self, enable_timing=False):
@@ -366,15 +367,18 @@ class _Clock:
                 self.at = clock.now
 
             def query(self):
-                return clock.done
+                return clock.is_done(self)
 
             def elapsed_time(self, end):
-                assert clock.done, "an event read before it was done: a step would wait for the GPU"
+                assert clock.is_done(self) and clock.is_done(end), "read before done: a step would wait for the GPU"
                 return end.at - self.at
 
         made = Event()
         self.events.append(made)
         return made
+
+    def is_done(self, event):
+        return self.done if isinstance(self.done, bool) else self.events.index(event) < self.done
 
     def replay(self, runner):
         def run(key, forward_batch):
@@ -407,14 +411,18 @@ def _labels(runner, steps, lengths=(2000,) * 4):
     return [_replayed_key(runner, list(lengths)).variant_label for _ in range(steps)]
 
 
-def test_a_variant_slower_than_the_base_graph_over_its_first_replays_is_dropped(judged):
+def _dropped(caplog, text):
+    return any("graph variant" in r.getMessage() and text in r.getMessage() for r in caplog.records)
+
+
+def test_a_variant_slower_than_the_base_graph_over_its_first_replays_is_dropped(judged, caplog):
     """Its first replays alternate with the batch size's graph, the base graph first; the 8th
     pair's time is read at the next step, which finds the variant dropped (5% slower than the
-    base graph) and replays the base graph, as every later step of its lengths does."""
+    base graph), logs it, and replays the base graph, as every later step of its lengths does."""
     runner, clock = judged({None: 1.0, "tuner-1": 1.05})
-    assert _labels(runner, 16) == [None, "tuner-1"] * 8
-    with pytest.warns(RuntimeWarning, match="graph variant tuner-1 of batch size 4 ran 1.050x"):
-        assert _labels(runner, 3) == [None] * 3
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8 and not _dropped(caplog, "tuner-1")
+    assert _labels(runner, 3) == [None] * 3
+    assert _dropped(caplog, "graph variant tuner-1 of batch size 4 ran 1.050x")
     assert runner.attn_backend.tuner_judge.verdicts == {(4, "tuner-1"): pytest.approx(1.05)}
     timed = len(clock.events)
     _labels(runner, 5)
@@ -432,21 +440,36 @@ def test_a_variant_no_slower_than_the_base_graph_is_kept_and_timed_no_more(judge
     assert _labels(runner, 2, lengths=(100,) * 4) == [None, None] and len(clock.events) == timed
 
 
-def test_no_step_waits_for_the_gpu_to_time_a_replay(judged):
-    """Events still running on the GPU are left for a later step: no verdict, no wait."""
+def test_no_step_waits_for_the_gpu_to_time_a_replay(judged, caplog):
+    """Events still running on the GPU are left for a later step, and those behind them too
+    (replays are read in the order they ran): no verdict, no wait."""
     runner, clock = judged({None: 1.0, "tuner-1": 2.0})
     clock.done = False
     assert _labels(runner, 40) == [None, "tuner-1"] * 20
-    assert runner.attn_backend.tuner_judge.verdicts == {}
+    clock.done = 30  # the first 7 pairs' events (and half of the 8th's base replay's) done
+    assert _labels(runner, 2) == [None, "tuner-1"] and runner.attn_backend.tuner_judge.verdicts == {}
     clock.done = True
-    with pytest.warns(RuntimeWarning, match="ran 2.000x"):
-        assert _labels(runner, 1) == [None]
+    assert _labels(runner, 1) == [None] and _dropped(caplog, "ran 2.000x")
 
 
-def test_ranks_that_replay_graphs_together_do_not_judge_alone(judged):
-    """Under tensor parallelism each rank timing its own replays could reach its own verdict,
-    and ranks would replay different graphs: every step runs its variant, untimed."""
-    runner, clock = judged({None: 1.0, "tuner-1": 1.5}, tp_size=2)
+def test_a_variant_replay_pairs_only_with_a_base_replay_of_as_many_real_sequences(judged):
+    """A batch padded up to its size holds fewer real sequences, and far less work: a variant
+    replay of 4 after a base replay of 3 (or the reverse) is no pair, and gives no verdict."""
+    runner, clock = judged({None: 1.0, "tuner-1": 1.5})
+
+    def step(real):
+        lengths = [2000] * real
+        return _replayed_key(runner, lengths).variant_label
+    assert [step(3 if i % 2 == 0 else 4) for i in range(40)] == [None, "tuner-1"] * 20
+    assert runner.attn_backend.tuner_judge.verdicts == {}
+    assert [step(4) for _ in range(17)] == [None, "tuner-1"] * 8 + [None]  # like pairs: dropped
+
+
+@pytest.mark.parametrize("ranks", [{"tp_size": 2}, {"pp_size": 2}])
+def test_ranks_that_replay_graphs_together_do_not_judge_alone(judged, ranks):
+    """Under tensor or pipeline parallelism each rank timing its own replays could reach its
+    own verdict, and ranks would replay different graphs: every step runs its variant, untimed."""
+    runner, clock = judged({None: 1.0, "tuner-1": 1.5}, **ranks)
     assert _labels(runner, 20) == ["tuner-1"] * 20 and clock.events == []
 
 

@@ -180,7 +180,8 @@ def test_the_wave_fit_model_gives_the_split_counts_fa3s_own_scheduler_computes()
 def test_the_replay_judge_times_real_graph_replays_and_drops_the_slower_one():
     """tuner.integrations.replay_judge with CUDA events around real graph replays, as SGLang's
     hooks drive it: a variant doing twice the base graph's work is dropped, one doing half is
-    kept, and no event is read before it is done (elapsed_time would raise)."""
+    kept, and no event is read before it is done (elapsed_time would raise). Graphs are given
+    as (batch size 1, label); None from the judge is the base graph."""
     from tuner.integrations.replay_judge import ReplayJudge
 
     a = torch.randn(2048, 2048, device="cuda")
@@ -197,15 +198,12 @@ def test_the_replay_judge_times_real_graph_replays_and_drops_the_slower_one():
     dropped = []
     judge = ReplayJudge(8, 0.01, on_drop=lambda batch, label, ratio: dropped.append((label, ratio)))
     for label in ("slow", "fast"):
-        for _ in range(200):
-            judge.collect()
+        for _ in range(200):  # as a server's steps: the README's pattern
+            with judge.replaying(1, label) as chosen:
+                graphs[chosen or "base"].replay()
             if not judge.judging(1, label):
                 break
-            variant = judge.replays_variant(1, label)
-            timed = judge.start(1, label, variant)
-            graphs[label if variant else "base"].replay()
-            judge.finish(timed)
         torch.cuda.synchronize()
-        judge.collect()
+        judge.tick()  # the next step reads what is done (the host may have run ahead of the GPU)
     assert [label for label, _ in dropped] == ["slow"] and dropped[0][1] > 1.5, dropped
     assert set(judge.verdicts) == {(1, "slow"), (1, "fast")} and judge.verdicts[(1, "fast")] < 0.8, judge.verdicts

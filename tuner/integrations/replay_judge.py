@@ -5,13 +5,15 @@ batches can differ in ways no trial held: one prompt length for a whole batch, t
 table's layout, the kernels of the step around attention. Inside SGLang at batch 8 x 32k a
 variant that had won its trials ran the whole decode step ~4% slower than FA3's default
 (docs/decisions.md, "Graph variants"). So the server's first replays of each variant decide:
-they alternate with the base graph (what the server runs without tuner) over the same class
-of lengths, a pair of CUDA events timing each replay; once `pairs` variant replays each have
-a base replay just before them, a variant whose median time ratio to those exceeds
-1 + tolerance is dropped, and its steps replay the base graph from then on.
+they alternate with the base graph (what the server runs without variants: the batch size's
+graph record, or FA3's default) over the same class of lengths, a pair of CUDA events timing
+each replay; once `pairs` variant replays each have a base replay just before them (at most
+PAIR_MAX_GAP steps before, with as many real sequences), a variant whose median time ratio to
+those exceeds 1 + tolerance is dropped, and its steps replay the base graph from then on.
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
-like. No step waits for the GPU: an event's time is read only once query() says the event
+like. The events also take in the host's work between them and the replay's launch, alike for
+both graphs: it pulls a ratio towards 1, never past it. No step waits for the GPU: an event's time is read only once query() says the event
 is done, at a later step. While a verdict is pending a step costs two event records on the
 host; after, nothing. Only a process that decides alone may judge: ranks that replay one
 graph together (tensor parallelism) could reach different verdicts from their own timings.
@@ -19,8 +21,8 @@ graph together (tensor parallelism) could reach different verdicts from their ow
 
 from __future__ import annotations
 
+import logging
 import statistics
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +37,12 @@ if TYPE_CHECKING:
     from tuner.integrations.graph_variants import GraphVariants
 
 VariantKey = tuple[int, str]  # (batch size, variant label)
+# a variant replay pairs with its class's last base replay only if that ran at most this many
+# server steps before it (two classes' steps may interleave) with as many real sequences: a
+# batch padded up to its size may hold fewer, and then far less work
+PAIR_MAX_GAP = 2
+# a server's log, not a warning: a warning made an error (python -W error) would stop its step
+log = logging.getLogger("tuner")
 
 
 def _cuda_event() -> Any:
@@ -43,10 +51,13 @@ def _cuda_event() -> Any:
 
 @dataclass
 class Timed:
-    """One replay being timed: its variant (or the base graph of that class), its events."""
+    """One replay being timed: its variant (or the base graph of that class), the server's
+    step it ran at, its real sequences (None: not known), its events."""
 
     key: VariantKey
     variant: bool
+    step: int
+    raw_batch: int | None
     start: Any
     end: Any = None
 
@@ -54,7 +65,7 @@ class Timed:
 @dataclass
 class _Tally:
     steps: int = 0  # replays of this class so far: even ones run the base graph, odd ones the variant
-    last_base_ms: float | None = None
+    last_base: tuple[Timed, float] | None = None  # the last base replay read, and its time (ms)
     ratios: list[float] = field(default_factory=list)
 
 
@@ -69,33 +80,40 @@ class ReplayJudge:
         self._tallies: dict[VariantKey, _Tally] = {}
         self.verdicts: dict[VariantKey, float] = {}  # each judged variant's median ratio to the base graph
         self._in_flight: deque[Timed] = deque()
+        self._step = 0  # the server's replays so far (tick)
 
     @classmethod
     def for_variants(cls, variants: GraphVariants, event: Callable[[], Any] = _cuda_event) -> ReplayJudge:
         """The judge of a server's graph variants: $TUNER_REPLAY_JUDGE pairs (settings), a
-        variant that loses dropped from `variants` with a warning (drop_variant)."""
+        variant that loses dropped from `variants`, and logged (drop_variant)."""
         return cls(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE,
                    on_drop=lambda batch, label, ratio: drop_variant(variants, batch, label, ratio), event=event)
 
     @contextmanager
-    def replaying(self, batch: int, label: str | None) -> Iterator[str | None]:
-        """Around a replay a server runs itself: gives the label to replay (label, or None for
-        the base graph: on every other step while the variant is judged, and once it has been
-        dropped) and times the replay where it is judged.
+    def replaying(self, batch: int, label: str | None, raw_batch: int | None = None) -> Iterator[str | None]:
+        """Around each replay a server runs itself: gives the label to replay (label, or None
+        for the base graph: on every other step while the variant is judged, and once it has
+        been dropped) and times the replay where it is judged. raw_batch: the step's real
+        sequences, where the batch is padded up to its size.
 
             label = variants.label(bs, seq_lens_cpu)
             with judge.replaying(bs, label) as chosen:
                 graphs[bs, chosen].replay()
         """
-        if self._in_flight:
-            self.collect()
+        self.tick()
         if label is None or not self.judging(batch, label):
             yield None if label is not None and self.dropped(batch, label) else label
             return
         variant = self.replays_variant(batch, label)
-        timed = self.start(batch, label, variant)
+        timed = self.start(batch, label, variant, raw_batch)
         yield label if variant else None
         self.finish(timed)
+
+    def tick(self) -> None:
+        """A server step begins (every replay, judged or not): reads the replays done so far."""
+        self._step += 1
+        if self._in_flight:
+            self.collect()
 
     def dropped(self, batch: int, label: str) -> bool:
         """Whether the variant was judged slower than the base graph."""
@@ -114,11 +132,11 @@ class ReplayJudge:
     def judging(self, batch: int, label: str) -> bool:
         return self.pairs > 0 and (batch, label) not in self.verdicts
 
-    def start(self, batch: int, label: str, variant: bool) -> Timed:
+    def start(self, batch: int, label: str, variant: bool, raw_batch: int | None = None) -> Timed:
         """Before the replay: its start event, recorded on the current stream."""
         start = self._event()
         start.record()
-        return Timed((batch, label), variant, start)
+        return Timed((batch, label), variant, self._step, raw_batch, start)
 
     def finish(self, timed: Timed) -> None:
         """After the replay: its end event; read at a later step (collect)."""
@@ -135,12 +153,14 @@ class ReplayJudge:
             tally = self._tallies[timed.key]
             ms = timed.start.elapsed_time(timed.end)
             if not timed.variant:
-                tally.last_base_ms = ms
-            elif tally.last_base_ms:
-                tally.ratios.append(ms / tally.last_base_ms)
-                tally.last_base_ms = None
-                if len(tally.ratios) >= self.pairs:
-                    self._decide(timed.key, statistics.median(tally.ratios))
+                tally.last_base = (timed, ms)
+                continue
+            base, tally.last_base = tally.last_base, None
+            if base is None or not _neighbours(base[0], timed) or base[1] <= 0:
+                continue
+            tally.ratios.append(ms / base[1])
+            if len(tally.ratios) >= self.pairs:
+                self._decide(timed.key, statistics.median(tally.ratios))
 
     @property
     def in_flight(self) -> bool:
@@ -153,12 +173,16 @@ class ReplayJudge:
             self._on_drop(*key, ratio)
 
 
+def _neighbours(base: Timed, variant: Timed) -> bool:
+    """Whether a base replay and a variant replay compare like with like (PAIR_MAX_GAP)."""
+    return variant.step - base.step <= PAIR_MAX_GAP and base.raw_batch == variant.raw_batch
+
+
 def drop_variant(variants: GraphVariants, batch: int, label: str, ratio: float) -> None:
     """A verdict against a variant: its steps replay the batch size's graph from now on."""
     variants.drop(batch, label)
-    warnings.warn(f"tuner: graph variant {label} of batch size {batch} ran {ratio:.3f}x the time of the batch "
-                  "size's graph over its first replays here; its steps replay that graph", RuntimeWarning,
-                  stacklevel=2)
+    log.warning("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
+                "first replays here; its steps replay that graph", label, batch, ratio)
 
 
 __all__ = ["ReplayJudge", "Timed", "drop_variant"]

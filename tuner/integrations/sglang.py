@@ -19,7 +19,7 @@ of their batch size (tuner.runtime) or the frozen rule. Where the per-call recor
 configs for some of the lengths a graph may replay, SGLang's decode graph runner captures a
 graph variant for each (tuner.integrations.graph_variants) under the variant labels its
 ShapeKey has, and before each replay runs the one for the step's lengths. Where one process
-decides alone (no tensor, pipeline or data parallelism), each variant's first replays
+decides alone (no tensor or pipeline parallelism), each variant's first replays
 alternate with the base graph and a variant that runs slower than it is dropped
 (tuner.integrations.replay_judge). Three hooks of SGLang's plugin HookRegistry, around
 DecodeCudaGraphRunner.capture_one_shape, load_batch and execute, which act only where the
@@ -275,10 +275,10 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     if backend is None or key is None:
         return result
     judge = backend.tuner_judge if decides_alone(runner) else None  # (None without CUDA)
-    if judge is not None and judge.in_flight:
-        judge.collect()  # a verdict may drop a variant: before the step's label is asked for
-    label = backend.tuner_variants.label(key.size, getattr(forward_batch, "seq_lens_cpu", None),
-                                         raw_batch=getattr(forward_batch, "batch_size", None))
+    if judge is not None:
+        judge.tick()  # (a verdict may drop a variant: before the step's label is asked for)
+    raw_batch = getattr(forward_batch, "batch_size", None)
+    label = backend.tuner_variants.label(key.size, getattr(forward_batch, "seq_lens_cpu", None), raw_batch=raw_batch)
     if label is None:
         return result
     variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, label))
@@ -287,7 +287,7 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
         return result
     if judge is not None and judge.judging(key.size, label):
         variant = judge.replays_variant(key.size, label)
-        runner._tuner_timed = judge.start(key.size, label, variant)
+        runner._tuner_timed = judge.start(key.size, label, variant, raw_batch)
         if not variant:
             return result
     runner._replay_graph_key = variant_key
@@ -307,5 +307,8 @@ def time_judged_replay(original: Any, runner: Any, *args: Any, **kwargs: Any) ->
 
 def decides_alone(runner: Any) -> bool:
     """Whether this process picks its graphs alone: no peer rank replays a graph with it, so
-    its own timings may drop a variant (tuner.integrations.replay_judge)."""
-    return all(getattr(runner, name, 1) == 1 for name in ("tp_size", "pp_size", "dp_size"))
+    its own timings may drop a variant (tuner.integrations.replay_judge). Tensor and pipeline
+    ranks replay together; data-parallel replicas do not (DP attention, where they do, keeps
+    no variants: variants_apply), and expert or context parallelism live inside tensor
+    parallelism's ranks."""
+    return all(getattr(runner, name, 1) == 1 for name in ("tp_size", "pp_size"))
