@@ -173,8 +173,9 @@ def side_by_side(runs: Runs, parts: Sequence[Sequence[Callable[[dict[str, Any]],
     else on each part alone (in one interleaved run where the timer has one), their mix's
     timings being the parts' means. Also whether config lost to the default on no part, and
     on no guard (timed alone like a part, outside the mean), by more than
-    settings.MAX_PART_LOSS; and each guard's (config, default) timings. Each part rotates through copies of its own batch, cold in the
-    L2 as the whole rotation is (tuner.bench.trial.Trial.parts)."""
+    settings.MAX_PART_LOSS; and each guard's (config, default) timings. Each part rotates
+    through copies of its own batch, cold in the L2 as the whole rotation is
+    (tuner.bench.trial.Trial.parts)."""
     subsets = [list(part) for part in parts] + [list(guard.runs) for guard in guards]
     if not subsets:
         return timer.paired(rotation(runs, config), rotation(runs, default)), True, []

@@ -13,10 +13,11 @@ those exceeds 1 + tolerance is dropped, and its steps replay the base graph from
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
 like. The events also take in the host's work between them and the replay's launch, alike for
-both graphs: it pulls a ratio towards 1, never past it. No step waits for the GPU: an event's time is read only once query() says the event
-is done, at a later step. While a verdict is pending a step costs two event records on the
-host; after, nothing. Only a process that decides alone may judge: ranks that replay one
-graph together (tensor parallelism) could reach different verdicts from their own timings.
+both graphs: it pulls a ratio towards 1, never past it. No step waits for the GPU: an
+event's time is read only once query() says the event is done, at a later step. While a
+verdict is pending a step costs two event records on the host; after, nothing. Only a
+process that decides alone may judge: ranks that replay one graph together (tensor or
+pipeline parallelism) could reach different verdicts from their own timings.
 """
 
 from __future__ import annotations
