@@ -93,7 +93,7 @@ MAX_PREFILL_TOKENS = 131072
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
-# tuner.integrations.replay_judge.drop_variant's warning
+# the line tuner.integrations.replay_judge.drop_variant logs (logger "tuner")
 JUDGE_LINE = re.compile(r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x")
 
 
@@ -178,7 +178,7 @@ def capture_cost(log_text: str) -> dict | None:
 
 
 def judge_drops(log_text: str) -> list[dict]:
-    """The graph variants tuner's replay judge dropped in a worker (its warnings in the log):
+    """The graph variants tuner's replay judge dropped in a worker (the lines it logged):
     label, batch size, and the variant's time over the base graph's."""
     return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"])) for m in JUDGE_LINE.finditer(log_text)]
 
