@@ -6,6 +6,12 @@ against the oracle, per call and under CUDA graphs.
 (--resume: a run cut off by --seconds is finished by the same command with --resume, on
 the JSON it wrote)
 
+    python benchmarks/serving.py --combine WHOLE.json.xz RERUN.json.xz --out combined.json
+
+(--combine: a run's rows with some cases re-timed by a later run, e.g. after a change that
+touches one batch size, re-run with --batches: each later file's rows replace the earlier
+ones' rows of the same case; the summaries are recomputed, each file's command kept)
+
 Cases: head configurations (shipped ones and others) x batch sizes from a CUDA-graph capture
 list (tuner.workload.traffic.CAPTURE_BATCHES) x length caps L from 1k to 128k (--caps) x length
 distributions (tuner.workload.traffic.DISTRIBUTIONS). Modes, timed alike (CUDA graphs, cold
@@ -51,7 +57,7 @@ from pathlib import Path
 
 import torch
 from common import heads as head_configs
-from common.case_runs import add_run_options, cases_of_this_run, done_rows, run_cases
+from common.case_runs import add_run_options, cases_of_this_run, done_rows, read_results, run_cases
 from common.run_info import header
 from common.stats import geomean
 
@@ -286,10 +292,12 @@ def summary(rows: list[dict], mode: str) -> dict:
     }
 
 
-def write(out: Path, rows: list[dict], planned: int, started: float, heads: dict[str, dict]) -> dict:
+def write(out: Path, rows: list[dict], planned: int, started: float, heads: dict[str, dict],
+          head: dict | None = None) -> dict:
+    """The run's JSON: its header (by default this run's: header()), the summaries, the rows."""
     modes = MODES
     doc = {
-        **header("serving", started),
+        **(head or header("serving", started)),
         "cases_planned": planned,
         "capture_batches": list(CAPTURE_BATCHES),
         "max_context": MAX_CONTEXT,
@@ -306,9 +314,38 @@ def write(out: Path, rows: list[dict], planned: int, started: float, heads: dict
     return doc
 
 
+CASE_FIELDS = ("model", "batch", "cap", "distribution")
+
+
+def combine(paths: list[Path], out: Path) -> dict:
+    """One JSON of several runs' rows, a later file's row replacing an earlier one's of the
+    same case (CASE_FIELDS); the runs must share their environment and capture bound, else
+    ValueError. Its header says which files and commands each row came from."""
+    docs = [read_results(p) for p in paths]
+    first = docs[0]
+    for path, doc in zip(paths[1:], docs[1:]):
+        for field in ("benchmark", "environment", "max_context"):
+            if doc.get(field) != first.get(field):
+                raise ValueError(f"{path.name}: its {field} is not {paths[0].name}'s, so its rows cannot stand "
+                                 "beside them")
+    by_case: dict[tuple, dict] = {}
+    for doc in docs:
+        for row in doc["rows"]:
+            by_case[tuple(row.get(f) for f in CASE_FIELDS)] = row
+    head = {"benchmark": first["benchmark"], "command": "python " + " ".join(sys.argv),
+            "combined_from": [{"file": p.name, "command": d.get("command"), "when": d.get("when"),
+                               "rows": len(d["rows"])} for p, d in zip(paths, docs)],
+            "environment": first["environment"], "seconds": sum(d.get("seconds", 0) for d in docs)}
+    heads = {name: spec for d in docs for name, spec in d.get("models", {}).items()}
+    return write(out, list(by_case.values()), max(d.get("cases_planned", 0) for d in docs), 0.0, heads, head)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_options(ap)
+    ap.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
+                    help="run nothing: write --out from these runs' JSON files (plain or .xz), each later "
+                         "file's rows replacing the earlier ones' rows of the same case, summaries recomputed")
     ap.add_argument("--db", type=Path, help="the user DB over the shipped tunings (default: none, shipped only)")
     ap.add_argument("--heads", default="issue",
                     help="issue: MODELS (3 shipped head configurations, 2 others); shipped: all 11 shipped ones "
@@ -322,6 +359,13 @@ def main() -> None:
     ap.add_argument("--batches", help="only the cases of these batch sizes, comma-separated (e.g. 1: re-time the "
                                       "cases a change at batch 1 touches); each keeps its seed from the whole run")
     args = ap.parse_args()
+    if args.combine:
+        try:
+            doc = combine(args.combine, args.out)
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"--combine: {e}")
+        print_summary(doc)
+        return
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
     BACKENDS.pop("flashinfer", None)  # see the docstring: not graph-capturable
     settings.FULL_SPACE = True  # the oracle searches the whole space, so what pruning costs shows
@@ -363,7 +407,10 @@ def main() -> None:
                      run=lambda i, case: run_case(case, heads[case["model"]], device, final, screen, seed=i),
                      fields=lambda case: case, describe=describe,
                      write=lambda done: write(args.out, done, len(todo), started, heads), done=done_rows(args))
-    doc = write(args.out, rows, len(todo), started, heads)
+    print_summary(write(args.out, rows, len(todo), started, heads))
+
+
+def print_summary(doc: dict) -> None:
     for m, sm in doc["summary"].items():
         print(m, json.dumps({k: v for k, v in sm.items() if not k.startswith("by_")}, default=str))
 

@@ -102,6 +102,48 @@ def test_serving_batches_keeps_only_those_batch_sizes_each_case_with_its_seed_of
     assert result.returncode == 2 and "leaves no case" in result.stderr
 
 
+def test_serving_combine_replaces_a_runs_rows_with_a_later_runs_of_the_same_cases(tmp_path):
+    """A rerun of one batch size (--batches) stands beside the rest of a run: each of its rows
+    replaces the same case's, the summaries are recomputed, and a run from another
+    environment is refused in one line."""
+    def row(batch: int, distribution: str, tuner_us: float) -> dict:
+        timing = dict(default_us=10.0, tuner_us=tuner_us, oracle_us=5.0, tuner_speedup=10.0 / tuner_us,
+                      oracle_speedup=2.0)
+        return dict(model="m", batch=batch, cap=1024, distribution=distribution,
+                    default={"graph_variants": "d"}, tuner={"graph_variants": "t"}, graph_variants=timing)
+
+    env = {"device": "NVIDIA H200", "torch": "2.11.0"}
+    whole = dict(benchmark="serving", command="python serving.py --out whole.json", environment=env,
+                 max_context=131072, models={"m": {}}, cases_planned=2, seconds=5.0,
+                 rows=[row(1, "uniform", 10.0), row(3, "uniform", 5.0)])
+    rerun = dict(whole, command="python serving.py --batches 1 --out rerun.json", cases_planned=1,
+                 rows=[row(1, "uniform", 5.0)])
+    other = dict(rerun, environment=dict(env, torch="2.12.0"))
+    for name, doc in (("whole", whole), ("rerun", rerun), ("other", other)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    env_vars = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def combine(*names: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "serving.py", "--combine", *(str(tmp_path / f"{n}.json") for n in names),
+                               "--out", str(tmp_path / "combined.json")], cwd=ROOT / "benchmarks", env=env_vars,
+                              capture_output=True, text=True, timeout=300)
+
+    result = combine("whole", "rerun")
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads((tmp_path / "combined.json").read_text())
+    assert sorted((r["batch"], r["graph_variants"]["tuner_us"]) for r in doc["rows"]) == [(1, 5.0), (3, 5.0)]
+    summary = doc["summary"]["graph_variants"]
+    assert summary["cases"] == 2 and summary["tuner_over_default_geomean"] == pytest.approx(2.0)
+    assert summary["share_of_oracle_gain"] == pytest.approx(1.0)
+    assert [c["command"] for c in doc["combined_from"]] == [whole["command"], rerun["command"]]
+    assert doc["environment"] == env
+
+    (tmp_path / "combined.json").unlink()
+    result = combine("whole", "other")
+    assert result.returncode == 2 and "environment" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "combined.json").exists()
+
+
 def test_decode_step_smoke_runs_every_mode_on_the_same_steps(tmp_path):
     """The stand-in for a server's decode step (issue 38): each mode over the same steps, whose
     outputs agree (no step reads the K/V another wrote)."""
