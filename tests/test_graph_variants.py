@@ -193,10 +193,12 @@ class _Events:
 
 
 def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_base_graph(records, caplog):
-    """The README's pattern for any server: the step's label, then judge.replaying around the
-    replay. A variant 10% slower than the base graph over its first 8 pairs is dropped (its
-    steps then replay the base graph, and label() no longer names it); one 10% faster keeps
-    its steps; a step no variant was planned for is left alone."""
+    """The README's pattern for any server: the step's pick, then judge.replaying around the
+    replay. A variant 10% slower than the base graph over its first 8 pairs of a class of
+    lengths is dropped there (those steps then replay the base graph, and label() no longer
+    names it for them); one 10% faster keeps its steps; a step no variant was planned for is
+    left alone. A plain label is judged for every step that replays it."""
+    from tuner.integrations.graph_variants import Pick
     from tuner.integrations.replay_judge import ReplayJudge
 
     variants = GraphVariants(max_variants=8)
@@ -205,16 +207,22 @@ def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_b
     judge = ReplayJudge.for_variants(variants, event=events)
     cost = {None: 1.0, "tuner-1": 1.1, "tuner-2": 0.9}
 
-    def step(lengths):
-        with judge.replaying(4, variants.label(4, lengths)) as chosen:
+    def step(lengths, choice=None):
+        with judge.replaying(4, choice or variants.pick(4, lengths)) as chosen:
             events.now += cost[chosen]  # the replay
         return chosen
 
     assert [step([2000] * 4) for _ in range(16)] == [None, "tuner-1"] * 8
     assert step([2000] * 4) is None
     assert "graph variant tuner-1 of batch size 4 ran 1.100x" in caplog.text
-    assert variants.label(4, [2000] * 4) is None and judge.dropped(4, "tuner-1")
+    dense_2k = Pick("tuner-1", (2048, True))
+    assert variants.label(4, [2000] * 4) is None and judge.dropped(4, dense_2k)
+    assert variants.label(4, [2000, 10, 10, 10]) == "tuner-1"  # its other class: not judged yet
     assert [step([1000] * 4) for _ in range(18)] == [None, "tuner-2"] * 8 + ["tuner-2"] * 2
-    assert not judge.dropped(4, "tuner-2") and judge.verdicts[(4, "tuner-2")] == pytest.approx(0.9)
+    dense_1k = Pick("tuner-2", (1024, True))
+    assert not judge.dropped(4, dense_1k) and judge.verdicts[(4, dense_1k)] == pytest.approx(0.9)
     made = events.made
     assert step([40] * 4) is None and events.made == made  # a step no variant was planned for: untimed
+    # a plain label: one verdict for the graph, whatever the lengths
+    assert [step(None, "tuner-1") for _ in range(17)] == [None, "tuner-1"] * 8 + [None]
+    assert judge.dropped(4, "tuner-1") and variants.label(4, [2000, 10, 10, 10]) is None

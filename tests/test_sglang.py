@@ -11,6 +11,7 @@ import torch
 
 from support import fake_sglang
 from tuner.integrations import sglang as integration
+from tuner.integrations.graph_variants import Pick
 from tuner.runtime.capture_watch import CAPTURES
 from tuner.workload.reference import paged_decode_reference
 
@@ -382,7 +383,8 @@ class _Clock:
 
     def replay(self, runner):
         def run(key, forward_batch):
-            self.now += self.costs[key.variant_label]
+            cost = self.costs[key.variant_label]  # (ms, or a function of the step's batch)
+            self.now += cost(forward_batch) if callable(cost) else cost
             return runner.graphs[key]
         return run
 
@@ -407,6 +409,9 @@ def judged(sgl, db_path, monkeypatch):
         CAPTURES[0] -= 1
 
 
+DENSE_2K = Pick("tuner-1", (2048, True))  # the judged fixture's variant, on dense steps of kv bucket 2048
+
+
 def _labels(runner, steps, lengths=(2000,) * 4):
     return [_replayed_key(runner, list(lengths)).variant_label for _ in range(steps)]
 
@@ -423,7 +428,7 @@ def test_a_variant_slower_than_the_base_graph_over_its_first_replays_is_dropped(
     assert _labels(runner, 16) == [None, "tuner-1"] * 8 and not _dropped(caplog, "tuner-1")
     assert _labels(runner, 3) == [None] * 3
     assert _dropped(caplog, "graph variant tuner-1 of batch size 4 ran 1.050x")
-    assert runner.attn_backend.tuner_judge.verdicts == {(4, "tuner-1"): pytest.approx(1.05)}
+    assert runner.attn_backend.tuner_judge.verdicts == {(4, DENSE_2K): pytest.approx(1.05)}
     timed = len(clock.events)
     _labels(runner, 5)
     assert len(clock.events) == timed  # judged: no more events
@@ -434,10 +439,29 @@ def test_a_variant_no_slower_than_the_base_graph_is_kept_and_timed_no_more(judge
     assert _labels(runner, 16) == [None, "tuner-1"] * 8
     timed = len(clock.events)
     assert _labels(runner, 4) == ["tuner-1"] * 4
-    assert runner.attn_backend.tuner_judge.verdicts == {(4, "tuner-1"): pytest.approx(0.8)}
+    assert runner.attn_backend.tuner_judge.verdicts == {(4, DENSE_2K): pytest.approx(0.8)}
     assert len(clock.events) == timed  # the step that read the last pair had its verdict before its replay
     # a step of lengths no variant was captured for replays the base graph, untimed
     assert _labels(runner, 2, lengths=(100,) * 4) == [None, None] and len(clock.events) == timed
+
+
+def test_a_variant_is_judged_per_class_of_lengths_it_serves(judged, caplog):
+    """One graph serves every class of lengths whose records name its configs, and may lose on
+    one and win on another (a Triton config that loses to FA3 on equal lengths and wins on
+    spread ones; inside SGLang, bench_one_batch's warm-up of equal lengths dropped the graph
+    its spread lengths would have won with). A verdict holds for its class alone."""
+    def variant_cost(forward_batch):
+        lengths = forward_batch.seq_lens_cpu
+        return 1.05 if int(lengths.sum()) * 2 >= len(lengths) * int(lengths.max()) else 0.8  # dense: slower
+    runner, clock = judged({None: 1.0, "tuner-1": variant_cost})
+    dense, not_dense = (2000,) * 4, (2000, 10, 10, 10)  # both in kv bucket 2048: tuner-1's
+    assert _labels(runner, 16, dense) == [None, "tuner-1"] * 8
+    assert _labels(runner, 16, not_dense) == [None, "tuner-1"] * 8
+    assert _labels(runner, 2, dense) == [None, None] and _labels(runner, 2, not_dense) == ["tuner-1"] * 2
+    assert _dropped(caplog, "ran 1.050x") and _dropped(caplog, "its steps at kv bucket 2048, dense replay")
+    assert not _dropped(caplog, "0.800x")
+    assert runner.attn_backend.tuner_judge.verdicts == {(4, DENSE_2K): pytest.approx(1.05),
+                                                        (4, Pick("tuner-1", (2048, False))): pytest.approx(0.8)}
 
 
 def test_no_step_waits_for_the_gpu_to_time_a_replay(judged, caplog):

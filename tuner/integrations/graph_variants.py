@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -88,6 +88,16 @@ class Variant:
     configs: tuple[str, ...]
 
 
+class Pick(NamedTuple):
+    """The graph a step replays and why: its variant's label and the step's class of lengths
+    (kv bucket, dense, and the FA3 cap where a cap graph was picked). One graph may serve
+    several classes, and it can win on one and lose on another: drop_pick() takes one class
+    off it."""
+
+    label: str
+    step_class: tuple
+
+
 def captured_configs(calls: Sequence[tuple], batch: int) -> tuple[str, ...]:
     """What each decode_attention call (its positional arguments, as a graph captures it: no
     host lengths) runs under the active declaration, as canonical text: of a by_fill record
@@ -134,12 +144,13 @@ def _sparse_can_occur(batch: int, top: int) -> bool:
 
 class GraphVariants:
     """Per batch size, which replays run which captured graph (see the module's docstring).
-    plan() at capture, label() before each replay; one per model runner (or process)."""
+    plan() at capture, label() (or pick()) before each replay; one per model runner (or process)."""
 
     def __init__(self, max_variants: int | None = None) -> None:
         self.max_variants = settings.graph_variants_max() if max_variants is None else max_variants
         self._labels: dict[int, dict[tuple[int, bool], str]] = {}  # batch -> (kv bucket, dense) -> label
         self._waves: dict[int, _WaveSteps] = {}  # batch -> its FA3 cap graphs, where a record is wave_fit
+        self._dropped: dict[int, set[tuple]] = {}  # batch -> the step classes (drop_pick) that replay the base graph
 
     def plan(self, batch: int, calls: Iterable[tuple]) -> list[Variant]:
         """The variants worth capturing beside the base graph of `batch`, whose decode_attention
@@ -148,6 +159,7 @@ class GraphVariants:
         calls = [tuple(c) for c in calls]
         self._labels[batch] = {}
         self._waves.pop(batch, None)
+        self._dropped.pop(batch, None)
         if not calls or self.max_variants <= 0:
             return []
         bound = max(int(c[5]) for c in calls)
@@ -203,8 +215,20 @@ class GraphVariants:
             for cap in [c for c, kept in waves.labels.items() if kept == label]:
                 del waves.labels[cap]
 
+    def drop_pick(self, batch: int, pick: Pick) -> None:
+        """A verdict against one class of steps on its graph (tuner.integrations.replay_judge):
+        those steps replay the base graph from now on, or, where a cap graph was dropped, the
+        graph their class names without a cap; the graph keeps its other classes."""
+        self._dropped.setdefault(batch, set()).add(pick.step_class)
+
     def label(self, batch: int, seq_lens_host: Any, raw_batch: int | None = None) -> str | None:
-        """The graph to replay for a step: a variant's label, or None for the base graph.
+        """The graph to replay for a step: a variant's label, or None for the base graph (see
+        pick())."""
+        picked = self.pick(batch, seq_lens_host, raw_batch)
+        return None if picked is None else picked.label
+
+    def pick(self, batch: int, seq_lens_host: Any, raw_batch: int | None = None) -> Pick | None:
+        """The variant a step replays and its class of lengths, or None for the base graph.
         seq_lens_host: the step's lengths on the host (a CPU tensor, an array or a list), of
         its first raw_batch sequences (all of them if None); the rest of `batch` are padding
         of length 1, as a server pads a batch up to a captured size."""
@@ -223,15 +247,16 @@ class GraphVariants:
         longest = int(lengths.max())
         total = int(lengths.sum()) + (batch - lengths.size)
         step_class = (kv_len_bucket(max(longest, 1)), is_dense(total, batch, longest))
+        dropped = self._dropped.get(batch, ())
         waves = self._waves.get(batch)
         if waves is not None and waves.labels and step_class in waves.classes:
             # the padding too: FA3 gives each padded sequence a tile of its own
             padded = lengths if lengths.size == batch else np.concatenate(
                 (lengths, np.ones(batch - lengths.size, dtype=lengths.dtype)))
             cap = wave_cap(padded, **waves.shape)
-            if cap in waves.labels:
-                return waves.labels[cap]
-        return labels.get(step_class)
+            if cap in waves.labels and (*step_class, cap) not in dropped:
+                return Pick(waves.labels[cap], (*step_class, cap))
+        label = labels.get(step_class) if labels else None
+        return None if label is None or step_class in dropped else Pick(label, step_class)
 
-
-__all__ = ["GraphVariants", "StepLengths", "Variant", "captured_configs"]
+__all__ = ["GraphVariants", "Pick", "StepLengths", "Variant", "captured_configs"]

@@ -4,12 +4,14 @@ A variant's configs won their trials (tuner.sweep) on batches tuner built, and a
 batches can differ in ways no trial held: one prompt length for a whole batch, the page
 table's layout, the kernels of the step around attention. Inside SGLang at batch 8 x 32k a
 variant that had won its trials ran the whole decode step ~4% slower than FA3's default
-(docs/decisions.md, "Graph variants"). So the server's first replays of each variant decide:
-they alternate with the base graph (what the server runs without variants: the batch size's
-graph record, or FA3's default) over the same class of lengths, a pair of CUDA events timing
-each replay; once `pairs` variant replays each have a base replay just before them (at most
-PAIR_MAX_GAP steps before, with as many real sequences), a variant whose median time ratio to
-those exceeds 1 + tolerance is dropped, and its steps replay the base graph from then on.
+(docs/decisions.md, "Graph variants"). So the server's first replays of each variant decide,
+for each class of lengths it serves (GraphVariants.pick: one graph may serve several kv
+buckets, and win on one while it loses on another): they alternate with the base graph (what
+the server runs without variants: the batch size's graph record, or FA3's default) over the
+same class, a pair of CUDA events timing each replay; once `pairs` variant replays each have
+a base replay just before them (at most PAIR_MAX_GAP steps before, with as many real
+sequences), a class whose median time ratio exceeds 1 + tolerance is taken off the variant
+(GraphVariants.drop_pick), and its steps replay the base graph from then on.
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
 like. The events also take in the host's work between them and the replay's launch, alike for
@@ -37,7 +39,10 @@ from tuner import settings
 if TYPE_CHECKING:
     from tuner.integrations.graph_variants import GraphVariants
 
-VariantKey = tuple[int, str]  # (batch size, variant label)
+# what a step replays: a GraphVariants.pick (a variant's label and the step's class of lengths,
+# judged per class) or a plain label (a server's own graphs: judged per graph)
+Choice = Any
+VariantKey = tuple[int, Choice]  # (batch size, choice)
 # a variant replay pairs with its class's last base replay only if that ran at most this many
 # server steps before it (two classes' steps may interleave) with as many real sequences: a
 # batch padded up to its size may hold fewer, and then far less work
@@ -70,12 +75,17 @@ class _Tally:
     ratios: list[float] = field(default_factory=list)
 
 
-class ReplayJudge:
-    """Alternates each variant with the base graph over its first replays and gives the
-    verdict (on_drop(batch, label, median ratio) for a variant that lost). pairs 0: judges
-    nothing, every variant replays as planned."""
+def label_of(choice: Choice) -> str | None:
+    """The graph label a choice names (a Pick's label, or the choice itself)."""
+    return getattr(choice, "label", choice)
 
-    def __init__(self, pairs: int, tolerance: float, on_drop: Callable[[int, str, float], None],
+
+class ReplayJudge:
+    """Alternates each choice (a variant, or a variant for one class of lengths) with the base
+    graph over its first replays and gives the verdict (on_drop(batch, choice, median ratio)
+    for one that lost). pairs 0: judges nothing, every variant replays as planned."""
+
+    def __init__(self, pairs: int, tolerance: float, on_drop: Callable[[int, Choice, float], None],
                  event: Callable[[], Any] = _cuda_event) -> None:
         self.pairs, self.tolerance, self._on_drop, self._event = pairs, tolerance, on_drop, event
         self._tallies: dict[VariantKey, _Tally] = {}
@@ -86,28 +96,28 @@ class ReplayJudge:
     @classmethod
     def for_variants(cls, variants: GraphVariants, event: Callable[[], Any] = _cuda_event) -> ReplayJudge:
         """The judge of a server's graph variants: $TUNER_REPLAY_JUDGE pairs (settings), a
-        variant that loses dropped from `variants`, and logged (drop_variant)."""
+        pick that loses taken off its variant in `variants`, and logged (drop_variant)."""
         return cls(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE,
-                   on_drop=lambda batch, label, ratio: drop_variant(variants, batch, label, ratio), event=event)
+                   on_drop=lambda batch, choice, ratio: drop_variant(variants, batch, choice, ratio), event=event)
 
     @contextmanager
-    def replaying(self, batch: int, label: str | None, raw_batch: int | None = None) -> Iterator[str | None]:
-        """Around each replay a server runs itself: gives the label to replay (label, or None
-        for the base graph: on every other step while the variant is judged, and once it has
-        been dropped) and times the replay where it is judged. raw_batch: the step's real
+    def replaying(self, batch: int, choice: Choice, raw_batch: int | None = None) -> Iterator[str | None]:
+        """Around each replay a server runs itself: gives the label to replay (the choice's, or
+        None for the base graph: on every other step while the choice is judged, and once it
+        has lost) and times the replay where it is judged. choice: variants.pick(...) (or a
+        label: one verdict for every step that replays it); raw_batch: the step's real
         sequences, where the batch is padded up to its size.
 
-            label = variants.label(bs, seq_lens_cpu)
-            with judge.replaying(bs, label) as chosen:
-                graphs[bs, chosen].replay()
+            with judge.replaying(bs, variants.pick(bs, seq_lens_cpu)) as label:
+                graphs[bs, label].replay()
         """
         self.tick()
-        if label is None or not self.judging(batch, label):
-            yield None if label is not None and self.dropped(batch, label) else label
+        if choice is None or not self.judging(batch, choice):
+            yield None if choice is None or self.dropped(batch, choice) else label_of(choice)
             return
-        variant = self.replays_variant(batch, label)
-        timed = self.start(batch, label, variant, raw_batch)
-        yield label if variant else None
+        variant = self.replays_variant(batch, choice)
+        timed = self.start(batch, choice, variant, raw_batch)
+        yield label_of(choice) if variant else None
         self.finish(timed)
 
     def tick(self) -> None:
@@ -116,28 +126,28 @@ class ReplayJudge:
         if self._in_flight:
             self.collect()
 
-    def dropped(self, batch: int, label: str) -> bool:
-        """Whether the variant was judged slower than the base graph."""
-        return self.verdicts.get((batch, label), 0.0) > 1 + self.tolerance
+    def dropped(self, batch: int, choice: Choice) -> bool:
+        """Whether the choice was judged slower than the base graph."""
+        return self.verdicts.get((batch, choice), 0.0) > 1 + self.tolerance
 
-    def replays_variant(self, batch: int, label: str) -> bool:
-        """Whether this step of the variant's class replays the variant (else the base graph):
-        always once judged; while judged, every other step, the base graph first."""
-        key = (batch, label)
+    def replays_variant(self, batch: int, choice: Choice) -> bool:
+        """Whether this step of the choice replays its variant (else the base graph): always
+        once judged; while judged, every other step, the base graph first."""
+        key = (batch, choice)
         if self.pairs <= 0 or key in self.verdicts:
             return True
         tally = self._tallies.setdefault(key, _Tally())
         tally.steps += 1
         return tally.steps % 2 == 0
 
-    def judging(self, batch: int, label: str) -> bool:
-        return self.pairs > 0 and (batch, label) not in self.verdicts
+    def judging(self, batch: int, choice: Choice) -> bool:
+        return self.pairs > 0 and (batch, choice) not in self.verdicts
 
-    def start(self, batch: int, label: str, variant: bool, raw_batch: int | None = None) -> Timed:
+    def start(self, batch: int, choice: Choice, variant: bool, raw_batch: int | None = None) -> Timed:
         """Before the replay: its start event, recorded on the current stream."""
         start = self._event()
         start.record()
-        return Timed((batch, label), variant, self._step, raw_batch, start)
+        return Timed((batch, choice), variant, self._step, raw_batch, start)
 
     def finish(self, timed: Timed) -> None:
         """After the replay: its end event; read at a later step (collect)."""
@@ -179,11 +189,19 @@ def _neighbours(base: Timed, variant: Timed) -> bool:
     return variant.step - base.step <= PAIR_MAX_GAP and base.raw_batch == variant.raw_batch
 
 
-def drop_variant(variants: GraphVariants, batch: int, label: str, ratio: float) -> None:
-    """A verdict against a variant: its steps replay the batch size's graph from now on."""
-    variants.drop(batch, label)
+def drop_variant(variants: GraphVariants, batch: int, choice: Choice, ratio: float) -> None:
+    """A verdict against a choice: its steps replay the batch size's graph from now on (a pick:
+    the steps of its class of lengths; a label: every step of the variant)."""
+    step_class = getattr(choice, "step_class", None)
+    if step_class is None:
+        variants.drop(batch, choice)
+        steps = "its steps"
+    else:
+        variants.drop_pick(batch, choice)
+        steps = f"its steps at kv bucket {step_class[0]}, {'dense' if step_class[1] else 'not dense'}" + (
+            f", FA3 cap {step_class[2]}" if len(step_class) > 2 else "")
     log.warning("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
-                "first replays here; its steps replay that graph", label, batch, ratio)
+                "first replays here; %s replay that graph", label_of(choice), batch, ratio, steps)
 
 
-__all__ = ["ReplayJudge", "Timed", "drop_variant"]
+__all__ = ["ReplayJudge", "Timed", "drop_variant", "label_of"]

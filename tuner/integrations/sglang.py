@@ -19,9 +19,9 @@ of their batch size (tuner.runtime) or the frozen rule. Where the per-call recor
 configs for some of the lengths a graph may replay, SGLang's decode graph runner captures a
 graph variant for each (tuner.integrations.graph_variants) under the variant labels its
 ShapeKey has, and before each replay runs the one for the step's lengths. Where one process
-decides alone (no tensor or pipeline parallelism), each variant's first replays
-alternate with the base graph and a variant that runs slower than it is dropped
-(tuner.integrations.replay_judge). Three hooks of SGLang's plugin HookRegistry, around
+decides alone (no tensor or pipeline parallelism), each variant's first replays of each
+class of lengths alternate with the base graph, and a class on which it runs slower than
+that graph replays the base graph from then on (tuner.integrations.replay_judge). Three hooks of SGLang's plugin HookRegistry, around
 DecodeCudaGraphRunner.capture_one_shape, load_batch and execute, which act only where the
 runner's decode backend is tuner's. SGLang is imported only when
 the backend is created or the hooks registered; its 0.5.17 source was read.
@@ -278,16 +278,16 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     if judge is not None:
         judge.tick()  # (a verdict may drop a variant: before the step's label is asked for)
     raw_batch = getattr(forward_batch, "batch_size", None)
-    label = backend.tuner_variants.label(key.size, getattr(forward_batch, "seq_lens_cpu", None), raw_batch=raw_batch)
-    if label is None:
+    pick = backend.tuner_variants.pick(key.size, getattr(forward_batch, "seq_lens_cpu", None), raw_batch=raw_batch)
+    if pick is None:
         return result
-    variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, label))
+    variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, pick.label))
     graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
     if graphs is not None and hasattr(graphs, "can_run") and not graphs.can_run(forward_batch, variant_key):
         return result
-    if judge is not None and judge.judging(key.size, label):
-        variant = judge.replays_variant(key.size, label)
-        runner._tuner_timed = judge.start(key.size, label, variant, raw_batch)
+    if judge is not None and judge.judging(key.size, pick):  # (per class of lengths: see replay_judge)
+        variant = judge.replays_variant(key.size, pick)
+        runner._tuner_timed = judge.start(key.size, pick, variant, raw_batch)
         if not variant:
             return result
     runner._replay_graph_key = variant_key
