@@ -94,7 +94,8 @@ MAX_PREFILL_TOKENS = 131072
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
 # the line tuner.integrations.replay_judge.drop_variant logs (logger "tuner")
-JUDGE_LINE = re.compile(r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x")
+JUDGE_LINE = re.compile(r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;\n]*; "
+                        r"(?P<steps>[^\n]*?) (?P<verdict>replay that graph|keep it)")
 
 
 class UsageError(ValueError):
@@ -177,10 +178,12 @@ def capture_cost(log_text: str) -> dict | None:
                 seconds=round(sum(c[1] for c in captures), 3), mem_gb=round(sum(c[2] for c in captures), 3))
 
 
-def judge_drops(log_text: str) -> list[dict]:
-    """The graph variants tuner's replay judge dropped in a worker (the lines it logged):
-    label, batch size, and the variant's time over the base graph's."""
-    return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"])) for m in JUDGE_LINE.finditer(log_text)]
+def judge_verdicts(log_text: str) -> list[dict]:
+    """The verdicts tuner's replay judge logged in a worker: label, batch size, the variant's
+    time over the base graph's, the steps it holds for (a class of lengths), and whether they
+    were dropped (kept ones are logged at info level)."""
+    return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"]), steps=m["steps"],
+                 dropped=m["verdict"] == "replay that graph") for m in JUDGE_LINE.finditer(log_text)]
 
 
 def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:
@@ -420,7 +423,7 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     latency.setdefault("capture", {}).pop(key, None)  # an earlier attempt's, if any
     if capture is not None:
         latency["capture"][key] = capture
-    latency.setdefault("judge_drops", {})[key] = judge_drops(worker_log)
+    latency.setdefault("judge_verdicts", {})[key] = judge_verdicts(worker_log)
     rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
     latency["rows"] = [r for r in latency["rows"] if row_key(r) != key] + [dict(r, round=rnd) for r in rows]
     run.save()

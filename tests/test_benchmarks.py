@@ -773,21 +773,46 @@ def test_sglang_e2e_records_each_workers_graph_capture_and_captures_sglangs_defa
     assert merged["results"]["fa3"]["latency"]["capture"] == doc["results"]["fa3"]["latency"]["capture"]
 
 
-def test_sglang_e2e_reads_the_variants_tuners_replay_judge_dropped_from_a_workers_log(caplog):
-    """The line tuner's replay judge logs for a dropped variant, as a worker's log holds it,
-    read back: the run's JSON says which variants ran slower than the base graph."""
+def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog):
+    """The lines tuner's replay judge logs, as a worker's log holds them, read back: the run's
+    JSON says which variants ran slower than the base graph (dropped) and which were kept, on
+    which steps."""
     import logging
     import types
 
-    from tuner.integrations.replay_judge import drop_variant
+    from tuner.integrations.graph_variants import Pick
+    from tuner.integrations.replay_judge import ReplayJudge, drop_variant
 
     e2e = benchmark_module("sglang_e2e")
     dropped = []
-    drop_variant(types.SimpleNamespace(drop=lambda *a: dropped.append(a)), 8, "tuner-3", 1.0437)
-    assert dropped == [(8, "tuner-3")]
-    line = logging.Formatter("[%(asctime)s TP0] %(message)s").format(caplog.records[-1])
-    assert e2e.judge_drops("Decode 1. Batch size: 8\n" + line) == [dict(label="tuner-3", batch=8, ratio=1.044)]
-    assert e2e.judge_drops("no drops") == []
+    drop_variant(types.SimpleNamespace(drop_pick=lambda *a: dropped.append(a)), 8, Pick("tuner-3", (65536, True)),
+                 1.0437)
+    assert dropped == [(8, Pick("tuner-3", (65536, True)))]
+    caplog.set_level(logging.INFO, logger="tuner")
+    clock = [0.0]
+
+    class Event:  # a CUDA event on a fake clock
+        def record(self):
+            self.at = clock[0]
+
+        def query(self):
+            return True
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    judge = ReplayJudge(1, 0.01, on_drop=lambda *a: None, event=Event)
+    kept = Pick("tuner-1", (32768, True))
+    for cost in (1.0, 0.9123):  # a base replay, then the variant's: one pair, and a kept verdict
+        with judge.replaying(8, kept):
+            clock[0] += cost
+    judge.tick()
+    form = logging.Formatter("[%(asctime)s TP0] %(message)s")
+    log = "Decode 1. Batch size: 8\n" + "\n".join(form.format(r) for r in caplog.records) + "\nDecode 2."
+    assert e2e.judge_verdicts(log) == [
+        dict(label="tuner-3", batch=8, ratio=1.044, steps="its steps at kv bucket 65536, dense", dropped=True),
+        dict(label="tuner-1", batch=8, ratio=0.912, steps="its steps at kv bucket 32768, dense", dropped=False)]
+    assert e2e.judge_verdicts("no verdicts") == []
 
 
 def test_sglang_e2e_reads_each_decode_capture_of_a_workers_log_paired_with_its_start():

@@ -182,6 +182,10 @@ class ReplayJudge:
         del self._tallies[key]
         if ratio > 1 + self.tolerance:
             self._on_drop(*key, ratio)
+        else:  # (info: what a server's log shows of tuner's choices, beside the drops)
+            batch, choice = key
+            log.info("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
+                     "first replays here; %s keep it", label_of(choice), batch, ratio, _steps_of(choice))
 
 
 def _neighbours(base: Timed, variant: Timed) -> bool:
@@ -192,16 +196,21 @@ def _neighbours(base: Timed, variant: Timed) -> bool:
 def drop_variant(variants: GraphVariants, batch: int, choice: Choice, ratio: float) -> None:
     """A verdict against a choice: its steps replay the batch size's graph from now on (a pick:
     the steps of its class of lengths; a label: every step of the variant)."""
-    step_class = getattr(choice, "step_class", None)
-    if step_class is None:
+    if getattr(choice, "step_class", None) is None:
         variants.drop(batch, choice)
-        steps = "its steps"
     else:
         variants.drop_pick(batch, choice)
-        steps = f"its steps at kv bucket {step_class[0]}, {'dense' if step_class[1] else 'not dense'}" + (
-            f", FA3 cap {step_class[2]}" if len(step_class) > 2 else "")
     log.warning("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
-                "first replays here; %s replay that graph", label_of(choice), batch, ratio, steps)
+                "first replays here; %s replay that graph", label_of(choice), batch, ratio, _steps_of(choice))
+
+
+def _steps_of(choice: Choice) -> str:
+    """The steps a verdict holds for, in words (a pick's class of lengths, or every step)."""
+    step_class = getattr(choice, "step_class", None)
+    if step_class is None:
+        return "its steps"
+    return f"its steps at kv bucket {step_class[0]}, {'dense' if step_class[1] else 'not dense'}" + (
+        f", FA3 cap {step_class[2]}" if len(step_class) > 2 else "")
 
 
 __all__ = ["ReplayJudge", "Timed", "drop_variant", "label_of"]
