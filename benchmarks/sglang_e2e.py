@@ -90,6 +90,10 @@ LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # alone (an 8B model's MLP) outgrow what the KV cache leaves, so a larger batch is prefilled in
 # parts of whole requests (prefill_in_parts); one request is at most this long
 MAX_PREFILL_TOKENS = 131072
+# what SGLang's static memory (weights and KV cache) leaves the rest of a worker by default:
+# a prefill of MAX_PREFILL_TOKENS takes about 16 GB beside it (Llama 3.1 8B: 0.85 of an H200's
+# 141 GB ran; 0.85 of an H100's 80 GB ran out of memory in prefill, 0.7 ran)
+PREFILL_HEADROOM_GB = 20.0
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
@@ -125,6 +129,25 @@ def write_model_dir(model: str, path: Path, layers: int | None = None) -> Path:
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
         "model_max_length": CONFIGS[model]["max_position_embeddings"], "clean_up_tokenization_spaces": False}))
     return path
+
+
+def mem_fraction(total_gb: float | None) -> float:
+    """SGLang's --mem-fraction-static for a GPU of total_gb: all but PREFILL_HEADROOM_GB, at
+    most 0.85 and at least 0.5 (0.85 where the size is not known)."""
+    if not total_gb:
+        return 0.85
+    return round(min(0.85, max(0.5, 1 - PREFILL_HEADROOM_GB / total_gb)), 2)
+
+
+def gpu_memory_gb() -> float | None:
+    """The first GPU's memory, from nvidia-smi: the parent process never makes a CUDA
+    context, which would take memory from its workers' GPU. None where it cannot tell."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return float(out.split()[0]) / 1024
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
 
 
 def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int, args: argparse.Namespace,
@@ -483,7 +506,8 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
     return dict(header("sglang_e2e", started), model=args.model, config=config,
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len, rounds=args.rounds,
                 capture_bs=getattr(args, "capture_bs", "run"), lengths=getattr(args, "lengths", "equal"),
-                max_prefill_tokens=MAX_PREFILL_TOKENS, results=results,
+                max_prefill_tokens=MAX_PREFILL_TOKENS, mem_fraction=getattr(args, "mem_fraction", None),
+                results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
                 summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}),
@@ -571,7 +595,8 @@ def main() -> None:
                     "far longer)")
     ap.add_argument("--rounds", type=int, default=3, help="latency workers per backend and input length, "
                     "the backends' order rotated each round")
-    ap.add_argument("--mem-fraction", type=float, default=0.85)
+    ap.add_argument("--mem-fraction", type=float, help="SGLang's --mem-fraction-static (default: all but "
+                    f"{PREFILL_HEADROOM_GB:.0f} GB of the GPU, at most 0.85)")
     ap.add_argument("--capture-bs", choices=("run", "default"), default="run",
                     help="decode graphs for the run's batch sizes only (run), or for SGLang's default list "
                          "(default: what a server captures at startup; each worker's capture seconds and GB are "
@@ -600,6 +625,8 @@ def main() -> None:
         ap.error("--out is required")
     if args.lengths == "spread" and not args.merge and max(int(b) for b in args.batches.split(",")) > SPREAD_DRAWS:
         ap.error(f"--lengths spread draws {SPREAD_DRAWS} prompts: --batches {args.batches} goes past that")
+    if args.mem_fraction is None and not args.merge:
+        args.mem_fraction = mem_fraction(gpu_memory_gb())
     out = Path(args.out)
     try:
         doc = merge(args.merge, out, args) if args.merge else run_all(args, out)

@@ -815,6 +815,15 @@ def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog
     assert e2e.judge_verdicts("no verdicts") == []
 
 
+def test_sglang_e2e_leaves_a_prefills_headroom_beside_sglangs_static_memory():
+    """0.85 of an H200's 141 GB ran Llama 3.1 8B's 131072-token prefill; 0.85 of an H100's 80 GB
+    ran out of memory there. The default leaves the same gigabytes on any GPU."""
+    e2e = benchmark_module("sglang_e2e")
+    assert e2e.mem_fraction(141.0) == 0.85 and e2e.mem_fraction(80.0) == 0.75
+    assert e2e.mem_fraction(24.0) == 0.5 and e2e.mem_fraction(None) == 0.85
+    assert (1 - e2e.mem_fraction(80.0)) * 80 >= 16  # the prefill's ~16 GB beside the static memory
+
+
 def test_sglang_e2e_reads_each_decode_capture_of_a_workers_log_paired_with_its_start():
     """SGLang logs its prefill graphs' capture too, a capture's memory may read negative, and a
     worker may capture decode graphs twice: each decode end is paired with the begin before it."""
