@@ -34,7 +34,12 @@ L2 by the bytes a call reads: tuner.workload.rotation):
 - graph_variants: several graphs per batch size at that bound, one per config set the records
   name over the lengths a replay may hold (tuner.integrations.graph_variants; the base graph
   is graph_unknown's), the one for the batch's host lengths replayed: what SGLang's decode
-  graphs run with tuner's backend, no lengths declared.
+  graphs run with tuner's backend, no lengths declared;
+- graph_variants_judged: the same, after tuner's replay judge (tuner.integrations.replay_judge)
+  has timed the variant's graph against the base graph's over its first replays, pair by
+  pair with its own events, on this case's batch: the variant where it was no more than 1%
+  slower, else the base graph. A server whose traffic in that class of lengths is like this
+  case's reaches that verdict (its "graph_variants_judge_ratio": the variant over the base).
 For each mode: FA3's default, tuner (the config decode_attention resolves for the call: DB,
 shipped tunings, borrowing rule, default; of a by_fill record, the config of the call's fill
 or, in the declared modes, of the declared lengths'), and the oracle (every candidate config of the
@@ -67,6 +72,7 @@ from tuner.bench import CudaGraphTimer, WallClockTimer
 from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import declared_branch, decode_attention, eager_config, graph_runs
 from tuner.integrations.graph_variants import GraphVariants
+from tuner.integrations.replay_judge import ReplayJudge
 from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
@@ -98,7 +104,8 @@ CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18)),
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
 SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
-MODES = ("per_call", "graph", "graph_unknown", "graph_declared", "graph_declared_pooled", "graph_variants")
+MODES = ("per_call", "graph", "graph_unknown", "graph_declared", "graph_declared_pooled", "graph_variants",
+         "graph_variants_judged")
 WIDE_MODES = MODES[1:]  # the modes whose calls carry the capture bound
 # graph_declared_pooled's one declaration: 1024 lengths per distribution and cap
 POOLED = [n for c in CAPS for d in DISTRIBUTIONS for n in draw_lengths(d, 1024, c, seed=7)]
@@ -154,6 +161,50 @@ def _variant_replayed(dispatch, args: tuple, kwargs: dict, batch: int, host_lens
         record = dispatch.config_for(*args, **kwargs)
         # as the variant's capture runs it (a wave_fit record: FA3 at the variant's cap)
         return record, graph_runs(declared_branch(record, batch), args)
+
+
+class _HostEvent:
+    """A CUDA event's interface on the host's clock, for the judge where no GPU runs (smoke)."""
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return (end.at - self.at) * 1e3
+
+
+def _judged(calls, base: dict, variant: dict, batch: int, device: str) -> tuple[dict, float | None]:
+    """(config, ratio): what the replay judge leaves a step of these calls, each graph a replay
+    of the whole rotation (as the timer's): the variant, or the base graph's config where the
+    variant ran slower by over the judge's tolerance; the verdict's ratio (None: no variant)."""
+    if variant == base:
+        return base, None
+    runs = {label: _rotation(calls, config) for label, config in ((None, base), ("variant", variant))}
+    replay = {}
+    for label, rotation in runs.items():
+        for run in rotation:  # warm-up: compiles, and plans nothing inside the capture
+            run()
+        if device == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for run in rotation:
+                    run()
+            replay[label] = graph.replay
+        else:
+            replay[label] = lambda rotation=rotation: [run() for run in rotation]
+    judge = ReplayJudge(settings.REPLAY_JUDGE_PAIRS, settings.REPLAY_JUDGE_TOLERANCE, on_drop=lambda *a: None,
+                        **({} if device == "cuda" else {"event": _HostEvent}))
+    for _ in range(2 * settings.REPLAY_JUDGE_PAIRS):  # base and variant in turn, a pair per two steps
+        with judge.replaying(batch, "variant") as label:
+            replay[label]()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    judge.tick()  # reads the last pair
+    ratio = judge.verdicts.get((batch, "variant"))
+    return (base if judge.dropped(batch, "variant") else variant), ratio
 
 
 def _calls(inputs, copies, max_kv_len: int, table_width: int | None, host_lens):
@@ -237,6 +288,9 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
                   graph_variants=variant_record)
     tuned = {m: fill_branch(c, host_lens if m == "per_call" else None, kv_max, case["batch"])
              for m, c in tuned.items()}
+    tuned["graph_variants_judged"], row["graph_variants_judge_ratio"] = _judged(
+        graph, tuned["graph_unknown"], tuned["graph_variants"], case["batch"], device)
+    stored["graph_variants_judged"] = tuned["graph_variants_judged"]
     row.update(default=defaults, tuner=tuned, **({"tuner_record": stored} if stored != tuned else {}))
 
     # the oracle: every candidate on exactly this batch (per call), the fastest re-timed

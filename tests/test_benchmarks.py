@@ -78,7 +78,25 @@ def test_serving_smoke(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     [row] = json.loads(out.read_text())["rows"]
     assert "error" not in row and row["per_call"]["default_us"] > 0 and row["graph"]["tuner_us"] > 0
-    assert row["graph_variants"]["tuner_us"] > 0
+    assert row["graph_variants"]["tuner_us"] > 0 and row["graph_variants_judged"]["tuner_us"] > 0
+
+
+def test_serving_judged_variants_keep_a_faster_variant_and_the_base_graph_over_a_slower_one(monkeypatch):
+    """graph_variants_judged: tuner's replay judge times the variant's replays against the base
+    graph's, pair by pair (on the CPU with the host's clock; here a fake kernel that takes its
+    config's time), and the case runs what its verdict leaves."""
+    import time
+
+    serving = benchmark_module("serving")
+    monkeypatch.setattr(serving, "decode_attention", lambda *a, config, **k: time.sleep(config["ms"] / 1e3))
+    monkeypatch.setattr(serving, "eager_config", lambda config, *a, **k: config)
+    calls = [((), {})] * 2  # a rotation of two calls
+    base, slow, fast = {"ms": 4}, {"ms": 8}, {"ms": 2}
+    config, ratio = serving._judged(calls, base, slow, 8, "cpu")
+    assert config == base and ratio > 1.5
+    config, ratio = serving._judged(calls, base, fast, 8, "cpu")
+    assert config == fast and ratio < 0.75
+    assert serving._judged(calls, base, dict(base), 8, "cpu") == (base, None)  # no variant: nothing judged
 
 
 def test_serving_batches_keeps_only_those_batch_sizes_each_case_with_its_seed_of_the_whole_run(tmp_path):
