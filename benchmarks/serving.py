@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import tempfile
 import time
@@ -369,28 +370,51 @@ def write(out: Path, rows: list[dict], planned: int, started: float, heads: dict
 
 
 CASE_FIELDS = ("model", "batch", "cap", "distribution")
+# the options that change what a case measures: runs that differ in one cannot be combined
+# (--models, --batches, --limit, --part, --seconds and --resume only choose which cases run)
+SAME_OPTIONS = {"--db": None, "--heads": "issue", "--caps": "issue"}
+
+
+def _options(command: str | None) -> dict[str, str | None]:
+    """SAME_OPTIONS' values in a run's command line."""
+    words = shlex.split(command or "")
+    found = dict(SAME_OPTIONS)
+    for i, word in enumerate(words):
+        name, _, value = word.partition("=")
+        if name in found:
+            found[name] = value or (words[i + 1] if i + 1 < len(words) else None)
+    return found
 
 
 def combine(paths: list[Path], out: Path) -> dict:
     """One JSON of several runs' rows, a later file's row replacing an earlier one's of the
-    same case (CASE_FIELDS); the runs must share their environment and capture bound, else
-    ValueError. Its header says which files and commands each row came from."""
+    same case (CASE_FIELDS), unless it holds an error where the earlier did not; the runs
+    must share their environment, capture bound, SAME_OPTIONS and the specs of the head
+    configurations they share, else ValueError. Its header says which files and commands
+    its rows came from."""
     docs = [read_results(p) for p in paths]
     first = docs[0]
-    for path, doc in zip(paths[1:], docs[1:]):
+    heads: dict[str, dict] = {}
+    for path, doc in zip(paths, docs):
         for field in ("benchmark", "environment", "max_context"):
             if doc.get(field) != first.get(field):
                 raise ValueError(f"{path.name}: its {field} is not {paths[0].name}'s, so its rows cannot stand "
                                  "beside them")
+        if _options(doc.get("command")) != _options(first.get("command")):
+            raise ValueError(f"{path.name}: its {', '.join(SAME_OPTIONS)} are not {paths[0].name}'s")
+        for name, spec in doc.get("models", {}).items():
+            if heads.setdefault(name, spec) != spec:
+                raise ValueError(f"{path.name}: its head configuration {name!r} is not the earlier files'")
     by_case: dict[tuple, dict] = {}
     for doc in docs:
         for row in doc["rows"]:
-            by_case[tuple(row.get(f) for f in CASE_FIELDS)] = row
+            case = tuple(row.get(f) for f in CASE_FIELDS)
+            if "error" not in row or "error" in by_case.get(case, {"error": True}):
+                by_case[case] = row
     head = {"benchmark": first["benchmark"], "command": "python " + " ".join(sys.argv),
             "combined_from": [{"file": p.name, "command": d.get("command"), "when": d.get("when"),
                                "rows": len(d["rows"])} for p, d in zip(paths, docs)],
             "environment": first["environment"], "seconds": sum(d.get("seconds", 0) for d in docs)}
-    heads = {name: spec for d in docs for name, spec in d.get("models", {}).items()}
     return write(out, list(by_case.values()), max(d.get("cases_planned", 0) for d in docs), 0.0, heads, head)
 
 

@@ -525,9 +525,10 @@ def merge_result(into: dict, result: dict) -> None:
                 mine["exit_codes"][key] = code
                 mine["rows"] = [r for r in mine["rows"] if row_key(r) != key]
                 mine["rows"] += [r for r in result["latency"]["rows"] if row_key(r) == key]
-                mine.setdefault("capture", {}).pop(key, None)
-                if key in result["latency"].get("capture", {}):
-                    mine["capture"][key] = result["latency"]["capture"][key]
+                for part in ("capture", "judge_verdicts"):  # each worker's, from its own log
+                    mine.setdefault(part, {}).pop(key, None)
+                    if key in result["latency"].get(part, {}):
+                        mine[part][key] = result["latency"][part][key]
     if "logits_exit_code" in result and into.get("logits_exit_code") != 0:
         into["logits_exit_code"] = result["logits_exit_code"]
 

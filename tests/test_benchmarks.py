@@ -137,7 +137,11 @@ def test_serving_combine_replaces_a_runs_rows_with_a_later_runs_of_the_same_case
     rerun = dict(whole, command="python serving.py --batches 1 --out rerun.json", cases_planned=1,
                  rows=[row(1, "uniform", 5.0)])
     other = dict(rerun, environment=dict(env, torch="2.12.0"))
-    for name, doc in (("whole", whole), ("rerun", rerun), ("other", other)):
+    failed = dict(rerun, rows=[dict(model="m", batch=3, cap=1024, distribution="uniform", error="OutOfMemoryError")])
+    other_db = dict(rerun, command="python serving.py --batches 1 --db mine.db --out rerun.json")
+    other_heads = dict(rerun, models={"m": {"num_q_heads": 48}})
+    for name, doc in (("whole", whole), ("rerun", rerun), ("other", other), ("failed", failed),
+                      ("other_db", other_db), ("other_heads", other_heads)):
         (tmp_path / f"{name}.json").write_text(json.dumps(doc))
     env_vars = dict(os.environ, PYTHONPATH=str(ROOT))
 
@@ -156,10 +160,16 @@ def test_serving_combine_replaces_a_runs_rows_with_a_later_runs_of_the_same_case
     assert [c["command"] for c in doc["combined_from"]] == [whole["command"], rerun["command"]]
     assert doc["environment"] == env
 
+    result = combine("whole", "failed")  # a rerun's error does not hide the case's measurement
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads((tmp_path / "combined.json").read_text())
+    assert sorted((r["batch"], r["graph_variants"]["tuner_us"]) for r in doc["rows"]) == [(1, 10.0), (3, 5.0)]
+
     (tmp_path / "combined.json").unlink()
-    result = combine("whole", "other")
-    assert result.returncode == 2 and "environment" in result.stderr.strip().splitlines()[-1]
-    assert not (tmp_path / "combined.json").exists()
+    for name, why in (("other", "environment"), ("other_db", "--db"), ("other_heads", "head configuration")):
+        result = combine("whole", name)
+        assert result.returncode == 2 and why in result.stderr.strip().splitlines()[-1], result.stderr
+        assert not (tmp_path / "combined.json").exists()
 
 
 def test_decode_step_smoke_runs_every_mode_on_the_same_steps(tmp_path):
@@ -831,6 +841,19 @@ def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog
         dict(label="tuner-3", batch=8, ratio=1.044, steps="its steps at kv bucket 65536, dense", dropped=True),
         dict(label="tuner-1", batch=8, ratio=0.912, steps="its steps at kv bucket 32768, dense", dropped=False)]
     assert e2e.judge_verdicts("no verdicts") == []
+
+
+def test_sglang_e2e_merge_keeps_each_workers_judge_verdicts_and_capture_beside_its_rows():
+    e2e = benchmark_module("sglang_e2e")
+    verdict = dict(label="tuner-1", batch=8, ratio=0.96, steps="its steps at kv bucket 32768, dense", dropped=False)
+    ran = {"latency": {"exit_codes": {"1024": 0, "1024#1": 1}, "rows": [{"input_len": 1024, "round": 0}],
+                       "capture": {"1024": {"captures": 1}}, "judge_verdicts": {"1024": [verdict], "1024#1": []}}}
+    into: dict = {}
+    e2e.merge_result(into, ran)
+    assert into["latency"]["judge_verdicts"] == {"1024": [verdict], "1024#1": []}
+    assert into["latency"]["capture"] == {"1024": {"captures": 1}}
+    e2e.merge_result(into, {"latency": {"exit_codes": {"1024": 1}, "rows": []}})  # a failed worker: kept out
+    assert into["latency"]["judge_verdicts"]["1024"] == [verdict]
 
 
 def test_sglang_e2e_leaves_a_prefills_headroom_beside_sglangs_static_memory():

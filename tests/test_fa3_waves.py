@@ -145,7 +145,7 @@ def test_graph_variants_capture_fa3_at_the_caps_steps_need_and_a_step_replays_it
     need one of them replays that graph."""
     import tuner
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
-    from tuner.integrations.graph_variants import GraphVariants
+    from tuner.integrations.graph_variants import GraphVariants, Pick
 
     shape = DecodeShape(batch=3, kv_len=16384, num_q_heads=48, num_kv_heads=8, head_dim=16, dtype="float32",
                         lengths="serving")
@@ -174,3 +174,12 @@ def test_graph_variants_capture_fa3_at_the_caps_steps_need_and_a_step_replays_it
     assert variants.label(3, np.array([11049, 10500, 0]), raw_batch=2) is None
     variants.drop(3, "tuner-1")  # not captured (out of memory): its steps replay the base graph
     assert variants.label(3, [11049, 10500, 8200]) is None
+    # judged slower on one class of steps (replay_judge): those steps alone go back to the base
+    # graph, here FA3's own choice, as their class names no graph without a cap
+    variants.plan(3, [call])
+    picked = variants.pick(3, [11049, 10500, 8200])
+    assert picked == Pick("tuner-1", (16384, True, 5))
+    variants.drop_pick(3, picked)
+    assert variants.pick(3, [11049, 10500, 8200]) is None
+    variants.plan(3, [call])  # captured again: nothing dropped
+    assert variants.pick(3, [11049, 10500, 8200]) == picked

@@ -3,6 +3,7 @@ decode call pattern (write the new token's K and V, attend over the backend's pa
 cache lengths), eager and under capture, and what it leaves to SGLang's FA3 code."""
 
 import importlib.metadata
+import logging
 import sys
 import types
 
@@ -10,8 +11,10 @@ import pytest
 import torch
 
 from support import fake_sglang
+from tuner.db import current_fingerprint
 from tuner.integrations import sglang as integration
 from tuner.integrations.graph_variants import Pick
+from tuner.ops.decode_attention import installed
 from tuner.runtime.capture_watch import CAPTURES
 from tuner.workload.reference import paged_decode_reference
 
@@ -395,6 +398,8 @@ def judged(sgl, db_path, monkeypatch):
     variant captured: "tuner-1", for batches of 4 whose longest is in the 2048 bucket."""
     def make(costs, **runner_fields):
         clock = _Clock(costs)
+        current_fingerprint()  # this machine's, and the backends that run here, before it looks like a CUDA one
+        installed()
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: sgl.capturing[0])
         monkeypatch.setattr(torch.cuda, "Event", clock.event)
@@ -417,7 +422,9 @@ def _labels(runner, steps, lengths=(2000,) * 4):
 
 
 def _dropped(caplog, text):
-    return any("graph variant" in r.getMessage() and text in r.getMessage() for r in caplog.records)
+    """Whether the judge logged a drop (a warning; a kept verdict is info) whose line holds text."""
+    return any(r.levelno >= logging.WARNING and "graph variant" in r.getMessage() and text in r.getMessage()
+               for r in caplog.records)
 
 
 def test_a_variant_slower_than_the_base_graph_over_its_first_replays_is_dropped(judged, caplog):
@@ -462,6 +469,19 @@ def test_a_variant_is_judged_per_class_of_lengths_it_serves(judged, caplog):
     assert not _dropped(caplog, "0.800x")
     assert runner.attn_backend.tuner_judge.verdicts == {(4, DENSE_2K): pytest.approx(1.05),
                                                         (4, Pick("tuner-1", (2048, False))): pytest.approx(0.8)}
+
+
+def test_a_batch_size_captured_again_is_judged_again(judged, caplog):
+    """New graphs: the verdicts on the old ones do not hold, and a dropped class is judged
+    again rather than replaying its variant untimed."""
+    runner, clock = judged({None: 1.0, "tuner-1": 1.05})
+    _labels(runner, 16)
+    assert _labels(runner, 2) == [None, None]
+    runner.capture_one_shape(4, _graph_step(runner.attn_backend, 4, 2048))
+    assert runner.attn_backend.tuner_judge.verdicts == {}
+    events = len(clock.events)
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8 and len(clock.events) == events + 32
+    assert _labels(runner, 2) == [None, None]
 
 
 def test_no_step_waits_for_the_gpu_to_time_a_replay(judged, caplog):

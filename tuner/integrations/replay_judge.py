@@ -126,6 +126,14 @@ class ReplayJudge:
         if self._in_flight:
             self.collect()
 
+    def forget(self, batch: int) -> None:
+        """A batch size's graphs captured again (GraphVariants.plan): its verdicts, and what
+        was being judged of it, belong to the old graphs."""
+        self._in_flight = deque(t for t in self._in_flight if t.key[0] != batch)
+        for verdicts in (self._tallies, self.verdicts):
+            for key in [k for k in verdicts if k[0] == batch]:
+                del verdicts[key]
+
     def dropped(self, batch: int, choice: Choice) -> bool:
         """Whether the choice was judged slower than the base graph."""
         return self.verdicts.get((batch, choice), 0.0) > 1 + self.tolerance

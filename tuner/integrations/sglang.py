@@ -245,6 +245,8 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
     calls = list(backend.tuner_graph_calls.get(size, {}).values())
     try:
         planned = backend.tuner_variants.plan(size, calls)
+        if backend.tuner_judge is not None:  # (new graphs: the old ones' verdicts do not hold)
+            backend.tuner_judge.forget(size)
     except Exception as e:  # noqa: BLE001 - tuner's planning never fails SGLang's capture
         warnings.warn(f"tuner: no graph variants for batch size {size} ({type(e).__name__}: {e})", RuntimeWarning,
                       stacklevel=2)
@@ -284,6 +286,8 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, pick.label))
     graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
     if graphs is not None and hasattr(graphs, "can_run") and not graphs.can_run(forward_batch, variant_key):
+        return result
+    if judge is not None and judge.dropped(key.size, pick):  # (GraphVariants.drop_pick did so already)
         return result
     if judge is not None and judge.judging(key.size, pick):  # (per class of lengths: see replay_judge)
         variant = judge.replays_variant(key.size, pick)
