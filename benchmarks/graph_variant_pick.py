@@ -3,7 +3,9 @@ pays once per decode step before the replay (tuner.integrations.graph_variants):
 1, 64 and 256, the lengths as a CPU int32 tensor (as SGLang's seq_lens_cpu), a NumPy array and
 a list, a step that picks a variant and one that keeps the base graph, and a batch padded up
 to the captured size; and a step of a class whose record is FA3's wave_fit, whose cap the pick
-computes from the lengths (batch 3 and 8 with 8 kv heads, batch 128 with one).
+computes from the lengths (batch 3 and 8 with 8 kv heads, batch 128 with one). With the
+replay judge (tuner.integrations.replay_judge), what SGLang's host step adds once the step's
+class has its verdict: the judge's tick, and its look-ups of the step's pick.
 
     python benchmarks/graph_variant_pick.py [--label NAME] [--out FILE]
 """
@@ -17,9 +19,17 @@ CALLS = 20_000
 REPEATS = 9
 
 
+def _judged_step(judge, variants, batch, lengths):
+    """SGLang's host step with the judge (tuner.integrations.sglang.load_batch_of_variant)."""
+    judge.tick()
+    pick = variants.pick(batch, lengths)
+    return not judge.dropped(batch, pick) and judge.judging(batch, pick)
+
+
 def main() -> None:
     args = arguments(__doc__.splitlines()[0])
     from tuner.integrations.graph_variants import GraphVariants, _WaveSteps
+    from tuner.integrations.replay_judge import ReplayJudge
 
     variants = GraphVariants()
     results = {}
@@ -33,7 +43,10 @@ def main() -> None:
             "list": lambda b=batch, x=lengths.tolist(): variants.label(b, x),
             "cpu_int32_tensor_padded": lambda b=batch, t=lengths: variants.label(b, t, raw_batch=max(1, b - 3)),
             "batch_without_variants": lambda b=batch + 1, t=lengths: variants.label(b, t),
+            "cpu_int32_tensor_judged": lambda b=batch, t=lengths: _judged_step(judge, variants, b, t),
         }
+        judge = ReplayJudge(8, 0.01, on_drop=lambda *a: None)
+        judge.verdicts[(batch, variants.pick(batch, lengths))] = 0.95  # kept: as every later step finds it
         for name, fn in cases.items():
             fn()
             results[f"batch_{batch}_{name}"] = ns_per_call(fn, CALLS, REPEATS)
