@@ -471,6 +471,34 @@ def test_a_variant_is_judged_per_class_of_lengths_it_serves(judged, caplog):
                                                         (4, Pick("tuner-1", (2048, False))): pytest.approx(0.8)}
 
 
+def test_a_kept_variant_is_judged_again_later_and_dropped_if_it_has_come_to_lose(judged, caplog):
+    """A class's traffic may change after its first replays: a kept variant is rechecked after
+    `recheck` more replays of its class (then twice as many), so it does not go on losing."""
+    cost = {"variant": 0.8}
+    runner, clock = judged({None: 1.0, "tuner-1": lambda forward_batch: cost["variant"]})
+    judge = runner.attn_backend.tuner_judge
+    judge.recheck = 10
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8
+    assert _labels(runner, 10) == ["tuner-1"] * 10 and judge.verdicts == {(4, DENSE_2K): pytest.approx(0.8)}
+    cost["variant"] = 1.05  # its class's traffic has changed
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8  # the recheck, from the 10th replay after the verdict
+    assert _labels(runner, 3) == [None] * 3 and _dropped(caplog, "ran 1.050x")
+    assert judge.verdicts == {(4, DENSE_2K): pytest.approx(1.05)}
+
+
+def test_a_variant_kept_on_its_recheck_is_rechecked_twice_as_late(judged):
+    runner, clock = judged({None: 1.0, "tuner-1": 0.8})
+    runner.attn_backend.tuner_judge.recheck = 10
+    _labels(runner, 16)
+    events = len(clock.events)
+    assert _labels(runner, 10) == ["tuner-1"] * 10 and len(clock.events) == events  # untimed till the recheck
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8  # rechecked, and kept
+    events = len(clock.events)
+    _labels(runner, 20)
+    assert len(clock.events) == events  # the next recheck: 20 replays on
+    assert _labels(runner, 2) == [None, "tuner-1"]
+
+
 def test_a_batch_size_captured_again_is_judged_again(judged, caplog):
     """New graphs: the verdicts on the old ones do not hold, and a dropped class is judged
     again rather than replaying its variant untimed."""

@@ -113,6 +113,10 @@ def graph_variants_max() -> int:
 ENV_REPLAY_JUDGE = "TUNER_REPLAY_JUDGE"
 REPLAY_JUDGE_PAIRS = 8
 REPLAY_JUDGE_TOLERANCE = 0.01
+# a kept variant is judged again after this many more replays of its class, then after twice
+# as many, and so on: a server's traffic in a class may change after its first replays, and
+# a variant must not go on losing (a recheck costs `pairs` base replays)
+REPLAY_JUDGE_RECHECK = 4096
 
 
 def replay_judge_pairs() -> int:

@@ -11,7 +11,9 @@ the server runs without variants: the batch size's graph record, or FA3's defaul
 same class, a pair of CUDA events timing each replay; once `pairs` variant replays each have
 a base replay just before them (at most PAIR_MAX_GAP steps before, with as many real
 sequences), a class whose median time ratio exceeds 1 + tolerance is taken off the variant
-(GraphVariants.drop_pick), and its steps replay the base graph from then on.
+(GraphVariants.drop_pick), and its steps replay the base graph from then on. A class kept is
+judged again after settings.REPLAY_JUDGE_RECHECK more of its replays, then after twice as
+many, and so on: its traffic may change, and a variant must not go on losing.
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
 like. The events also take in the host's work between them and the replay's launch, alike for
@@ -86,9 +88,11 @@ class ReplayJudge:
     for one that lost). pairs 0: judges nothing, every variant replays as planned."""
 
     def __init__(self, pairs: int, tolerance: float, on_drop: Callable[[int, Choice, float], None],
-                 event: Callable[[], Any] = _cuda_event) -> None:
+                 event: Callable[[], Any] = _cuda_event, recheck: int = settings.REPLAY_JUDGE_RECHECK) -> None:
         self.pairs, self.tolerance, self._on_drop, self._event = pairs, tolerance, on_drop, event
+        self.recheck = recheck
         self._tallies: dict[VariantKey, _Tally] = {}
+        self._rechecks: dict[VariantKey, list[int]] = {}  # a kept choice: [replays since its verdict, the next recheck]
         self.verdicts: dict[VariantKey, float] = {}  # each judged variant's median ratio to the base graph
         self._in_flight: deque[Timed] = deque()
         self._step = 0  # the server's replays so far (tick)
@@ -130,7 +134,7 @@ class ReplayJudge:
         """A batch size's graphs captured again (GraphVariants.plan): its verdicts, and what
         was being judged of it, belong to the old graphs."""
         self._in_flight = deque(t for t in self._in_flight if t.key[0] != batch)
-        for verdicts in (self._tallies, self.verdicts):
+        for verdicts in (self._tallies, self.verdicts, self._rechecks):
             for key in [k for k in verdicts if k[0] == batch]:
                 del verdicts[key]
 
@@ -149,7 +153,22 @@ class ReplayJudge:
         return tally.steps % 2 == 0
 
     def judging(self, batch: int, choice: Choice) -> bool:
-        return self.pairs > 0 and (batch, choice) not in self.verdicts
+        """Whether this step of the choice is judged (asked once a step): until its verdict,
+        and again once a kept choice is due its recheck."""
+        key = (batch, choice)
+        if self.pairs <= 0:
+            return False
+        if key not in self.verdicts:
+            return True
+        recheck = self._rechecks.get(key)
+        if recheck is None:  # dropped: its steps replay the base graph
+            return False
+        recheck[0] += 1
+        if recheck[0] <= recheck[1]:
+            return False
+        del self.verdicts[key]  # judged again; if kept, its next recheck comes twice as late
+        recheck[0], recheck[1] = 0, 2 * recheck[1]
+        return True
 
     def start(self, batch: int, choice: Choice, variant: bool, raw_batch: int | None = None) -> Timed:
         """Before the replay: its start event, recorded on the current stream."""
@@ -189,8 +208,10 @@ class ReplayJudge:
         self.verdicts[key] = ratio
         del self._tallies[key]
         if ratio > 1 + self.tolerance:
+            self._rechecks.pop(key, None)
             self._on_drop(*key, ratio)
-        else:  # (info: what a server's log shows of tuner's choices, beside the drops)
+        else:
+            self._rechecks.setdefault(key, [0, self.recheck])[0] = 0  # (info: what a server's log shows of tuner's choices, beside the drops)
             batch, choice = key
             log.info("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
                      "first replays here; %s keep it", label_of(choice), batch, ratio, _steps_of(choice))
