@@ -211,8 +211,8 @@ class ReplayJudge:
             self._rechecks.pop(key, None)
             self._on_drop(*key, ratio)
         else:
-            self._rechecks.setdefault(key, [0, self.recheck])[0] = 0  # (info: what a server's log shows of tuner's choices, beside the drops)
-            batch, choice = key
+            self._rechecks.setdefault(key, [0, self.recheck])[0] = 0  # (a recheck's: its next comes twice as late)
+            batch, choice = key  # (info: what a server's log shows of tuner's choices, beside the drops)
             log.info("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
                      "first replays here; %s keep it", label_of(choice), batch, ratio, _steps_of(choice))
 

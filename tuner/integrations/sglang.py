@@ -21,10 +21,11 @@ graph variant for each (tuner.integrations.graph_variants) under the variant lab
 ShapeKey has, and before each replay runs the one for the step's lengths. Where one process
 decides alone (no tensor or pipeline parallelism), each variant's first replays of each
 class of lengths alternate with the base graph, and a class on which it runs slower than
-that graph replays the base graph from then on (tuner.integrations.replay_judge). Three hooks of SGLang's plugin HookRegistry, around
-DecodeCudaGraphRunner.capture_one_shape, load_batch and execute, which act only where the
-runner's decode backend is tuner's. SGLang is imported only when
-the backend is created or the hooks registered; its 0.5.17 source was read.
+that graph replays the base graph from then on (tuner.integrations.replay_judge). Three
+hooks of SGLang's plugin HookRegistry, around DecodeCudaGraphRunner.capture_one_shape,
+load_batch and execute, which act only where the runner's decode backend is tuner's. SGLang
+is imported only when the backend is created or the hooks registered; its 0.5.17 source was
+read.
 """
 
 from __future__ import annotations
