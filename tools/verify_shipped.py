@@ -137,7 +137,8 @@ def worker(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tunings", required=True, type=Path, help="the sweep's `tuner export` JSON")
-    ap.add_argument("--db", required=True)
+    ap.add_argument("--db", required=True, help="the DB the re-checked records are written to (on a lent GPU "
+                    "machine, under $OUT, or it is lost with the machine; tools/merge_reship.py reads it)")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--seconds", type=float, default=500.0)
     ap.add_argument("--seed", type=int, default=0,
