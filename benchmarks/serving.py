@@ -37,9 +37,11 @@ L2 by the bytes a call reads: tuner.workload.rotation):
   graphs run with tuner's backend, no lengths declared;
 - graph_variants_judged: the same, after tuner's replay judge (tuner.integrations.replay_judge)
   has timed the variant's graph against the base graph's over its first replays, pair by
-  pair with its own events, on this case's batch: the variant where it was no more than 1%
-  slower, else the base graph. A server whose traffic in that class of lengths is like this
-  case's reaches that verdict (its "graph_variants_judge_ratio": the variant over the base).
+  pair with its own events: the variant where it was no more than 1% slower, else the base
+  graph. As a server's verdict comes from earlier steps of the class, the judge replays
+  another draw of the case's distribution and cap in the same class of lengths (kv bucket,
+  dense or not), or the case's own batch where JUDGE_DRAWS draws find none (the row's
+  "graph_variants_judged_on"; "graph_variants_judge_ratio": the variant over the base).
 For each mode: FA3's default, tuner (the config decode_attention resolves for the call: DB,
 shipped tunings, borrowing rule, default; of a by_fill record, the config of the call's fill
 or, in the declared modes, of the declared lengths'), and the oracle (every candidate config of the
@@ -77,7 +79,8 @@ from tuner.integrations.replay_judge import ReplayJudge
 from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
-from tuner.workload.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths
+from tuner.keys import kv_len_bucket
+from tuner.workload.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths, is_dense
 
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache"
 MAX_CONTEXT = 131072  # the graph mode's capture-time bound: max_kv_len and page-table width
@@ -105,6 +108,7 @@ CAP_SETS = {"issue": CAPS, "octaves": tuple(2**i for i in range(10, 18)),
 MAX_TOKENS = 2 * 2**20  # batch x cap, beyond which a case is left out (time and memory)
 MAX_TABLE_BYTES = 2**31  # the rotation's page tables in graph mode, at most
 SCREEN_TOP = 3  # the oracle's finalists, re-timed side by side
+JUDGE_DRAWS = 4  # graph_variants_judged: draws tried for a batch of the case's class to judge on
 MODES = ("per_call", "graph", "graph_unknown", "graph_declared", "graph_declared_pooled", "graph_variants",
          "graph_variants_judged")
 WIDE_MODES = MODES[1:]  # the modes whose calls carry the capture bound
@@ -245,6 +249,23 @@ def _time(timer, calls, configs: list[dict]) -> list[float | None]:
     return out
 
 
+def _step_class(lens: list[int]) -> tuple[int, bool]:
+    """A batch's class of lengths, as GraphVariants.pick gives it (no padding)."""
+    return kv_len_bucket(max(lens)), is_dense(sum(lens), len(lens), max(lens))
+
+
+def _judge_batch(case: dict, spec: dict, lens: list[int], copies: int, device: str, seed: int):
+    """(graph-mode calls, what they are) for the judge: another draw of the case's traffic
+    in its class of lengths, else None (the case's own batch is judged)."""
+    for attempt in range(JUDGE_DRAWS):
+        other = draw_lengths(case["distribution"], case["batch"], case["cap"], seed + (attempt + 2) * 10**6)
+        if _step_class(other) == _step_class(lens):
+            shape = DecodeShape(batch=case["batch"], kv_len=max(other), **spec)
+            drawn = fresh_page_copies(make_decode_inputs(shape, device=device, seed=seed + 1, seq_lens=other), copies)
+            return _calls(drawn[0], drawn, MAX_CONTEXT, MAX_CONTEXT, None)
+    return None
+
+
 def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> dict:
     lens = draw_lengths(case["distribution"], case["batch"], case["cap"], seed)
     kv_max = max(lens)
@@ -289,8 +310,13 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
                   graph_variants=variant_record)
     tuned = {m: fill_branch(c, host_lens if m == "per_call" else None, kv_max, case["batch"])
              for m, c in tuned.items()}
+    judge_calls = None
+    if tuned["graph_variants"] != tuned["graph_unknown"]:
+        judge_calls = _judge_batch(case, spec, lens, n, device, seed)
+    row["graph_variants_judged_on"] = "this batch" if judge_calls is None else "another draw"
     tuned["graph_variants_judged"], row["graph_variants_judge_ratio"] = _judged(
-        graph, tuned["graph_unknown"], tuned["graph_variants"], case["batch"], device)
+        judge_calls or graph, tuned["graph_unknown"], tuned["graph_variants"], case["batch"], device)
+    del judge_calls
     stored["graph_variants_judged"] = tuned["graph_variants_judged"]
     row.update(default=defaults, tuner=tuned, **({"tuner_record": stored} if stored != tuned else {}))
 

@@ -99,6 +99,24 @@ def test_serving_judged_variants_keep_a_faster_variant_and_the_base_graph_over_a
     assert serving._judged(calls, base, dict(base), 8, "cpu") == (base, None)  # no variant: nothing judged
 
 
+def test_serving_judges_a_variant_on_another_draw_of_the_cases_class_of_lengths(monkeypatch):
+    """A server's verdict on a class comes from its earlier steps, not from the batch being
+    measured: graph_variants_judged replays another draw of the case's traffic in the same
+    class (kv bucket, dense or not), and the case's own batch only where none is found."""
+    serving = benchmark_module("serving")
+    spec = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")
+    case = dict(model="m", batch=8, cap=1024, distribution="uniform")
+    lens = serving.draw_lengths("uniform", 8, 1024, 7)
+    calls = serving._judge_batch(case, spec, lens, 2, "cpu", seed=7)
+    assert len(calls) == 2  # one per copy, at the capture bound
+    drawn = [int(n) for n in calls[0][0][4]]  # cache_seqlens
+    assert drawn != lens and serving._step_class(drawn) == serving._step_class(lens)
+    assert calls[0][0][5] == serving.MAX_CONTEXT and calls[0][0][3].shape[1] == serving.MAX_CONTEXT
+    # no draw in the case's class: the case's own batch is judged
+    monkeypatch.setattr(serving, "draw_lengths", lambda *a: [10] * 8)
+    assert serving._judge_batch(case, spec, lens, 2, "cpu", seed=7) is None
+
+
 def test_serving_batches_keeps_only_those_batch_sizes_each_case_with_its_seed_of_the_whole_run(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     runs = {}
