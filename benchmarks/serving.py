@@ -76,10 +76,10 @@ from tuner.bench.trial import cold_l2_copies
 from tuner.integrations.decode_attention import declared_branch, decode_attention, eager_config, graph_runs
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.integrations.replay_judge import ReplayJudge
+from tuner.keys import kv_len_bucket
 from tuner.ops.decode_attention import BACKENDS, fill_branch
 from tuner.workload import DecodeShape, make_decode_inputs
 from tuner.workload.rotation import bytes_read, fresh_page_copies
-from tuner.keys import kv_len_bucket
 from tuner.workload.traffic import CAPTURE_BATCHES, DISTRIBUTIONS, draw_lengths, is_dense
 
 SHIPPED = Path(__file__).resolve().parents[1] / "tuning_cache"
@@ -255,8 +255,9 @@ def _step_class(lens: list[int]) -> tuple[int, bool]:
 
 
 def _judge_batch(case: dict, spec: dict, lens: list[int], copies: int, device: str, seed: int):
-    """(graph-mode calls, what they are) for the judge: another draw of the case's traffic
-    in its class of lengths, else None (the case's own batch is judged)."""
+    """The judge's graph-mode calls (the rotation at the capture bound): another draw of the
+    case's traffic in its class of lengths, or None where JUDGE_DRAWS draws find none (the
+    case's own batch is judged)."""
     for attempt in range(JUDGE_DRAWS):
         other = draw_lengths(case["distribution"], case["batch"], case["cap"], seed + (attempt + 2) * 10**6)
         if _step_class(other) == _step_class(lens):
