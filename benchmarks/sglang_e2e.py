@@ -97,7 +97,7 @@ PREFILL_HEADROOM_GB = 20.0
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
-# the line tuner.integrations.replay_judge.drop_variant logs (logger "tuner")
+# the lines tuner.integrations.replay_judge logs (logger "tuner"): a drop (warning) or a kept verdict (info)
 JUDGE_LINE = re.compile(r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;\n]*; "
                         r"(?P<steps>[^\n]*?) (?P<verdict>replay that graph|keep it)")
 
