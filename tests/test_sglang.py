@@ -266,6 +266,19 @@ def _capture_and_replay_variants(sgl, db_path, ran):
     assert plain.execute(batch) == "fa3" and plain._replay_graph_key == fake_sglang.ShapeKey(4)
 
 
+def test_each_captured_batch_size_logs_what_its_graph_runs_and_its_variants(sgl, db_path, caplog):
+    """A benchmark reads from the log whether tuner ran anything of its own at a batch size."""
+    runner, step = _variant_runner(sgl, db_path)
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        runner.capture_one_shape(4, step)
+    # the record at kv 2048 is a per-call one: the graph at the bound runs the default, a variant the record
+    assert "tuner: batch size 4: its graph runs the default; 1 graph variant(s) beside it, tuner-1" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tuner"):  # a bound below the record's kv bucket: nothing varies
+        runner.capture_one_shape(8, _graph_step(runner.attn_backend, 8, 64))
+    assert "tuner: batch size 8: its graph runs the default; 0 graph variant(s) beside it" in caplog.text
+
+
 def test_the_graph_hooks_are_registered_once_and_left_to_sglang_while_it_loads_plugins(sgl, monkeypatch):
     integration.register()
     integration.register()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import warnings
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from tuner import settings
-from tuner.integrations.decode_attention import decode_attention
+from tuner.integrations.decode_attention import declared_branch, decode_attention
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.integrations.replay_judge import ReplayJudge
 from tuner.runtime.capture import graph_capture
@@ -53,6 +54,7 @@ _COVERED_KWARGS = frozenset({"sinks"})
 _RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 _hooks_registered = False
 _call_key = decode_attention.tuner.key_functions["_key"]  # (static key, batch, q len, kv len) of a call
+log = logging.getLogger("tuner")
 
 
 def register() -> None:
@@ -252,6 +254,7 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
         warnings.warn(f"tuner: no graph variants for batch size {size} ({type(e).__name__}: {e})", RuntimeWarning,
                       stacklevel=2)
         planned = []
+    log_plan(size, calls, planned)
     for variant in planned:
         try:
             with graph_capture(variant.lengths):
@@ -265,6 +268,18 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
                           "its steps replay the batch size's graph", RuntimeWarning, stacklevel=2)
     backend.tuner_graph_calls.pop(size, None)  # (its tensors: the next capture of this size notes its own)
     return result
+
+
+def log_plan(size: int, calls: list[tuple], planned: list) -> None:
+    """One info line per captured batch size: whether its graph runs decode_attention's
+    default (FA3's, on a GPU), and the variants planned beside it: a benchmark reads from it
+    whether tuner ran anything of its own."""
+    dispatch = decode_attention.tuner
+    with graph_capture():  # what the base graph runs: lengths unknown
+        base_default = all(declared_branch(resolve_config(c), size) == dispatch.default(c, {}) for c in calls)
+    log.info("tuner: batch size %d: its graph runs %s; %d graph variant(s) beside it%s", size,
+             "the default" if base_default else "tuned configs", len(planned),
+             "".join(f", {v.label}" for v in planned))
 
 
 def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
