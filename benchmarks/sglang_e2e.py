@@ -91,9 +91,15 @@ LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # parts of whole requests (prefill_in_parts); one request is at most this long
 MAX_PREFILL_TOKENS = 131072
 # what SGLang's static memory (weights and KV cache) leaves the rest of a worker by default:
-# a prefill of MAX_PREFILL_TOKENS takes about 16 GB beside it (Llama 3.1 8B: 0.85 of an H200's
-# 141 GB ran; 0.85 of an H100's 80 GB ran out of memory in prefill, 0.7 ran)
-PREFILL_HEADROOM_GB = 20.0
+# PREFILL_MARGIN times prefill_activation_gb. Llama 3.1 8B (16.5 GiB by it): 0.85 of an H200's
+# memory ran, 0.85 of an H100's ran out of memory in prefill, 0.7 ran; Qwen 2.5 7B (19.1 GiB):
+# 0.75 of an H100's ran out of memory in prefill, 0.6 ran
+PREFILL_MARGIN = 1.5
+# the line tuner.integrations.sglang logs (info) per captured batch size: what its graph runs
+PLAN_LINE = re.compile(r"tuner: batch size (?P<batch>\d+): its graph runs (?P<base>the default|tuned configs); "
+                       r"(?P<variants>\d+) graph variant")
+# the line bench_one_batch prints for a batch past the KV cache (it runs the worker's other batches)
+SKIPPED_LINE = re.compile(r"skipping \((?P<batch>\d+), (?P<input_len>\d+), \d+\) due to max batch size limit")
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
@@ -131,12 +137,33 @@ def write_model_dir(model: str, path: Path, layers: int | None = None) -> Path:
     return path
 
 
-def mem_fraction(total_gb: float | None) -> float:
-    """SGLang's --mem-fraction-static for a GPU of total_gb: all but PREFILL_HEADROOM_GB, at
-    most 0.85 and at least 0.5 (0.85 where the size is not known)."""
+def prefill_activation_gb(config: dict) -> float:
+    """GiB of the largest activations of a MAX_PREFILL_TOKENS prefill in bf16: the MLP's gate
+    and up projections and their product (3 x intermediate), and a few hidden-size tensors."""
+    per_token = 3 * config["intermediate_size"] + 6 * config["hidden_size"]
+    return MAX_PREFILL_TOKENS * per_token * 2 / 2**30
+
+
+def mem_fraction(total_gb: float | None, config: dict) -> float:
+    """SGLang's --mem-fraction-static for a GPU of total_gb (GiB) and this model: all but
+    PREFILL_MARGIN x its prefill's activations, at most 0.85 and at least 0.5 (0.85 where the
+    size is not known)."""
     if not total_gb:
         return 0.85
-    return round(min(0.85, max(0.5, 1 - PREFILL_HEADROOM_GB / total_gb)), 2)
+    headroom = PREFILL_MARGIN * prefill_activation_gb(config)
+    return round(min(0.85, max(0.5, 1 - headroom / total_gb)), 2)
+
+
+def graph_plans(log_text: str) -> dict[str, dict]:
+    """Per captured batch size (the last capture of it in a tuner worker's log): whether its
+    graph runs the default, and how many graph variants were planned beside it."""
+    return {m["batch"]: dict(base_default=m["base"] == "the default", variants=int(m["variants"]))
+            for m in PLAN_LINE.finditer(log_text)}
+
+
+def skipped_batches(log_text: str) -> list[int]:
+    """The batch sizes a worker's bench_one_batch skipped (past the KV cache SGLang keeps)."""
+    return [int(m["batch"]) for m in SKIPPED_LINE.finditer(log_text)]
 
 
 def gpu_memory_gb() -> float | None:
@@ -447,6 +474,8 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     if capture is not None:
         latency["capture"][key] = capture
     latency.setdefault("judge_verdicts", {})[key] = judge_verdicts(worker_log)
+    latency.setdefault("skipped", {})[key] = skipped_batches(worker_log)
+    latency.setdefault("graph_plans", {})[key] = graph_plans(worker_log)
     rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
     latency["rows"] = [r for r in latency["rows"] if row_key(r) != key] + [dict(r, round=rnd) for r in rows]
     run.save()
@@ -510,9 +539,37 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
                 results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
-                summary=summarize({b: r.get("latency", {}).get("rows", []) for b, r in results.items()}),
+                summary=with_tuner_graphs(summarize({b: r.get("latency", {}).get("rows", [])
+                                                     for b, r in results.items()}), results),
+                skipped=skipped_points(results),
                 capture_seconds_median={b: statistics.median(c["seconds"] for c in r["latency"]["capture"].values())
                                         for b, r in results.items() if r.get("latency", {}).get("capture")})
+
+
+def with_tuner_graphs(summary: list[dict], results: dict) -> list[dict]:
+    """Each entry with what tuner's workers captured at its batch size and input length, where
+    their logs said (graph_plans): tuner_graphs_default (every graph ran the default: tuner
+    and its rival then ran the same kernels, and their ratio is the noise) and
+    tuner_graph_variants (the most variants a worker planned)."""
+    plans = results.get("tuner", {}).get("latency", {}).get("graph_plans", {})
+    for entry in summary:
+        seen = [by_batch[str(entry["batch"])] for key, by_batch in plans.items()
+                if int(key.split("#")[0]) == entry["input_len"] and str(entry["batch"]) in by_batch]
+        if seen:
+            entry["tuner_graphs_default"] = all(p["base_default"] and not p["variants"] for p in seen)
+            entry["tuner_graph_variants"] = max(p["variants"] for p in seen)
+    return summary
+
+
+def skipped_points(results: dict) -> list[dict]:
+    """(batch, input length) points some backend's worker skipped (past its KV cache), with
+    the backends that did: the summary has no entry for them, or one without those backends."""
+    by_point: dict[tuple[int, int], set[str]] = {}
+    for backend, result in results.items():
+        for key, batches in result.get("latency", {}).get("skipped", {}).items():
+            for batch in batches:
+                by_point.setdefault((batch, int(key.split("#")[0])), set()).add(backend)
+    return [dict(batch=b, input_len=n, backends=sorted(by_point[b, n])) for b, n in sorted(by_point)]
 
 
 def merge_result(into: dict, result: dict) -> None:
@@ -525,7 +582,7 @@ def merge_result(into: dict, result: dict) -> None:
                 mine["exit_codes"][key] = code
                 mine["rows"] = [r for r in mine["rows"] if row_key(r) != key]
                 mine["rows"] += [r for r in result["latency"]["rows"] if row_key(r) == key]
-                for part in ("capture", "judge_verdicts"):  # each worker's, from its own log
+                for part in ("capture", "judge_verdicts", "skipped", "graph_plans"):  # each worker's, from its log
                     mine.setdefault(part, {}).pop(key, None)
                     if key in result["latency"].get(part, {}):
                         mine[part][key] = result["latency"][part][key]
@@ -597,7 +654,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="latency workers per backend and input length, "
                     "the backends' order rotated each round")
     ap.add_argument("--mem-fraction", type=float, help="SGLang's --mem-fraction-static (default: all but "
-                    f"{PREFILL_HEADROOM_GB:.0f} GB of the GPU, at most 0.85)")
+                    f"{PREFILL_MARGIN}x the model's prefill activations, at most 0.85)")
     ap.add_argument("--capture-bs", choices=("run", "default"), default="run",
                     help="decode graphs for the run's batch sizes only (run), or for SGLang's default list "
                          "(default: what a server captures at startup; each worker's capture seconds and GB are "
@@ -627,7 +684,7 @@ def main() -> None:
     if args.lengths == "spread" and not args.merge and max(int(b) for b in args.batches.split(",")) > SPREAD_DRAWS:
         ap.error(f"--lengths spread draws {SPREAD_DRAWS} prompts: --batches {args.batches} goes past that")
     if args.mem_fraction is None and not args.merge:
-        args.mem_fraction = mem_fraction(gpu_memory_gb())
+        args.mem_fraction = mem_fraction(gpu_memory_gb(), CONFIGS[args.model])
     out = Path(args.out)
     try:
         doc = merge(args.merge, out, args) if args.merge else run_all(args, out)
