@@ -268,6 +268,8 @@ def _judge_batch(case: dict, spec: dict, lens: list[int], copies: int, device: s
 
 
 def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> dict:
+    """One case's row: its batch, what each mode runs (tuned_per_mode), the oracle's finalists
+    and every mode's default, tuner's pick and oracle timed side by side (timed_modes)."""
     lens = draw_lengths(case["distribution"], case["batch"], case["cap"], seed)
     kv_max = max(lens)
     shape = DecodeShape(batch=case["batch"], kv_len=kv_max, **spec)
@@ -281,10 +283,29 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
     copies = fresh_page_copies(inputs, n)
     del inputs
     row = dict(case, kv_max=kv_max, kv_mean=sum(lens) / len(lens), bytes_read=read, copies=n)
-    per_call = _calls(copies[0], copies, kv_max, None, host_lens)
-    graph = _calls(copies[0], copies, MAX_CONTEXT, MAX_CONTEXT, None)
+    calls = {"per_call": _calls(copies[0], copies, kv_max, None, host_lens),
+             **dict.fromkeys(WIDE_MODES, _calls(copies[0], copies, MAX_CONTEXT, MAX_CONTEXT, None))}
+    defaults, tuned, stored = tuned_per_mode(case, calls, host_lens, kv_max, device, seed)
+    judge_calls = None
+    if tuned["graph_variants"] != tuned["graph_unknown"]:
+        judge_calls = _judge_batch(case, spec, lens, n, device, seed)
+    row["graph_variants_judged_on"] = "this batch" if judge_calls is None else "another draw"
+    tuned["graph_variants_judged"], row["graph_variants_judge_ratio"] = _judged(
+        judge_calls or calls["graph"], tuned["graph_unknown"], tuned["graph_variants"], case["batch"], device)
+    del judge_calls
+    stored["graph_variants_judged"] = tuned["graph_variants_judged"]
+    row.update(default=defaults, tuner=tuned, **({"tuner_record": stored} if stored != tuned else {}))
+    finalists = oracle_finalists(calls["per_call"], screen, row)
+    row.update(timed_modes(final, calls, defaults, tuned, finalists))
+    return row
+
+
+def tuned_per_mode(case: dict, calls: dict[str, list], host_lens, kv_max: int, device: str,
+                   seed: int) -> tuple[dict, dict, dict]:
+    """Per mode (but graph_variants_judged): FA3's default, the plain config tuner runs there,
+    and the record its lookup served (a by_fill record where it holds one)."""
     dispatch = decode_attention.tuner
-    (a, k), (ga, gk) = per_call[0], graph[0]
+    (a, k), (ga, gk) = calls["per_call"][0], calls["graph"][0]
     # what a deployment declares at capture: its traffic's lengths (a sample of this case's
     # distribution, not this batch's own lengths)
     declared = draw_lengths(case["distribution"], 4096, case["cap"], seed + 10**6)
@@ -299,7 +320,6 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
         unknown_config = dispatch.config_for(*ga, **gk)
     variant_record, variant_config = _variant_replayed(dispatch, ga, gk, case["batch"], host_lens, unknown_config)
     graph_config = _resolved_in_capture(dispatch, ga, gk, device)
-    calls = {"per_call": per_call, **{m: graph for m in WIDE_MODES}}
     defaults = {"per_call": dispatch.default(a, k), **{m: dispatch.default(ga, gk) for m in WIDE_MODES}}
     tuned = {"per_call": dispatch.config_for(*a, **k), "graph": graph_config,
              "graph_unknown": unknown_config, "graph_declared": declared_config,
@@ -311,18 +331,14 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
                   graph_variants=variant_record)
     tuned = {m: fill_branch(c, host_lens if m == "per_call" else None, kv_max, case["batch"])
              for m, c in tuned.items()}
-    judge_calls = None
-    if tuned["graph_variants"] != tuned["graph_unknown"]:
-        judge_calls = _judge_batch(case, spec, lens, n, device, seed)
-    row["graph_variants_judged_on"] = "this batch" if judge_calls is None else "another draw"
-    tuned["graph_variants_judged"], row["graph_variants_judge_ratio"] = _judged(
-        judge_calls or graph, tuned["graph_unknown"], tuned["graph_variants"], case["batch"], device)
-    del judge_calls
-    stored["graph_variants_judged"] = tuned["graph_variants_judged"]
-    row.update(default=defaults, tuner=tuned, **({"tuner_record": stored} if stored != tuned else {}))
+    return defaults, tuned, stored
 
-    # the oracle: every candidate on exactly this batch (per call), the fastest re-timed
-    candidates = dispatch.configs(a, k)
+
+def oracle_finalists(per_call: list, screen, row: dict) -> list[dict]:
+    """The oracle's SCREEN_TOP finalists: every candidate screened on exactly this batch (per
+    call), fastest first; the row gets the candidates' count and every screened time."""
+    a, k = per_call[0]
+    candidates = decode_attention.tuner.configs(a, k)
     screened = []
     for config in candidates:
         try:
@@ -330,29 +346,34 @@ def run_case(case: dict, spec: dict, device: str, final, screen, seed: int) -> d
         except Exception:  # noqa: BLE001 - a config that cannot run this batch is no oracle
             continue
     screened.sort(key=lambda t: t[0])
-    finalists = [c for _, c in screened[:SCREEN_TOP]]
     row["candidates"] = len(candidates)
     row["screen_us"] = [[round(t, 3), c] for t, c in screened]  # every config that ran, fastest first
+    return [c for _, c in screened[:SCREEN_TOP]]
 
+
+def timed_modes(final, calls: dict[str, list], defaults: dict, tuned: dict, finalists: list[dict]) -> dict:
+    """Per mode, its default, tuner's config and the oracle (the fastest of those and the
+    finalists) timed side by side on the mode's calls (per call: narrow tables; the graph
+    modes: one table at the capture bound), and tuner's output against the default's."""
+    a, k = calls["per_call"][0]
     reference = decode_attention(*a, **k, config=defaults["per_call"])
-    timed: dict[str, dict[str, float | None]] = {}
-    for table, modes in (("narrow", ("per_call",)), ("wide", WIDE_MODES)):
+    out_row = {}
+    for modes in (("per_call",), WIDE_MODES):
         distinct: list[dict] = []
         for c in [defaults[m] for m in modes] + [tuned[m] for m in modes] + finalists:
             if c not in distinct:
                 distinct.append(c)
         us = _time(final, calls[modes[0]], distinct)
-        timed[table] = {json.dumps(c, sort_keys=True): t for c, t in zip(distinct, us)}
+        by = {json.dumps(c, sort_keys=True): t for c, t in zip(distinct, us)}
+        o_us, oracle = min(((t, json.loads(c)) for c, t in by.items() if t is not None), key=lambda x: x[0])
         for mode in modes:
-            by = timed[table]
             d_us, t_us = by[json.dumps(defaults[mode], sort_keys=True)], by[json.dumps(tuned[mode], sort_keys=True)]
-            o_us, oracle = min(((t, json.loads(c)) for c, t in by.items() if t is not None), key=lambda x: x[0])
             out = decode_attention(*calls[mode][0][0], **calls[mode][0][1], config=tuned[mode])
             error = float((out.float() - reference.float()).abs().max())
-            row[mode] = dict(default_us=d_us, tuner_us=t_us, oracle_us=o_us, oracle=oracle,
-                             tuner_speedup=d_us / t_us if d_us and t_us else None,
-                             oracle_speedup=d_us / o_us if d_us else None, tuner_max_error_vs_default=error)
-    return row
+            out_row[mode] = dict(default_us=d_us, tuner_us=t_us, oracle_us=o_us, oracle=oracle,
+                                 tuner_speedup=d_us / t_us if d_us and t_us else None,
+                                 oracle_speedup=d_us / o_us if d_us else None, tuner_max_error_vs_default=error)
+    return out_row
 
 
 def summary(rows: list[dict], mode: str) -> dict:
