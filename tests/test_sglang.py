@@ -279,6 +279,17 @@ def test_each_captured_batch_size_logs_what_its_graph_runs_and_its_variants(sgl,
     assert "tuner: batch size 8: its graph runs the default; 0 graph variant(s) beside it" in caplog.text
 
 
+def test_a_plan_log_whose_lookup_fails_says_nothing_and_raises_nothing(monkeypatch, caplog):
+    """The line is for benchmarks only: a lookup that raises there must not reach SGLang's
+    capture, which calls log_plan outside the planning's own guard."""
+    def broken(call):
+        raise RuntimeError("lookup failed")
+    monkeypatch.setattr(integration, "resolve_config", broken)
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        integration.log_plan(4, [("a call",)], [])
+    assert "batch size 4" not in caplog.text
+
+
 def test_the_graph_hooks_are_registered_once_and_left_to_sglang_while_it_loads_plugins(sgl, monkeypatch):
     integration.register()
     integration.register()

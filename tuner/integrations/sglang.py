@@ -275,8 +275,11 @@ def log_plan(size: int, calls: list[tuple], planned: list) -> None:
     default (FA3's, on a GPU), and the variants planned beside it: a benchmark reads from it
     whether tuner ran anything of its own."""
     dispatch = decode_attention.tuner
-    with graph_capture():  # what the base graph runs: lengths unknown
-        base_default = all(declared_branch(resolve_config(c), size) == dispatch.default(c, {}) for c in calls)
+    try:
+        with graph_capture():  # what the base graph runs: lengths unknown
+            base_default = all(declared_branch(resolve_config(c), size) == dispatch.default(c, {}) for c in calls)
+    except Exception:  # noqa: BLE001 - a log line never fails SGLang's capture
+        return
     log.info("tuner: batch size %d: its graph runs %s; %d graph variant(s) beside it%s", size,
              "the default" if base_default else "tuned configs", len(planned),
              "".join(f", {v.label}" for v in planned))
