@@ -226,6 +226,8 @@ def test_sglangs_graph_runner_captures_a_graph_per_variant_and_replays_each_step
     tuner.configure(db=db_path, mode="lookup", shipped="off")
     ran = recording_triton(monkeypatch)
     monkeypatch.setenv("TUNER_REPLAY_JUDGE", "0")  # every step its own variant (the judge: its own tests)
+    current_fingerprint()  # this machine's, and the backends that run here, before it looks like a CUDA one
+    installed()
     # a CUDA machine whose runner's third run of a step is a capture, as torch.cuda.graph counts one
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: sgl.capturing[0])
@@ -385,7 +387,7 @@ class _Clock:
 
     def __init__(self, costs):
         # done: every event (True), none (False), or those of the first n made (an int)
-        self.now, self.costs, self.done, self.events = 0.0, costs, True, []
+        self.now, self.costs, self.done, self.events, self.waited = 0.0, costs, True, [], []
 
     def event(self, enable_timing=False):
         clock = self
@@ -397,6 +399,9 @@ class _Clock:
             def query(self):
                 return clock.is_done(self)
 
+            def synchronize(self):  # the host waits for it: done from then on
+                clock.waited.append(self)
+
             def elapsed_time(self, end):
                 assert clock.is_done(self) and clock.is_done(end), "read before done: a step would wait for the GPU"
                 return end.at - self.at
@@ -406,6 +411,8 @@ class _Clock:
         return made
 
     def is_done(self, event):
+        if self.waited and self.events.index(event) <= max(map(self.events.index, self.waited)):
+            return True  # (one stream: the events recorded before one waited for are done too)
         return self.done if isinstance(self.done, bool) else self.events.index(event) < self.done
 
     def replay(self, runner):
@@ -561,12 +568,56 @@ def test_a_variant_replay_pairs_only_with_a_base_replay_of_as_many_real_sequence
     assert [step(4) for _ in range(17)] == [None, "tuner-1"] * 8 + [None]  # like pairs: dropped
 
 
-@pytest.mark.parametrize("ranks", [{"tp_size": 2}, {"pp_size": 2}])
-def test_ranks_that_replay_graphs_together_do_not_judge_alone(judged, ranks):
-    """Under tensor or pipeline parallelism each rank timing its own replays could reach its
-    own verdict, and ranks would replay different graphs: every step runs its variant, untimed."""
+@pytest.mark.parametrize("ranks", [{"tp_size": 2}, {"pp_size": 2}, {"tp_size": 2, "pp_size": 2}])
+def test_ranks_that_replay_graphs_together_and_cannot_agree_do_not_judge(judged, ranks):
+    """Each rank timing its own replays could reach its own verdict, and ranks would replay
+    different graphs: without SGLang's TP group to agree through (here: no model runner), or
+    under pipeline parallelism, every step runs its variant, untimed."""
     runner, clock = judged({None: 1.0, "tuner-1": 1.5}, **ranks)
     assert _labels(runner, 20) == ["tuner-1"] * 20 and clock.events == []
+
+
+def _tp_ranks(monkeypatch, other_rank_ratio):
+    """SGLang's TP group as the judge sees it: a CPU group, and an all-reduce (MAX) that meets
+    another rank's ratio; the calls it got."""
+    group = object()
+    calls = []
+
+    def all_reduce(tensor, op=None, group=None):
+        calls.append((float(tensor[0]), op, group))
+        tensor.fill_(max(float(tensor[0]), other_rank_ratio))
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    model_runner = types.SimpleNamespace(tp_group=types.SimpleNamespace(cpu_group=group))
+    return model_runner, group, calls
+
+
+def test_tensor_parallel_ranks_act_on_their_slowest_ranks_ratio(judged, monkeypatch, caplog):
+    """This rank's variant ran 0.8x, another rank's 1.05x: both ranks drop it (they replay one
+    graph together), through one all-reduce (MAX) over the TP CPU group."""
+    model_runner, group, calls = _tp_ranks(monkeypatch, other_rank_ratio=1.05)
+    runner, clock = judged({None: 1.0, "tuner-1": 0.8}, tp_size=2, model_runner=model_runner)
+    labels = _labels(runner, 24)
+    assert labels[:16] == [None, "tuner-1"] * 8 and labels[-2:] == [None, None]
+    assert calls == [(pytest.approx(0.8), torch.distributed.ReduceOp.MAX, group)]
+    assert runner.attn_backend.tuner_judge.verdicts == {(4, DENSE_2K): pytest.approx(1.05)}
+    assert _dropped(caplog, "ran 1.050x")
+
+
+def test_tensor_parallel_ranks_read_each_replay_a_fixed_number_of_steps_after_it_ran(judged, monkeypatch):
+    """A rank's GPU finishes when it does, so a rank reading replays once they are done would
+    reach the 8th pair, and the all-reduce, at its own step: the ranks would deadlock or
+    disagree. Each replay is read AGREED_READ_LAG steps after it ran, waited for if need be:
+    the verdict's step is the same on every rank, whatever the GPU's pace."""
+    from tuner.integrations.replay_judge import AGREED_READ_LAG
+
+    model_runner, group, calls = _tp_ranks(monkeypatch, other_rank_ratio=0.0)
+    runner, clock = judged({None: 1.0, "tuner-1": 1.5}, tp_size=2, model_runner=model_runner)
+    clock.done = False  # no event ever reads as done by query()
+    labels = _labels(runner, 16 + AGREED_READ_LAG)
+    # the 8th pair's variant replay ran at step 16, and is read at step 16 + AGREED_READ_LAG,
+    # whose replay is the base graph's: dropped at 1.5x
+    assert labels[:16] == [None, "tuner-1"] * 8 and labels[-1] is None and len(calls) == 1
+    assert calls[0][0] == pytest.approx(1.5) and clock.waited  # (waited for: not read by query)
 
 
 def test_a_judge_of_no_pairs_leaves_every_variant_as_planned(judged, monkeypatch):

@@ -19,9 +19,13 @@ Consecutive steps of a server differ by a token per sequence, so a pair compares
 like. The events also take in the host's work between them and the replay's launch, alike for
 both graphs: it pulls a ratio towards 1, never past it. No step waits for the GPU: an
 event's time is read only once query() says the event is done, at a later step. While a
-verdict is pending a step costs two event records on the host; after, nothing. Only a
-process that decides alone may judge: ranks that replay one graph together (tensor or
-pipeline parallelism) could reach different verdicts from their own timings.
+verdict is pending a step costs two event records on the host; after, nothing.
+
+Ranks that replay one graph together (tensor parallelism) must replay the same graphs, so
+their verdicts must agree: given `agree` (the ratio of the slowest rank, by a collective of
+the ranks' medians), a judge reads each replay a fixed AGREED_READ_LAG steps after it ran,
+so that every rank counts the same pairs at the same step and calls `agree` at the same
+step, and the agreed ratio decides on every rank.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ VariantKey = tuple[int, Choice]  # (batch size, choice)
 # server steps before it (two classes' steps may interleave) with as many real sequences: a
 # batch padded up to its size may hold fewer, and then far less work
 PAIR_MAX_GAP = 2
+# ranks that must agree read a replay this many server steps after it ran (by then done: a
+# server's host runs at most a step or two ahead of its GPU), waiting for it if it is not
+AGREED_READ_LAG = 4
 # a server's log, not a warning: a warning made an error (python -W error) would stop its step
 log = logging.getLogger("tuner")
 
@@ -85,12 +92,15 @@ def label_of(choice: Choice) -> str | None:
 class ReplayJudge:
     """Alternates each choice (a variant, or a variant for one class of lengths) with the base
     graph over its first replays and gives the verdict (on_drop(batch, choice, median ratio)
-    for one that lost). pairs 0: judges nothing, every variant replays as planned."""
+    for one that lost). pairs 0: judges nothing, every variant replays as planned. agree:
+    where ranks replay together, the ratio they all act on, given this rank's (see the
+    module docstring); it may be set later, before the first replay is judged."""
 
     def __init__(self, pairs: int, tolerance: float, on_drop: Callable[[int, Choice, float], None],
-                 event: Callable[[], Any] = _cuda_event, recheck: int = settings.REPLAY_JUDGE_RECHECK) -> None:
+                 event: Callable[[], Any] = _cuda_event, recheck: int = settings.REPLAY_JUDGE_RECHECK,
+                 agree: Callable[[float], float] | None = None) -> None:
         self.pairs, self.tolerance, self._on_drop, self._event = pairs, tolerance, on_drop, event
-        self.recheck = recheck
+        self.recheck, self.agree = recheck, agree
         self._tallies: dict[VariantKey, _Tally] = {}
         self._rechecks: dict[VariantKey, list[int]] = {}  # a kept choice: [replays since its verdict, the next recheck]
         self.verdicts: dict[VariantKey, float] = {}  # each judged variant's median ratio to the base graph
@@ -183,8 +193,9 @@ class ReplayJudge:
         self._in_flight.append(timed)
 
     def collect(self) -> None:
-        """Read the replays whose events are done, in the order they ran, and give verdicts."""
-        while self._in_flight and self._in_flight[0].end.query():
+        """Read the replays whose events are done (ranks that agree: those AGREED_READ_LAG
+        steps old), in the order they ran, and give verdicts."""
+        while self._in_flight and self._readable(self._in_flight[0]):
             timed = self._in_flight.popleft()
             if timed.key in self.verdicts:
                 continue
@@ -194,17 +205,30 @@ class ReplayJudge:
                 tally.last_base = (timed, ms)
                 continue
             base, tally.last_base = tally.last_base, None
-            if base is None or not _neighbours(base[0], timed) or base[1] <= 0:
+            if base is None or not _neighbours(base[0], timed):
                 continue
-            tally.ratios.append(ms / base[1])
+            # (a base replay timed at 0 ms: neutral, and counted, so ranks count alike)
+            tally.ratios.append(ms / base[1] if base[1] > 0 else 1.0)
             if len(tally.ratios) >= self.pairs:
                 self._decide(timed.key, statistics.median(tally.ratios))
+
+    def _readable(self, timed: Timed) -> bool:
+        """Whether a replay's time may be read now: its end event done (alone), or AGREED_READ_LAG
+        steps past (ranks that agree: the same step on every rank; its end waited for)."""
+        if self.agree is None:
+            return timed.end.query()
+        if self._step - timed.step < AGREED_READ_LAG:
+            return False
+        timed.end.synchronize()
+        return True
 
     @property
     def in_flight(self) -> bool:
         return bool(self._in_flight)
 
     def _decide(self, key: VariantKey, ratio: float) -> None:
+        if self.agree is not None:
+            ratio = self.agree(ratio)
         self.verdicts[key] = ratio
         del self._tallies[key]
         if ratio > 1 + self.tolerance:

@@ -18,10 +18,12 @@ fill), are bounded by the page table's whole width, and tuner serves them the gr
 of their batch size (tuner.runtime) or the frozen rule. Where the per-call records name other
 configs for some of the lengths a graph may replay, SGLang's decode graph runner captures a
 graph variant for each (tuner.integrations.graph_variants) under the variant labels its
-ShapeKey has, and before each replay runs the one for the step's lengths. Where one process
-decides alone (no tensor or pipeline parallelism), each variant's first replays of each
-class of lengths alternate with the base graph, and a class on which it runs slower than
-that graph replays the base graph from then on (tuner.integrations.replay_judge). Three
+ShapeKey has, and before each replay runs the one for the step's lengths. Each variant's
+first replays of each class of lengths alternate with the base graph, and a class on which
+it runs slower than that graph replays the base graph from then on
+(tuner.integrations.replay_judge); tensor-parallel ranks act on their slowest rank's ratio
+(one all-reduce over SGLang's TP CPU group per verdict), and under pipeline parallelism
+variants are not judged. Three
 hooks of SGLang's plugin HookRegistry, around DecodeCudaGraphRunner.capture_one_shape,
 load_batch and execute, which act only where the runner's decode backend is tuner's. SGLang
 is imported only when the backend is created or the hooks registered; its 0.5.17 source was
@@ -295,7 +297,7 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     key = getattr(runner, "_replay_graph_key", None)
     if backend is None or key is None:
         return result
-    judge = backend.tuner_judge if decides_alone(runner) else None  # (None without CUDA)
+    judge = judge_of(runner, backend)  # (None without CUDA)
     if judge is not None:
         judge.tick()  # (a verdict may drop a variant: before the step's label is asked for)
     raw_batch = getattr(forward_batch, "batch_size", None)
@@ -328,10 +330,31 @@ def time_judged_replay(original: Any, runner: Any, *args: Any, **kwargs: Any) ->
     return output
 
 
-def decides_alone(runner: Any) -> bool:
-    """Whether this process picks its graphs alone: no peer rank replays a graph with it, so
-    its own timings may drop a variant (tuner.integrations.replay_judge). Tensor and pipeline
-    ranks replay together; data-parallel replicas do not (DP attention, where they do, keeps
-    no variants: variants_apply), and expert or context parallelism live inside tensor
-    parallelism's ranks."""
-    return all(getattr(runner, name, 1) == 1 for name in ("tp_size", "pp_size"))
+def judge_of(runner: Any, backend: Any) -> ReplayJudge | None:
+    """The judge of the runner's variants: the backend's where this process picks its graphs
+    alone; under tensor parallelism the same, its verdicts agreed across the TP group
+    (tp_slowest); none under pipeline parallelism, or where the TP group is not found.
+    Data-parallel replicas decide alone (DP attention, where they replay together, keeps no
+    variants: variants_apply); expert and context parallelism live inside TP's ranks."""
+    judge = backend.tuner_judge
+    if judge is None or getattr(runner, "pp_size", 1) != 1:
+        return None
+    if getattr(runner, "tp_size", 1) == 1:
+        return judge
+    if judge.agree is None:
+        judge.agree = tp_slowest(runner)
+    return judge if judge.agree is not None else None
+
+
+def tp_slowest(runner: Any) -> Any:
+    """A function giving the largest of the TP ranks' ratios, each rank passing its own (an
+    all-reduce over SGLang's TP CPU group), or None where the runner has no such group."""
+    group = getattr(getattr(getattr(runner, "model_runner", None), "tp_group", None), "cpu_group", None)
+    if group is None:
+        return None
+
+    def slowest(ratio: float) -> float:
+        value = torch.tensor([ratio], dtype=torch.float64)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
+        return float(value.item())
+    return slowest
