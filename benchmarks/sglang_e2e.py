@@ -98,6 +98,8 @@ PREFILL_MARGIN = 1.5
 # the line tuner.integrations.sglang logs (info) per captured batch size: what its graph runs
 PLAN_LINE = re.compile(r"tuner: batch size (?P<batch>\d+): its graph runs (?P<base>the default|tuned configs); "
                        r"(?P<variants>\d+) graph variant")
+# a latency worker's backend, for the TP ranks bench_one_batch spawns (prepare_rank)
+RANK_SETUP = "TUNER_E2E_RANK_SETUP"
 # the line bench_one_batch prints for a batch past the KV cache (it runs the worker's other batches)
 SKIPPED_LINE = re.compile(r"skipping \((?P<batch>\d+), (?P<input_len>\d+), \d+\) due to max batch size limit")
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
@@ -191,7 +193,7 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
     return ["--model-path", str(model_dir), "--load-format", "dummy", "--attention-backend", backend,
             "--batch-size", *sizes, "--input-len", str(input_len), "--output-len", str(args.output_len),
             "--result-filename", str(result), "--run-name", backend, "--mem-fraction-static", str(args.mem_fraction),
-            *graphs, *prompts]
+            *(["--tp-size", str(args.tp)] if getattr(args, "tp", 1) > 1 else []), *graphs, *prompts]
 
 
 # --lengths spread draws this many prompt lengths per input length, whatever the run's batch
@@ -275,6 +277,7 @@ def prefill_in_parts(extend, max_tokens: int = MAX_PREFILL_TOKENS):
             ids, logits = torch.cat([ids, more_ids]), torch.cat([logits, more_logits])
         return ids, logits, batch
 
+    run.in_parts = True
     return run
 
 
@@ -372,15 +375,13 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
     """In its own process: SGLang's benchmark (mode "latency") or the first decode steps'
     logits of one small batch (mode "logits"), with the tuner backend registered (bench_one_batch
     loads no plugins, and tuner is not installed where it runs from a checkout)."""
-    if backend == "tuner":
-        from tuner.integrations.sglang import register
-
-        register()
+    if mode == "latency":  # (its TP ranks, spawned, set themselves up alike: prepare_rank)
+        os.environ[RANK_SETUP] = backend
+    prepare_rank(backend)
     from sglang.benchmark import one_batch
 
     sys.argv = ["bench_one_batch", *argv]
     if mode == "latency":
-        one_batch.extend = prefill_in_parts(one_batch.extend)  # its runner calls the module's extend
         one_batch.cli_main()
         return
     import numpy as np
@@ -411,6 +412,19 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
     Path(f"{logits_out}.graphs.json").write_text(json.dumps(dict(
         captured=sorted({(key.size, _graph_label(key)) for key in graphs}, key=lambda k: (k[0], str(k[1]))),
         replayed=replayed)))
+
+
+def prepare_rank(backend: str) -> None:
+    """What a latency worker's process needs before SGLang runs in it: the tuner backend
+    registered (backend "tuner"), and bench_one_batch's prefill in parts."""
+    if backend == "tuner":
+        from tuner.integrations.sglang import register
+
+        register()
+    from sglang.benchmark import one_batch
+
+    if not getattr(one_batch.extend, "in_parts", False):
+        one_batch.extend = prefill_in_parts(one_batch.extend)  # its runner calls the module's extend
 
 
 def _graph_label(key) -> str | None:
@@ -536,7 +550,7 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len, rounds=args.rounds,
                 capture_bs=getattr(args, "capture_bs", "run"), lengths=getattr(args, "lengths", "equal"),
                 max_prefill_tokens=MAX_PREFILL_TOKENS, mem_fraction=getattr(args, "mem_fraction", None),
-                results=results,
+                tp=getattr(args, "tp", 1), results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
                 summary=with_tuner_graphs(summarize({b: r.get("latency", {}).get("rows", [])
@@ -613,6 +627,10 @@ def merge(files: list[str], out: Path, args: argparse.Namespace) -> dict:
     if len(lengths) > 1:
         raise UsageError(f"--merge: these runs' batches hold different lengths (--lengths {', '.join(sorted(lengths))})")
     args.lengths = lengths.pop()
+    tps = {doc.get("tp", 1) for doc in docs}
+    if len(tps) > 1:
+        raise UsageError(f"--merge: these runs split the model over different GPUs (--tp {', '.join(map(str, sorted(tps)))})")
+    args.tp = tps.pop()
     first = docs[0]
     args.capture_bs = modes.pop()
     args.model, args.batches, args.input_lens, args.output_len = (first["model"], first["batches"],
@@ -664,6 +682,8 @@ def main() -> None:
                          "its own, uniform in [input length / 2, input length], as a server's batches hold")
     ap.add_argument("--layers", type=int, help="fewer decoder layers than the model has: a quick check of the "
                     "integration (its figures are not the model's)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (GPUs) per worker: the model's "
+                    "per-GPU heads are its heads over this; tuner's replay judge then agrees across them")
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds one worker (one input length and round) may take")
@@ -694,6 +714,11 @@ def main() -> None:
         print(json.dumps(entry), flush=True)
     print(f"logits vs fa3 (relative max error): {json.dumps(doc['logits_vs_fa3_relative_max_error'])}", flush=True)
 
+
+if __name__ == "__mp_main__" and os.environ.get(RANK_SETUP):
+    # bench_one_batch runs each TP rank (--tp above 1) in a process it spawns, which imports
+    # this script under this name and knows nothing of the worker's set-up: it does it again
+    prepare_rank(os.environ[RANK_SETUP])
 
 if __name__ == "__main__":
     main()

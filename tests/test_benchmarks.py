@@ -674,6 +674,24 @@ def test_sglang_e2e_spread_lengths_give_every_backend_the_same_mixed_prompts_thr
     assert refused.returncode == 2 and "different lengths" in refused.stderr
 
 
+def test_sglang_e2e_sets_up_each_tensor_parallel_rank_that_bench_one_batch_spawns(tmp_path):
+    """--tp 2: bench_one_batch runs each rank's latency test in a process it spawns, which
+    knows nothing of the worker's set-up; each rank registers the tuner backend and prefills
+    in parts as the worker does (else tuner's backend is unknown there), and runs of another
+    --tp do not merge."""
+    e2e = benchmark_module("sglang_e2e")
+    doc = fake_sglang_e2e(tmp_path / "tp.json", "fa3,tuner", "--no-logits", "--batches", "8", "--input-lens", "1024",
+                          "--tp", "2")
+    assert doc["tp"] == 2
+    setups = {b: [r["rank_setup"] for r in doc["results"][b]["latency"]["rows"]] for b in ("fa3", "tuner")}
+    assert setups == {"fa3": [dict(tuner_registered=False, extend_in_parts=True)],
+                      "tuner": [dict(tuner_registered=True, extend_in_parts=True)]}
+    one = fake_sglang_e2e(tmp_path / "one.json", "fa3", "--no-logits", "--batches", "8", "--input-lens", "1024")
+    assert one["tp"] == 1
+    with pytest.raises(e2e.UsageError, match="different GPUs"):
+        e2e.merge([str(tmp_path / "tp.json"), str(tmp_path / "one.json")], tmp_path / "m.json", argparse.Namespace())
+
+
 def test_sglang_e2e_runs_each_backend_and_compares_their_logits_on_a_fake_sglang(tmp_path):
     """Issue 38's harness end to end on a stand-in of SGLang's bench_one_batch
     (tests/support/fake_sglang_bench): a worker per backend and input length, so a run that

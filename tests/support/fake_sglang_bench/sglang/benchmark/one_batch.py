@@ -9,7 +9,10 @@ FAKE_SGLANG_EXTENDS names a file each call of the module's extend() appends its 
 lengths to: the latency test then prefills each batch through it (as the real one's runner
 does) and its rows say how many requests the decode batch held. --prompt-filename: as the real
 one, one prompt a line, a batch of B takes the first B (the rows' prompt_lens: their words,
-each a token to the harness's dummy tokenizer)."""
+each a token to the harness's dummy tokenizer). --tp-size N above 1: as the real one, each rank
+runs the latency test in a process it spawns (multiprocessing's spawn, which imports the
+harness's script again as __mp_main__), and the rows come from rank 0; each row says what its
+rank's process had set up (rank_setup: the "tuner" backend registered, extend in parts)."""
 
 import argparse
 import json
@@ -74,6 +77,25 @@ def _parse(argv):
 
 def cli_main():
     args = _parse(sys.argv[1:])
+    if args.tp_size > 1:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        ranks = [context.Process(target=_latency_test, args=(sys.argv[1:], rank)) for rank in range(args.tp_size)]
+        for process in ranks:
+            process.start()
+        for process in ranks:
+            process.join()
+        if any(process.exitcode for process in ranks):
+            raise SystemExit(1)
+        return
+    _latency_test(sys.argv[1:], 0)
+
+
+def _latency_test(argv, rank):
+    args = _parse(argv)
+    if rank:
+        return
     backend = args.attention_backend
     match = re.search(r"\.r(\d+)\.jsonl$", args.result_filename)
     rnd = int(match.group(1)) if match else 0
@@ -103,7 +125,16 @@ def cli_main():
                 out.write(json.dumps(dict(run_name=args.run_name, batch_size=b, input_len=n, decode_batch=decoded,
                                           output_len=args.output_len[0], median_decode_throughput=throughput,
                                           median_decode_latency=b / throughput,
-                                          graph_bs=args.cuda_graph_bs_decode, prompt_lens=prompts[:b] or None)) + "\n")
+                                          graph_bs=args.cuda_graph_bs_decode, prompt_lens=prompts[:b] or None,
+                                          rank_setup=_rank_setup())) + "\n")
+
+
+def _rank_setup():
+    """What this process has of the harness's set-up: the tuner backend registered, and this
+    module's extend wrapped to prefill in parts."""
+    from sglang.srt.layers.attention.attention_registry import REGISTERED
+
+    return dict(tuner_registered="tuner" in REGISTERED, extend_in_parts=getattr(extend, "in_parts", False))
 
 
 def load_model(server_args, port_args, gpu_id, tp_rank):

@@ -19,6 +19,7 @@ class ServerArgs:
         parser.add_argument("--attention-backend", choices=ATTENTION_BACKEND_CHOICES)
         parser.add_argument("--mem-fraction-static", type=float)
         parser.add_argument("--cuda-graph-bs-decode", type=int, nargs="+")
+        parser.add_argument("--tp-size", type=int, default=1)
 
     @classmethod
     def from_cli_args(cls, namespace: argparse.Namespace) -> "ServerArgs":
