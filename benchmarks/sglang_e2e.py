@@ -106,7 +106,8 @@ SKIPPED_LINE = re.compile(r"skipping \((?P<batch>\d+), (?P<input_len>\d+), \d+\)
 CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
 # the lines tuner.integrations.replay_judge logs (logger "tuner"): a drop (warning) or a kept verdict (info)
-JUDGE_LINE = re.compile(r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;\n]*; "
+JUDGE_LINE = re.compile(r"(?:TP(?P<rank>\d+)\] )?"  # SGLang's prefix of a rank's line
+                        r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;\n]*; "
                         r"(?P<steps>[^\n]*?) (?P<verdict>replay that graph|keep it)")
 
 
@@ -233,9 +234,11 @@ def capture_cost(log_text: str) -> dict | None:
 def judge_verdicts(log_text: str) -> list[dict]:
     """The verdicts tuner's replay judge logged in a worker: label, batch size, the variant's
     time over the base graph's, the steps it holds for (a class of lengths), and whether they
-    were dropped (kept ones are logged at info level)."""
+    were dropped (kept ones are logged at info level); the tensor-parallel rank that logged it
+    (each logs its verdicts, the same on every rank), where SGLang's prefix names one."""
     return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"]), steps=m["steps"],
-                 dropped=m["verdict"] == "replay that graph") for m in JUDGE_LINE.finditer(log_text)]
+                 dropped=m["verdict"] == "replay that graph", rank=None if m["rank"] is None else int(m["rank"]))
+            for m in JUDGE_LINE.finditer(log_text)]
 
 
 def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:

@@ -874,8 +874,11 @@ def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog
     form = logging.Formatter("[%(asctime)s TP0] %(message)s")
     log = "Decode 1. Batch size: 8\n" + "\n".join(form.format(r) for r in caplog.records) + "\nDecode 2."
     assert e2e.judge_verdicts(log) == [
-        dict(label="tuner-3", batch=8, ratio=1.044, steps="its steps at kv bucket 65536, dense", dropped=True),
-        dict(label="tuner-1", batch=8, ratio=0.912, steps="its steps at kv bucket 32768, dense", dropped=False)]
+        dict(label="tuner-3", batch=8, ratio=1.044, steps="its steps at kv bucket 65536, dense", dropped=True, rank=0),
+        dict(label="tuner-1", batch=8, ratio=0.912, steps="its steps at kv bucket 32768, dense", dropped=False,
+             rank=0)]
+    assert e2e.judge_verdicts(log.replace("TP0]", "TP1]"))[0]["rank"] == 1
+    assert e2e.judge_verdicts(log.replace(" TP0]", "]"))[0]["rank"] is None
     assert e2e.judge_verdicts("no verdicts") == []
 
 
