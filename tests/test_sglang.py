@@ -281,6 +281,23 @@ def test_each_captured_batch_size_logs_what_its_graph_runs_and_its_variants(sgl,
     assert "tuner: batch size 8: its graph runs the default; 0 graph variant(s) beside it" in caplog.text
 
 
+@pytest.mark.parametrize("record, default", [
+    ({"backend": "fa3", "num_splits": 0, "pack_gqa": None}, True),
+    # FA3's default with a flag forward_decode ignores: SGLang's FA3 code runs it, as the default
+    ({"backend": "fa3", "num_splits": 0, "pack_gqa": None, "wave_fit": True}, True),
+    ({"backend": "fa3", "num_splits": 4, "pack_gqa": None}, False)])
+def test_the_plan_log_says_the_default_where_forward_decode_runs_sglangs_fa3_code(monkeypatch, caplog, record,
+                                                                                  default):
+    monkeypatch.setattr(integration, "resolve_config", lambda call: dict(record))
+    monkeypatch.setattr(integration, "graph_runs", lambda config, call: config)  # (as a graph runs it)
+    monkeypatch.setattr(integration.decode_attention.tuner, "default",
+                        lambda args, kwargs: {"backend": "fa3", "num_splits": 0, "pack_gqa": None})
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        integration.log_plan(8, [("a call",)], [])
+    said = "the default" if default else "tuned configs"
+    assert f"tuner: batch size 8: its graph runs {said}; 0 graph variant(s) beside it" in caplog.text
+
+
 def test_a_plan_log_whose_lookup_fails_says_nothing_and_raises_nothing(monkeypatch, caplog):
     """The line is for benchmarks only: a lookup that raises there must not reach SGLang's
     capture, which calls log_plan outside the planning's own guard."""
@@ -375,9 +392,10 @@ def test_a_variant_graph_sglang_does_not_hold_is_never_replayed(sgl, db_path):
     assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4)
 
 
-def test_under_tensor_parallelism_a_variant_that_cannot_be_captured_stops_the_capture(sgl, db_path):
+def test_under_tensor_parallelism_a_variant_that_cannot_be_captured_stops_the_capture(sgl, db_path, monkeypatch):
     """One rank dropping a variant alone would replay other graphs than its peers."""
-    runner, step = _variant_runner(sgl, db_path, tp_size=2)
+    model_runner, group, calls, plans = _tp_ranks(monkeypatch, other_rank_ratio=1.0)
+    runner, step = _variant_runner(sgl, db_path, tp_size=2, model_runner=model_runner)
     with pytest.raises(RuntimeError, match="TUNER_GRAPH_VARIANTS=0"):
         runner.capture_one_shape(4, _out_of_memory_in_variants(step))
 
@@ -568,34 +586,51 @@ def test_a_variant_replay_pairs_only_with_a_base_replay_of_as_many_real_sequence
     assert [step(4) for _ in range(17)] == [None, "tuner-1"] * 8 + [None]  # like pairs: dropped
 
 
-@pytest.mark.parametrize("ranks", [{"tp_size": 2}, {"pp_size": 2}, {"tp_size": 2, "pp_size": 2}])
-def test_ranks_that_replay_graphs_together_and_cannot_agree_do_not_judge(judged, ranks):
-    """Each rank timing its own replays could reach its own verdict, and ranks would replay
-    different graphs: without SGLang's TP group to agree through (here: no model runner), or
-    under pipeline parallelism, every step runs its variant, untimed."""
-    runner, clock = judged({None: 1.0, "tuner-1": 1.5}, **ranks)
-    assert _labels(runner, 20) == ["tuner-1"] * 20 and clock.events == []
+@pytest.mark.parametrize("ranks", [{"pp_size": 2}, {"tp_size": 2, "pp_size": 2}])
+def test_pipeline_stages_replay_their_variants_unjudged(judged, monkeypatch, ranks):
+    """Pipeline stages would have to agree along the pipeline (not built): every step runs
+    its variant, untimed."""
+    model_runner, group, calls, plans = _tp_ranks(monkeypatch, other_rank_ratio=1.5)
+    runner, clock = judged({None: 1.0, "tuner-1": 1.5}, model_runner=model_runner, **ranks)
+    assert _labels(runner, 20) == ["tuner-1"] * 20 and clock.events == [] and calls == []
 
 
-def _tp_ranks(monkeypatch, other_rank_ratio):
-    """SGLang's TP group as the judge sees it: a CPU group, and an all-reduce (MAX) that meets
-    another rank's ratio; the calls it got."""
+def test_tensor_parallel_ranks_with_no_group_to_agree_through_keep_one_graph_per_batch_size(judged):
+    """Ranks replay one graph together: without SGLang's TP group (here: no model runner) they
+    cannot check that they planned alike, nor agree on verdicts, so none captures variants."""
+    with pytest.warns(RuntimeWarning, match="planned different graph variants for batch size 4"):
+        runner, clock = judged({None: 1.0, "tuner-1": 1.5}, tp_size=2)
+    assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
+    assert _labels(runner, 4) == [None] * 4 and clock.events == []
+
+
+def _tp_ranks(monkeypatch, other_rank_ratio, same_plan=True):
+    """SGLang's TP group as tuner sees it: a CPU group, and an all-reduce (MAX) that meets
+    another rank's plan digest (the same, or another) and ratio; the ratios and digests it got."""
     group = object()
-    calls = []
+    calls, plans = [], []
 
     def all_reduce(tensor, op=None, group=None):
+        assert op == torch.distributed.ReduceOp.MAX
+        if tensor.dtype == torch.int64:  # a plan's digest, [d, -d]
+            plans.append(int(tensor[0]))
+            if not same_plan:
+                tensor[0] += 1  # the other rank's is larger
+            return
         calls.append((float(tensor[0]), op, group))
         tensor.fill_(max(float(tensor[0]), other_rank_ratio))
     monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
     model_runner = types.SimpleNamespace(tp_group=types.SimpleNamespace(cpu_group=group))
-    return model_runner, group, calls
+    return model_runner, group, calls, plans
 
 
 def test_tensor_parallel_ranks_act_on_their_slowest_ranks_ratio(judged, monkeypatch, caplog):
     """This rank's variant ran 0.8x, another rank's 1.05x: both ranks drop it (they replay one
-    graph together), through one all-reduce (MAX) over the TP CPU group."""
-    model_runner, group, calls = _tp_ranks(monkeypatch, other_rank_ratio=1.05)
+    graph together), through one all-reduce (MAX) over the TP CPU group; their plans were
+    compared once, at the capture."""
+    model_runner, group, calls, plans = _tp_ranks(monkeypatch, other_rank_ratio=1.05)
     runner, clock = judged({None: 1.0, "tuner-1": 0.8}, tp_size=2, model_runner=model_runner)
+    assert len(plans) == 1 and "tuner-1" in {key.variant_label for key in runner.graphs}
     labels = _labels(runner, 24)
     assert labels[:16] == [None, "tuner-1"] * 8 and labels[-2:] == [None, None]
     assert calls == [(pytest.approx(0.8), torch.distributed.ReduceOp.MAX, group)]
@@ -603,21 +638,99 @@ def test_tensor_parallel_ranks_act_on_their_slowest_ranks_ratio(judged, monkeypa
     assert _dropped(caplog, "ran 1.050x")
 
 
-def test_tensor_parallel_ranks_read_each_replay_a_fixed_number_of_steps_after_it_ran(judged, monkeypatch):
+def test_tensor_parallel_ranks_that_planned_differently_capture_no_variant(judged, monkeypatch):
+    """A rank whose planning failed, or that read another DB, would replay other graphs than
+    its peers: every rank finds the digests differ, and none captures a variant."""
+    model_runner, group, calls, plans = _tp_ranks(monkeypatch, other_rank_ratio=1.0, same_plan=False)
+    with pytest.warns(RuntimeWarning, match="planned different graph variants for batch size 4"):
+        runner, clock = judged({None: 1.0, "tuner-1": 0.8}, tp_size=2, model_runner=model_runner)
+    assert list(runner.graphs) == [fake_sglang.ShapeKey(4)] and len(plans) == 1
+    assert _labels(runner, 4) == [None] * 4 and calls == [] and clock.events == []
+
+
+@pytest.mark.parametrize("gpu_done", [True, False])
+def test_tensor_parallel_ranks_read_each_replay_a_fixed_number_of_steps_after_it_ran(judged, monkeypatch, gpu_done):
     """A rank's GPU finishes when it does, so a rank reading replays once they are done would
     reach the 8th pair, and the all-reduce, at its own step: the ranks would deadlock or
-    disagree. Each replay is read AGREED_READ_LAG steps after it ran, waited for if need be:
-    the verdict's step is the same on every rank, whatever the GPU's pace."""
+    disagree. Each replay is read AGREED_READ_LAG steps after it ran, waited for if need be,
+    whether its events are long done or not: the verdict's step is the same on every rank."""
     from tuner.integrations.replay_judge import AGREED_READ_LAG
 
-    model_runner, group, calls = _tp_ranks(monkeypatch, other_rank_ratio=0.0)
+    model_runner, group, calls, plans = _tp_ranks(monkeypatch, other_rank_ratio=0.0)
     runner, clock = judged({None: 1.0, "tuner-1": 1.5}, tp_size=2, model_runner=model_runner)
-    clock.done = False  # no event ever reads as done by query()
+    clock.done = gpu_done
     labels = _labels(runner, 16 + AGREED_READ_LAG)
-    # the 8th pair's variant replay ran at step 16, and is read at step 16 + AGREED_READ_LAG,
-    # whose replay is the base graph's: dropped at 1.5x
-    assert labels[:16] == [None, "tuner-1"] * 8 and labels[-1] is None and len(calls) == 1
-    assert calls[0][0] == pytest.approx(1.5) and clock.waited  # (waited for: not read by query)
+    # the 8th pair's variant replay ran at step 16; steps 17 to 16 + AGREED_READ_LAG - 1 go on
+    # alternating, and step 16 + AGREED_READ_LAG reads it: dropped at 1.5x, the base graph's
+    assert AGREED_READ_LAG == 4 and labels == [None, "tuner-1"] * 8 + [None, "tuner-1", None, None]
+    assert len(calls) == 1 and calls[0][0] == pytest.approx(1.5)
+    assert bool(clock.waited) != gpu_done  # (waited for only where not done)
+
+
+def test_two_ranks_whose_gpus_run_at_different_paces_agree_at_the_same_step():
+    """Two ranks' judges over the same steps, one rank's GPU done at once, the other's 3 steps
+    behind: both call agree at the same step, and act on the same ratio."""
+    from tuner.integrations.replay_judge import ReplayJudge
+
+    class Rank:
+        def __init__(self, gpu_behind):
+            self.gpu_behind, self.step, self.agreed_at = gpu_behind, 0, []
+
+        def event(self):
+            rank = self
+
+            class Event:
+                def record(self):
+                    self.step = rank.step
+
+                def query(self):
+                    return rank.step - self.step >= rank.gpu_behind
+
+                def synchronize(self):
+                    pass
+
+                def elapsed_time(self, end):
+                    return 1.0  # every replay alike: the ratio is 1.0 on both
+            return Event()
+
+    ranks = [Rank(0), Rank(3)]
+    judges = []
+    for rank in ranks:
+        def agree(ratio, rank=rank):
+            rank.agreed_at.append(rank.step)
+            return ratio
+        judges.append(ReplayJudge(8, 0.01, on_drop=lambda *a: None, event=rank.event, agree=agree))
+    for _ in range(30):
+        for rank, judge in zip(ranks, judges):
+            rank.step += 1
+            with judge.replaying(4, "tuner-1"):
+                pass
+    assert ranks[0].agreed_at == ranks[1].agreed_at and len(ranks[0].agreed_at) == 1
+    assert judges[0].verdicts == judges[1].verdicts == {(4, "tuner-1"): 1.0}
+
+
+def test_a_base_replay_timed_at_zero_counts_as_a_neutral_pair():
+    """Every rank must count its pairs alike: a base replay read as 0 ms (no ratio to take)
+    counts as 1.0 rather than being skipped on one rank only."""
+    from tuner.integrations.replay_judge import ReplayJudge
+
+    costs = iter([0.0, 1.0, 0.0, 1.0])
+
+    class Event:
+        def record(self):
+            pass
+
+        def query(self):
+            return True
+
+        def elapsed_time(self, end):
+            return next(costs)
+    judge = ReplayJudge(2, 0.01, on_drop=lambda *a: None, event=Event)
+    for _ in range(4):
+        with judge.replaying(4, "tuner-1"):
+            pass
+    judge.tick()
+    assert judge.verdicts == {(4, "tuner-1"): 1.0}
 
 
 def test_a_judge_of_no_pairs_leaves_every_variant_as_planned(judged, monkeypatch):

@@ -17,15 +17,17 @@ many, and so on: its traffic may change, and a variant must not go on losing.
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
 like. The events also take in the host's work between them and the replay's launch, alike for
-both graphs: it pulls a ratio towards 1, never past it. No step waits for the GPU: an
-event's time is read only once query() says the event is done, at a later step. While a
-verdict is pending a step costs two event records on the host; after, nothing.
+both graphs: it pulls a ratio towards 1, never past it. No step of a process that decides
+alone waits for the GPU: an event's time is read only once query() says the event is done,
+at a later step. While a verdict is pending a step costs two event records on the host;
+after, nothing.
 
 Ranks that replay one graph together (tensor parallelism) must replay the same graphs, so
 their verdicts must agree: given `agree` (the ratio of the slowest rank, by a collective of
 the ranks' medians), a judge reads each replay a fixed AGREED_READ_LAG steps after it ran,
 so that every rank counts the same pairs at the same step and calls `agree` at the same
-step, and the agreed ratio decides on every rank.
+step, and the agreed ratio decides on every rank (a replay not yet done by then is waited
+for: a server's host runs a step or two ahead of its GPU, so the wait is nil or short).
 """
 
 from __future__ import annotations
@@ -219,7 +221,8 @@ class ReplayJudge:
             return timed.end.query()
         if self._step - timed.step < AGREED_READ_LAG:
             return False
-        timed.end.synchronize()
+        if not timed.end.query():
+            timed.end.synchronize()
         return True
 
     @property

@@ -37,12 +37,13 @@ import functools
 import logging
 import math
 import warnings
+import zlib
 from typing import Any
 
 import torch
 
 from tuner import settings
-from tuner.integrations.decode_attention import declared_branch, decode_attention
+from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.integrations.replay_judge import ReplayJudge
 from tuner.runtime.capture import graph_capture
@@ -256,6 +257,12 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
         warnings.warn(f"tuner: no graph variants for batch size {size} ({type(e).__name__}: {e})", RuntimeWarning,
                       stacklevel=2)
         planned = []
+    if not plan_agreed(runner, size, planned):  # (every rank finds the same: none drops alone)
+        for variant in planned:
+            backend.tuner_variants.drop(size, variant.label)
+        warnings.warn(f"tuner: the tensor-parallel ranks planned different graph variants for batch size {size} "
+                      "(or cannot compare them); none is captured", RuntimeWarning, stacklevel=2)
+        planned = []
     log_plan(size, calls, planned)
     for variant in planned:
         try:
@@ -272,19 +279,46 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
     return result
 
 
+def plan_agreed(runner: Any, size: int, planned: list) -> bool:
+    """Whether every tensor-parallel rank planned the same variants for this batch size (and
+    judges alike): ranks replay one graph together, and a rank whose planning failed, or read
+    another DB or setting, would replay other graphs. One all-reduce of a digest over the TP
+    CPU group, during the capture every rank makes together. True for a rank alone; False
+    under TP without the group (nothing to compare through)."""
+    if getattr(runner, "tp_size", 1) == 1:
+        return True
+    group = _tp_cpu_group(runner)
+    if group is None:
+        return False
+    digest = zlib.crc32(repr((size, planned, settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE)).encode())
+    extremes = torch.tensor([digest, -digest], dtype=torch.int64)  # (MAX of both: the largest and the smallest)
+    torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MAX, group=group)
+    return int(extremes[0]) == digest == -int(extremes[1])
+
+
 def log_plan(size: int, calls: list[tuple], planned: list) -> None:
     """One info line per captured batch size: whether its graph runs decode_attention's
     default (FA3's, on a GPU), and the variants planned beside it: a benchmark reads from it
     whether tuner ran anything of its own."""
-    dispatch = decode_attention.tuner
     try:
         with graph_capture():  # what the base graph runs: lengths unknown
-            base_default = all(declared_branch(resolve_config(c), size) == dispatch.default(c, {}) for c in calls)
+            base_default = all(runs_default(c, size) for c in calls)
     except Exception:  # noqa: BLE001 - a log line never fails SGLang's capture
         return
     log.info("tuner: batch size %d: its graph runs %s; %d graph variant(s) beside it%s", size,
              "the default" if base_default else "tuned configs", len(planned),
              "".join(f", {v.label}" for v in planned))
+
+
+def runs_default(call: tuple, size: int) -> bool:
+    """Whether a graph's call runs the default, as forward_decode runs it: a config FA3's
+    default runs SGLang's FA3 code; another runs decode_attention, whose plain config in a
+    graph (graph_runs of its declared branch) may still be the default's."""
+    config = resolve_config(call)
+    if is_fa3_default(config):
+        return True
+    default = decode_attention.tuner.default(call, {})
+    return graph_runs(declared_branch(config, size), call) == graph_runs(default, call)
 
 
 def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -346,10 +380,15 @@ def judge_of(runner: Any, backend: Any) -> ReplayJudge | None:
     return judge if judge.agree is not None else None
 
 
+def _tp_cpu_group(runner: Any) -> Any:
+    """SGLang's TP CPU (gloo) group of the runner's model runner, or None."""
+    return getattr(getattr(getattr(runner, "model_runner", None), "tp_group", None), "cpu_group", None)
+
+
 def tp_slowest(runner: Any) -> Any:
     """A function giving the largest of the TP ranks' ratios, each rank passing its own (an
     all-reduce over SGLang's TP CPU group), or None where the runner has no such group."""
-    group = getattr(getattr(getattr(runner, "model_runner", None), "tp_group", None), "cpu_group", None)
+    group = _tp_cpu_group(runner)
     if group is None:
         return None
 
