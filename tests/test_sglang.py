@@ -586,6 +586,25 @@ def test_a_variant_replay_pairs_only_with_a_base_replay_of_as_many_real_sequence
     assert [step(4) for _ in range(17)] == [None, "tuner-1"] * 8 + [None]  # like pairs: dropped
 
 
+def test_a_pair_compares_graphs_of_one_server_label(judged, caplog):
+    """SGLang's LoRA steps replay graphs of their own label ("lora", "lora+tuner-1"), with
+    more work: a base replay without LoRA and a variant replay with it are no pair. Steps
+    that alternate between the two give no verdict; runs of one label do."""
+    runner, clock = judged({None: 1.0, "tuner-1": 1.0, "lora": 2.0, "lora+tuner-1": 2.0})
+    runner.capture_one_shape(4, _graph_step(runner.attn_backend, 4, 2048), None, "lora")
+
+    def step(lora):
+        batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4), seq_lens_cpu=torch.full((4,), 2000))
+        batch.lora = lora
+        runner.execute(batch)
+        return runner._replay_graph_key.variant_label
+    assert [step("lora" if i % 2 else None) for i in range(40)] == [None, "lora+tuner-1"] * 20
+    assert runner.attn_backend.tuner_judge.verdicts == {} and not _dropped(caplog, "tuner-1")
+    for _ in range(17):  # runs of one label: pairs of like graphs, each 1.0 (the 8th read at the 17th)
+        step("lora")
+    assert runner.attn_backend.tuner_judge.verdicts == {(4, DENSE_2K): pytest.approx(1.0)}
+
+
 @pytest.mark.parametrize("ranks", [{"pp_size": 2}, {"tp_size": 2, "pp_size": 2}])
 def test_pipeline_stages_replay_their_variants_unjudged(judged, monkeypatch, ranks):
     """Pipeline stages would have to agree along the pipeline (not built): every step runs

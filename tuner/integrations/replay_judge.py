@@ -69,7 +69,8 @@ def _cuda_event() -> Any:
 @dataclass
 class Timed:
     """One replay being timed: its variant (or the base graph of that class), the server's
-    step it ran at, its real sequences (None: not known), its events."""
+    step it ran at, its real sequences (None: not known), its events, and the server's own
+    label of the graphs (SGLang's LoRA graphs, say: a pair compares graphs of one label)."""
 
     key: VariantKey
     variant: bool
@@ -77,6 +78,7 @@ class Timed:
     raw_batch: int | None
     start: Any
     end: Any = None
+    server_label: Any = None
 
 
 @dataclass
@@ -182,11 +184,12 @@ class ReplayJudge:
         recheck[0], recheck[1] = 0, 2 * recheck[1]
         return True
 
-    def start(self, batch: int, choice: Choice, variant: bool, raw_batch: int | None = None) -> Timed:
+    def start(self, batch: int, choice: Choice, variant: bool, raw_batch: int | None = None,
+              server_label: Any = None) -> Timed:
         """Before the replay: its start event, recorded on the current stream."""
         start = self._event()
         start.record()
-        return Timed((batch, choice), variant, self._step, raw_batch, start)
+        return Timed((batch, choice), variant, self._step, raw_batch, start, server_label=server_label)
 
     def finish(self, timed: Timed) -> None:
         """After the replay: its end event; read at a later step (collect)."""
@@ -245,8 +248,10 @@ class ReplayJudge:
 
 
 def _neighbours(base: Timed, variant: Timed) -> bool:
-    """Whether a base replay and a variant replay compare like with like (PAIR_MAX_GAP)."""
-    return variant.step - base.step <= PAIR_MAX_GAP and base.raw_batch == variant.raw_batch
+    """Whether a base replay and a variant replay compare like with like (PAIR_MAX_GAP; as
+    many real sequences; graphs of one server label)."""
+    return (variant.step - base.step <= PAIR_MAX_GAP and base.raw_batch == variant.raw_batch
+            and base.server_label == variant.server_label)
 
 
 def drop_variant(variants: GraphVariants, batch: int, choice: Choice, ratio: float) -> None:

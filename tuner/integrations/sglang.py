@@ -346,7 +346,7 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
         return result
     if judge is not None and judge.judging(key.size, pick):  # (per class of lengths: see replay_judge)
         variant = judge.replays_variant(key.size, pick)
-        runner._tuner_timed = judge.start(key.size, pick, variant, raw_batch)
+        runner._tuner_timed = judge.start(key.size, pick, variant, raw_batch, server_label=key.variant_label)
         if not variant:
             return result
     runner._replay_graph_key = variant_key
