@@ -7,6 +7,7 @@ where a wrong attention output shows in the logits."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,32 @@ def test_sglang_decodes_through_tuners_backend_with_fa3s_logits(tmp_path):
     assert any(str(label).startswith("tuner-") for label in labels), graphs
     assert set(graphs["replayed"]) <= labels, graphs
     assert not any(label for _, label in doc["results"]["fa3"]["decode_graphs"]["captured"]), doc["results"]["fa3"]
+
+
+def test_tensor_parallel_ranks_plan_and_judge_alike(tmp_path):
+    """Two GPUs: SGLang's bench_one_batch with --tp 2 (a process per rank, each with tuner's
+    backend registered by the harness) decodes through tuner's backend without a hang; both
+    ranks log the same plan for each batch size, and the same verdicts (the slowest rank's
+    ratio, agreed by an all-reduce over SGLang's TP CPU group)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    out = tmp_path / "tp.json"
+    result = subprocess.run(
+        [sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", "tuner", "--tp", "2", "--layers", "2",
+         "--no-logits", "--batches", "8", "--input-lens", "4096", "--lengths", "spread", "--rounds", "1",
+         "--timeout", "400", "--mem-fraction", "0.5"],
+        cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TUNER_SHIPPED=str(ROOT / "tuning_cache")))
+    log = (tmp_path / "tp.tuner.log").read_text() if (tmp_path / "tp.tuner.log").exists() else ""
+    assert result.returncode == 0, result.stderr[-3000:] + log[-3000:]
+    latency = json.loads(out.read_text())["results"]["tuner"]["latency"]
+    assert latency["exit_codes"] == {"4096": 0}, log[-3000:]
+    plans = {rank: sorted(m[2] for m in re.finditer(r"TP(\d+)\] (tuner: batch size \d+: its graph runs [^\n]*)", log)
+                          if m[1] == str(rank)) for rank in (0, 1)}
+    assert plans[0] and plans[0] == plans[1], plans
+    verdicts = latency["judge_verdicts"]["4096"]
+    by_rank = {rank: sorted((v["label"], v["batch"], v["ratio"], v["dropped"]) for v in verdicts if v["rank"] == rank)
+               for rank in (0, 1)}
+    assert by_rank[0] == by_rank[1], verdicts
