@@ -84,6 +84,12 @@ CONFIGS = {
         "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     },
 }
+# Qwen 2.5 7B past 32k, as its model card extends it (YaRN, factor 4): the card adds the
+# rope_scaling below; SGLang takes a config with original_max_position_embeddings at its
+# max_position_embeddings, so that is the scaled context here (the attention's shapes, 28/4
+# heads, are Qwen 2.5 7B's)
+CONFIGS["qwen2.5-7b-128k"] = dict(CONFIGS["qwen2.5-7b"], max_position_embeddings=131072, rope_scaling={
+    "factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"})
 BUILT_IN = ("fa3", "flashinfer", "triton")
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # bench_one_batch prefills a whole batch in one forward: past this many tokens its activations

@@ -984,6 +984,11 @@ def test_sglang_e2e_summary_takes_the_median_of_the_rounds_and_pairs_tuner_with_
 def test_sglang_e2e_runs_only_what_fits_the_model_and_a_prefill():
     e2e = benchmark_module("sglang_e2e")
     assert e2e.latency_points("qwen2.5-7b", [1, 8], [16384, 32768], 32) == [(16384, [1, 8])]  # context 32768
+    # its model card's YaRN context: the same heads, 128k
+    assert e2e.latency_points("qwen2.5-7b-128k", [8], [32768, 65536], 32) == [(32768, [8]), (65536, [8])]
+    long, short = e2e.CONFIGS["qwen2.5-7b-128k"], e2e.CONFIGS["qwen2.5-7b"]
+    scaling = ("max_position_embeddings", "rope_scaling")
+    assert {k: v for k, v in long.items() if k not in scaling} == {k: v for k, v in short.items() if k not in scaling}
     assert e2e.latency_points("llama-3.1-8b", [1, 4, 8, 128], [1024, 32768, 131040, 262144], 32) == [
         (1024, [1, 4, 8, 128]), (32768, [1, 4, 8, 128]), (131040, [1, 4, 8, 128])]  # one request past a prefill: no
     # a batch past one prefill: consecutive parts of whole requests, a longer request alone
@@ -1016,7 +1021,8 @@ def test_sglang_e2e_builds_the_model_tuner_tunes_and_compares_with_the_best_buil
     for model in e2e.CONFIGS:
         path = e2e.write_model_dir(model, tmp_path / model)
         config = json.loads((path / "config.json").read_text())
-        assert attention_from_config(config, model) == known_model(model)
+        # (qwen2.5-7b-128k: Qwen 2.5 7B's attention, its context extended)
+        assert attention_from_config(config, model) == known_model(model.removesuffix("-128k"))
         assert json.loads((path / "tokenizer.json").read_text())["model"]["type"] == "WordLevel"
     short = json.loads((e2e.write_model_dir("llama-3.1-8b", tmp_path / "short", layers=2) / "config.json").read_text())
     assert short == dict(e2e.CONFIGS["llama-3.1-8b"], num_hidden_layers=2)  # --layers: only the depth changes
