@@ -91,6 +91,14 @@ CONFIGS = {
 CONFIGS["qwen2.5-7b-128k"] = dict(CONFIGS["qwen2.5-7b"], max_position_embeddings=131072, rope_scaling={
     "factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"})
 BUILT_IN = ("fa3", "flashinfer", "triton")
+# tuner's workers under other settings, beside the plain one in the same run (a diagnosis of
+# what a step costs: its graph variants, its replay judge): backend label -> the worker's environment
+TUNER_SETTINGS = {"tuner": {}, "tuner-novariants": {"TUNER_GRAPH_VARIANTS": "0"},
+                  "tuner-nojudge": {"TUNER_REPLAY_JUDGE": "0"}}
+# the line bench_one_batch prints per decode step (all of them with --log-decode-step 1)
+STEP_LINE = re.compile(r"Decode (?P<step>\d+)\. Batch size: (?P<batch>\d+), latency: (?P<seconds>[\d.]+) s")
+# the trace bench_one_batch's --profile writes per batch size (its decode stage)
+TRACE_NAME = re.compile(r"_batch(?P<batch>\d+)_input\d+_output\d+_decode\.trace\.json(?:\.gz)?$")
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # bench_one_batch prefills a whole batch in one forward: past this many tokens its activations
 # alone (an 8B model's MLP) outgrow what the KV cache leaves, so a larger batch is prefilled in
@@ -197,10 +205,51 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
         path = result.parent / f"prompts.{input_len}.txt"
         path.write_text("".join(" ".join(["a"] * n) + "\n" for n in spread_lengths(max(batches), input_len)))
         prompts = ["--prompt-filename", str(path)]
-    return ["--model-path", str(model_dir), "--load-format", "dummy", "--attention-backend", backend,
+    return ["--model-path", str(model_dir), "--load-format", "dummy", "--attention-backend", attention_backend(backend),
             "--batch-size", *sizes, "--input-len", str(input_len), "--output-len", str(args.output_len),
             "--result-filename", str(result), "--run-name", backend, "--mem-fraction-static", str(args.mem_fraction),
             *(["--tp-size", str(args.tp)] if getattr(args, "tp", 1) > 1 else []), *graphs, *prompts]
+
+
+def attention_backend(label: str) -> str:
+    """SGLang's --attention-backend for a backend label (tuner's TUNER_SETTINGS labels: "tuner")."""
+    return "tuner" if label in TUNER_SETTINGS else label
+
+
+def diagnosis_argv(args: argparse.Namespace) -> list[str]:
+    """bench_one_batch's own flags for --step-latencies (every decode step's latency in its
+    log) and --profile-steps (a torch profiler trace of that many steps halfway through)."""
+    argv = ["--log-decode-step", "1"] if getattr(args, "step_latencies", False) else []
+    if getattr(args, "profile_steps", 0):
+        argv += ["--profile", "--profile-stage", "decode", "--profile-steps", str(args.profile_steps),
+                 "--profile-activities", "CPU", "GPU"]
+    return argv
+
+
+def step_latencies(log_text: str) -> dict[str, list[float]]:
+    """A worker's measured decode steps (after its warm-up), per batch size: milliseconds in
+    step order, as many as its log shows (all of them with --step-latencies)."""
+    measured = log_text.split("Benchmark ...", 1)[-1] if "Benchmark ..." in log_text else ""
+    steps: dict[str, list[float]] = {}
+    for m in STEP_LINE.finditer(measured):
+        steps.setdefault(m["batch"], []).append(round(float(m["seconds"]) * 1e3, 4))
+    return steps
+
+
+def profile_summaries(folder: Path, steps: int) -> dict[str, dict]:
+    """Each decode trace a worker wrote in folder, summarized per batch size
+    (common.decode_trace); the traces deleted after (tens of MB each)."""
+    from common.decode_trace import read_trace, summarize_trace
+
+    found = {}
+    for path in sorted(folder.glob("*")) if folder.is_dir() else []:
+        m = TRACE_NAME.search(path.name)
+        if m:
+            found[m["batch"]] = summarize_trace(read_trace(path), steps)
+        path.unlink()
+    if folder.is_dir():
+        folder.rmdir()
+    return found
 
 
 # --lengths spread draws this many prompt lengths per input length, whatever the run's batch
@@ -323,19 +372,23 @@ def summarize(rows: dict[str, list[dict]]) -> list[dict]:
 
 def summary_entry(batch: int, input_len: int, rounds: dict[str, dict[int, float]]) -> dict:
     """Each backend's median over its rounds (under its name, as before rounds existed) and its
-    values in round order; tuner's median over the best built-in backend's (by medians) and,
-    within each round both ran, tuner's over that backend's (neighbours in time); each
-    backend's max/min over its rounds, where it has two or more."""
+    values in round order; tuner's median (and each TUNER_SETTINGS label's) over the best
+    built-in backend's (by medians) and, within each round both ran, tuner's over that
+    backend's (neighbours in time); each backend's max/min over its rounds, where it has two
+    or more."""
     entry: dict = {"batch": batch, "input_len": input_len}
     for backend, values in rounds.items():
         entry[backend] = statistics.median(values.values()) if values else None
         entry[f"{backend}_rounds"] = [values[r] for r in sorted(values)]
     built_in = {b: entry[b] for b in BUILT_IN if entry.get(b)}
-    if entry.get("tuner") and built_in:
-        best = max(built_in, key=built_in.get)
-        tuner, other = rounds["tuner"], rounds[best]
-        entry.update(best_built_in=best, tuner_over_best=entry["tuner"] / built_in[best],
-                     tuner_over_best_by_round={str(r): tuner[r] / other[r] for r in sorted(tuner) if r in other})
+    if built_in and any(entry.get(label) for label in TUNER_SETTINGS):
+        best = entry["best_built_in"] = max(built_in, key=built_in.get)
+        for label in TUNER_SETTINGS:  # tuner, and tuner under another setting, against the same backend
+            if entry.get(label):
+                entry[f"{label}_over_best"] = entry[label] / built_in[best]
+        if entry.get("tuner"):
+            tuner, other = rounds["tuner"], rounds[best]
+            entry["tuner_over_best_by_round"] = {str(r): tuner[r] / other[r] for r in sorted(tuner) if r in other}
     spread = {b: max(v.values()) / min(v.values()) for b, v in rounds.items() if len(v) >= 2}
     if spread:
         entry["spread"] = spread
@@ -348,10 +401,11 @@ def logits_agreement(reference, other) -> float:
 
 
 def run_worker(mode: str, backend: str, argv: list[str], logits_out: Path | None, db: str | None,
-               log: Path, timeout_s: float) -> int:
+               log: Path, timeout_s: float, extra_env: dict[str, str] | None = None) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
                                                                      os.environ.get("PYTHONPATH")])))
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # nothing on this path needs a network
+    env.update(TUNER_SETTINGS.get(backend, {}), **(extra_env or {}))
     if db:
         env["TUNER_DB"] = db
     command = [sys.executable, __file__, "--worker", mode, "--worker-backend", backend,
@@ -426,7 +480,7 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
 def prepare_rank(backend: str) -> None:
     """What a latency worker's process needs before SGLang runs in it: the tuner backend
     registered (backend "tuner"), and bench_one_batch's prefill in parts."""
-    if backend == "tuner":
+    if attention_backend(backend) == "tuner":
         from tuner.integrations.sglang import register
 
         register()
@@ -484,10 +538,12 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
         return
     result = work / (f"{backend}.{input_len}.jsonl" if rnd == 0 else f"{backend}.{input_len}.r{rnd}.jsonl")
     result.unlink(missing_ok=True)
-    argv = bench_argv(model_dir, backend, batches, input_len, run.args, result)
+    argv = bench_argv(model_dir, backend, batches, input_len, run.args, result) + diagnosis_argv(run.args)
     log = run.log(backend)
     logged = log.stat().st_size if log.exists() else 0
-    code = run_worker("latency", backend, argv, None, run.args.db, log, min(run.args.timeout, run.left_s()))
+    traces = work / f"profile.{backend}.{key.replace('#', '.r')}"  # (--profile-steps)
+    code = run_worker("latency", backend, argv, None, run.args.db, log, min(run.args.timeout, run.left_s()),
+                      extra_env=dict(SGLANG_TORCH_PROFILER_DIR=str(traces)))
     latency["exit_codes"][key] = code
     with log.open("rb") as text:  # this worker's part of the backend's log
         text.seek(logged)
@@ -499,6 +555,14 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     latency.setdefault("judge_verdicts", {})[key] = judge_verdicts(worker_log)
     latency.setdefault("skipped", {})[key] = skipped_batches(worker_log)
     latency.setdefault("graph_plans", {})[key] = graph_plans(worker_log)
+    if getattr(run.args, "step_latencies", False):
+        latency.setdefault("steps", {})[key] = step_latencies(worker_log)
+    if getattr(run.args, "profile_steps", 0):
+        latency.setdefault("profile", {})[key] = profiled = profile_summaries(traces, run.args.profile_steps)
+        for batch, p in profiled.items():
+            print(f"profile {backend} b{batch} L{input_len}: per step GPU busy {p['gpu_busy_us']:.0f} us, idle "
+                  f"{p['gpu_idle_us']:.0f} us, {p['gpu_ops']:.0f} GPU ops, {p['graph_launches']:.1f} graph launches "
+                  f"({p['graph_launch_host_us']:.0f} us on the host)", flush=True)
     rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
     latency["rows"] = [r for r in latency["rows"] if row_key(r) != key] + [dict(r, round=rnd) for r in rows]
     run.save()
@@ -605,7 +669,7 @@ def merge_result(into: dict, result: dict) -> None:
                 mine["exit_codes"][key] = code
                 mine["rows"] = [r for r in mine["rows"] if row_key(r) != key]
                 mine["rows"] += [r for r in result["latency"]["rows"] if row_key(r) == key]
-                for part in ("capture", "judge_verdicts", "skipped", "graph_plans"):  # each worker's, from its log
+                for part in ("capture", "judge_verdicts", "skipped", "graph_plans", "steps", "profile"):  # each worker's
                     mine.setdefault(part, {}).pop(key, None)
                     if key in result["latency"].get(part, {}):
                         mine[part][key] = result["latency"][part][key]
@@ -694,6 +758,11 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (GPUs) per worker: the model's "
                     "per-GPU heads are its heads over this; tuner's replay judge then agrees across them")
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
+    ap.add_argument("--step-latencies", action="store_true", help="every measured decode step's latency in the "
+                    "results (steps), not only the median: where in a run a backend's steps differ")
+    ap.add_argument("--profile-steps", type=int, default=0, metavar="N", help="a torch profiler trace of N decode "
+                    "steps halfway through each worker, summarized per batch size in the results (profile: GPU busy "
+                    "and idle time per step, its top kernels, graph launches); those steps run slower")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds one worker (one input length and round) may take")
     ap.add_argument("--deadline", type=float, default=560.0, help="start no worker after this many seconds")

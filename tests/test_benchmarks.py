@@ -674,6 +674,54 @@ def test_sglang_e2e_spread_lengths_give_every_backend_the_same_mixed_prompts_thr
     assert refused.returncode == 2 and "different lengths" in refused.stderr
 
 
+def test_sglang_e2e_diagnoses_a_step_tuner_under_other_settings_every_steps_latency_and_a_profile(tmp_path):
+    """A diagnosis of where a step's time goes, in one run: tuner's workers without graph
+    variants and without the replay judge beside the plain one (each "tuner" to SGLang, its
+    setting in its environment), each measured step's latency (not the warm-up's), and a
+    profile of a few steps per batch size, summarized and its traces deleted."""
+    doc = fake_sglang_e2e(tmp_path / "d.json", "fa3,tuner,tuner-novariants,tuner-nojudge", "--no-logits",
+                          "--batches", "1,8", "--input-lens", "1024", "--step-latencies", "--profile-steps", "2")
+    results = doc["results"]
+    for label, setting in (("tuner", None), ("tuner-novariants", ("TUNER_GRAPH_VARIANTS", "0")),
+                           ("tuner-nojudge", ("TUNER_REPLAY_JUDGE", "0"))):
+        for row in results[label]["latency"]["rows"]:
+            assert row["rank_setup"]["tuner_registered"] and row["run_name"] == label
+            assert {k: v for k, v in row["tuner_env"].items()
+                    if k in ("TUNER_GRAPH_VARIANTS", "TUNER_REPLAY_JUDGE")} == dict([setting] if setting else [])
+    fa3_rows = results["fa3"]["latency"]["rows"]
+    assert not fa3_rows[0]["rank_setup"]["tuner_registered"]
+    steps = results["fa3"]["latency"]["steps"]["1024"]
+    scale = {str(r["batch_size"]): 1000.0 / r["median_decode_throughput"] for r in fa3_rows}
+    assert set(steps) == {"1", "8"}  # the warm-up's batch-1 step is not among them
+    for batch, ms in steps.items():
+        assert ms == pytest.approx([scale[batch] * (1 + i / 10) for i in range(3)], abs=1e-2)
+    profile = results["tuner-nojudge"]["latency"]["profile"]["1024"]
+    assert set(profile) == {"1", "8"}
+    p = profile["8"]
+    assert (p["steps"], p["gpu_busy_us"], p["gpu_ops"], p["graph_launches"], p["graph_launch_host_us"]) == (
+        2, 30.0, 2.0, 1.0, 4.0)
+    assert p["gpu_idle_us"] == pytest.approx((1035.0 - 60.0) / 2)  # the span holds the host's time between steps
+    assert [(k["name"], k["count"], k["us"]) for k in p["top"]] == [("mlp", 1.0, 20.0), ("attention_tuner", 1.0, 10.0)]
+    assert not list((tmp_path / "d.work").glob("profile*"))  # the traces: summarized, then deleted
+    entry, = [e for e in doc["summary"] if e["batch"] == 8]
+    assert entry["best_built_in"] == "fa3"
+    for label in ("tuner", "tuner-novariants", "tuner-nojudge"):
+        assert entry[f"{label}_over_best"] == pytest.approx(1.1)  # the stand-in's tuner speed, whatever its setting
+
+
+def test_a_decode_trace_summary_counts_overlapping_gpu_work_once():
+    trace = benchmark_module("common.decode_trace")
+    events = [dict(ph="X", cat="kernel", name="a", ts=0, dur=10), dict(ph="X", cat="kernel", name="b", ts=5, dur=10),
+              dict(ph="X", cat="gpu_memcpy", name="copy", ts=30, dur=2), dict(ph="X", cat="cpu_op", name="x", ts=0,
+                                                                             dur=500),
+              dict(ph="i", cat="kernel", name="instant", ts=40)]
+    summary = trace.summarize_trace(events, steps=1)
+    assert (summary["gpu_busy_us"], summary["gpu_span_us"], summary["gpu_idle_us"], summary["gpu_ops"]) == (
+        17.0, 32.0, 15.0, 3.0)
+    assert [k["name"] for k in summary["top"]] == ["a", "b", "copy"]
+    assert trace.summarize_trace([], steps=2)["gpu_busy_us"] == 0.0
+
+
 def test_sglang_e2e_sets_up_each_tensor_parallel_rank_that_bench_one_batch_spawns(tmp_path):
     """--tp 2: bench_one_batch runs each rank's latency test in a process it spawns, which
     knows nothing of the worker's set-up; each rank registers the tuner backend and prefills

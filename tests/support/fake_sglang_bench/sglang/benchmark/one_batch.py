@@ -66,6 +66,11 @@ class BenchArgs:
         parser.add_argument("--result-filename")
         parser.add_argument("--run-name")
         parser.add_argument("--prompt-filename", default="")
+        parser.add_argument("--log-decode-step", type=int, default=0)
+        parser.add_argument("--profile", action="store_true")
+        parser.add_argument("--profile-stage", default="all")
+        parser.add_argument("--profile-steps", type=int)
+        parser.add_argument("--profile-activities", nargs="+", default=["CPU", "GPU"])
 
 
 def _parse(argv):
@@ -117,16 +122,45 @@ def _latency_test(argv, rank):
     if args.prompt_filename:
         with open(args.prompt_filename) as lines:
             prompts = [len(line.split()) for line in lines]
+    print("Warmup ...\nDecode 0. Batch size: 1, latency: 0.09000 s, throughput: 11.11 token/s\nBenchmark ...")
     with open(args.result_filename, "a") as out:
         for n in args.input_len:
             for b in args.batch_size:
                 throughput = speed * b * 1000.0 / (1 + n / 8192)
+                _log_steps(args, b, 1000.0 / throughput)
+                if args.profile:
+                    _write_trace(backend, b, n, args.output_len[0], args.profile_steps or 1)
                 decoded = _decode_batch(b, n)
                 out.write(json.dumps(dict(run_name=args.run_name, batch_size=b, input_len=n, decode_batch=decoded,
                                           output_len=args.output_len[0], median_decode_throughput=throughput,
                                           median_decode_latency=b / throughput,
                                           graph_bs=args.cuda_graph_bs_decode, prompt_lens=prompts[:b] or None,
-                                          rank_setup=_rank_setup())) + "\n")
+                                          rank_setup=_rank_setup(), tuner_env={
+                                              k: v for k, v in os.environ.items() if k.startswith("TUNER_")
+                                              and k != "TUNER_DB"})) + "\n")
+
+
+def _log_steps(args, batch, scale):
+    for i in range(args.output_len[0] - 1):
+        if i < 5 or (args.log_decode_step > 0 and i % args.log_decode_step == 0):
+            print(f"Decode {i}. Batch size: {batch}, latency: {scale * (1 + i / 10) / 1000:6.5f} s, "
+                  f"throughput: {batch / (scale * (1 + i / 10) / 1000):9.2f} token/s")
+
+
+def _write_trace(backend, batch, input_len, output_len, steps):
+    import gzip
+
+    events = []
+    for step in range(steps):
+        t = 1000.0 * step
+        events += [dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=t, dur=4.0),
+                   dict(ph="X", cat="kernel", name=f"attention_{backend}", ts=t + 5, dur=10.0),
+                   dict(ph="X", cat="kernel", name="mlp", ts=t + 20, dur=20.0)]
+    folder = os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+    os.makedirs(folder, exist_ok=True)
+    name = f"profile_batch{batch}_input{input_len}_output{output_len}_decode.trace.json.gz"
+    with gzip.open(os.path.join(folder, name), "wt") as f:
+        json.dump(dict(traceEvents=events), f)
 
 
 def _rank_setup():
