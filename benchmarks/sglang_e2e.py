@@ -245,7 +245,10 @@ def profile_summaries(folder: Path, steps: int) -> dict[str, dict]:
     for path in sorted(folder.glob("*")) if folder.is_dir() else []:
         m = TRACE_NAME.search(path.name)
         if m:
-            found[m["batch"]] = summarize_trace(read_trace(path), steps)
+            try:
+                found[m["batch"]] = summarize_trace(read_trace(path), steps)
+            except (OSError, ValueError, EOFError) as e:  # a worker killed while writing it, say
+                found[m["batch"]] = dict(error=f"{type(e).__name__}: {e}")
         path.unlink()
     if folder.is_dir():
         folder.rmdir()
@@ -560,6 +563,9 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     if getattr(run.args, "profile_steps", 0):
         latency.setdefault("profile", {})[key] = profiled = profile_summaries(traces, run.args.profile_steps)
         for batch, p in profiled.items():
+            if "error" in p:
+                print(f"profile {backend} b{batch} L{input_len}: unreadable ({p['error']})", flush=True)
+                continue
             print(f"profile {backend} b{batch} L{input_len}: per step GPU busy {p['gpu_busy_us']:.0f} us, idle "
                   f"{p['gpu_idle_us']:.0f} us, {p['gpu_ops']:.0f} GPU ops, {p['graph_launches']:.1f} graph launches "
                   f"({p['graph_launch_host_us']:.0f} us on the host)", flush=True)

@@ -722,6 +722,18 @@ def test_a_decode_trace_summary_counts_overlapping_gpu_work_once():
     assert trace.summarize_trace([], steps=2)["gpu_busy_us"] == 0.0
 
 
+def test_a_profile_trace_cut_short_is_reported_and_removed_not_a_crash(tmp_path):
+    import gzip
+
+    e2e = benchmark_module("sglang_e2e")
+    folder = tmp_path / "profile.tuner.4096"
+    folder.mkdir()
+    (folder / "profile_batch8_input4096_output128_decode.trace.json.gz").write_bytes(
+        gzip.compress(b'{"traceEvents": [{"ph": "X"')[:-6])  # a worker killed while writing it
+    found = e2e.profile_summaries(folder, 3)
+    assert list(found) == ["8"] and "error" in found["8"] and not folder.exists()
+
+
 def test_sglang_e2e_sets_up_each_tensor_parallel_rank_that_bench_one_batch_spawns(tmp_path):
     """--tp 2: bench_one_batch runs each rank's latency test in a process it spawns, which
     knows nothing of the worker's set-up; each rank registers the tuner backend and prefills
