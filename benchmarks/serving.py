@@ -205,6 +205,7 @@ def _judged(calls, base: dict, variant: dict, batch: int, device: str) -> tuple[
     for _ in range(2 * settings.REPLAY_JUDGE_PAIRS):  # base and variant in turn, a pair per two steps
         with judge.replaying(batch, "variant") as label:
             replay[label]()
+    judge.tick()  # ends the last replay's whole step
     if device == "cuda":
         torch.cuda.synchronize()
     judge.tick()  # reads the last pair

@@ -121,7 +121,9 @@ CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
 # the lines tuner.integrations.replay_judge logs (logger "tuner"): a drop (warning) or a kept verdict (info)
 JUDGE_LINE = re.compile(r"(?:TP(?P<rank>\d+)\] )?"  # SGLang's prefix of a rank's line
-                        r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;\n]*; "
+                        r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;(\n]*"
+                        r"(?:\((?P<replays>[\d.]+)x by its replays, (?:(?P<whole>[\d.]+)x|not counted) by its whole "
+                        r"steps\))?[^;\n]*; "
                         r"(?P<steps>[^\n]*?) (?P<verdict>replay that graph|keep it)")
 
 
@@ -293,9 +295,12 @@ def judge_verdicts(log_text: str) -> list[dict]:
     """The verdicts tuner's replay judge logged in a worker: label, batch size, the variant's
     time over the base graph's, the steps it holds for (a class of lengths), and whether they
     were dropped (kept ones are logged at info level); the tensor-parallel rank that logged it
-    (each logs its verdicts, the same on every rank), where SGLang's prefix names one."""
+    (each logs its verdicts, the same on every rank), where SGLang's prefix names one; and,
+    where the line gives them, the replays' and the whole steps' ratios (None: not counted)."""
     return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"]), steps=m["steps"],
-                 dropped=m["verdict"] == "replay that graph", rank=None if m["rank"] is None else int(m["rank"]))
+                 dropped=m["verdict"] == "replay that graph", rank=None if m["rank"] is None else int(m["rank"]),
+                 **({} if m["replays"] is None else dict(
+                     replays_ratio=float(m["replays"]), whole_steps_ratio=m["whole"] and float(m["whole"]))))
             for m in JUDGE_LINE.finditer(log_text)]
 
 

@@ -910,7 +910,7 @@ def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog
     e2e = benchmark_module("sglang_e2e")
     dropped = []
     drop_variant(types.SimpleNamespace(drop_pick=lambda *a: dropped.append(a)), 8, Pick("tuner-3", (65536, True)),
-                 1.0437)
+                 1.0437, "0.990x by its replays, 1.044x by its whole steps")
     assert dropped == [(8, Pick("tuner-3", (65536, True)))]
     caplog.set_level(logging.INFO, logger="tuner")
     clock = [0.0]
@@ -934,9 +934,15 @@ def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog
     form = logging.Formatter("[%(asctime)s TP0] %(message)s")
     log = "Decode 1. Batch size: 8\n" + "\n".join(form.format(r) for r in caplog.records) + "\nDecode 2."
     assert e2e.judge_verdicts(log) == [
-        dict(label="tuner-3", batch=8, ratio=1.044, steps="its steps at kv bucket 65536, dense", dropped=True, rank=0),
+        dict(label="tuner-3", batch=8, ratio=1.044, steps="its steps at kv bucket 65536, dense", dropped=True, rank=0,
+             replays_ratio=0.99, whole_steps_ratio=1.044),
         dict(label="tuner-1", batch=8, ratio=0.912, steps="its steps at kv bucket 32768, dense", dropped=False,
-             rank=0)]
+             rank=0, replays_ratio=0.912, whole_steps_ratio=0.912)]
+    # a line logged before the judge timed whole steps (the committed runs' logs) reads as it did
+    old = ("[x TP0] tuner: graph variant tuner-1 of batch size 1 ran 0.994x the time of the batch size's graph over "
+           "its first replays here; its steps at kv bucket 8192, dense keep it")
+    assert e2e.judge_verdicts(old) == [dict(label="tuner-1", batch=1, ratio=0.994, steps="its steps at kv bucket 8192, "
+                                            "dense", dropped=False, rank=0)]
     assert e2e.judge_verdicts(log.replace("TP0]", "TP1]"))[0]["rank"] == 1
     assert e2e.judge_verdicts(log.replace(" TP0]", "]"))[0]["rank"] is None
     assert e2e.judge_verdicts("no verdicts") == []

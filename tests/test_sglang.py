@@ -496,9 +496,48 @@ def test_a_variant_no_slower_than_the_base_graph_is_kept_and_timed_no_more(judge
     timed = len(clock.events)
     assert _labels(runner, 4) == ["tuner-1"] * 4
     assert runner.attn_backend.tuner_judge.verdicts == {(4, DENSE_2K): pytest.approx(0.8)}
-    assert len(clock.events) == timed  # the step that read the last pair had its verdict before its replay
+    # the step that read the last pair had its verdict before its replay: its one event ended
+    # the last pair's whole step, and no step times anything after
+    assert len(clock.events) == timed + 1
     # a step of lengths no variant was captured for replays the base graph, untimed
-    assert _labels(runner, 2, lengths=(100,) * 4) == [None, None] and len(clock.events) == timed
+    assert _labels(runner, 2, lengths=(100,) * 4) == [None, None] and len(clock.events) == timed + 1
+
+
+def _time_after_variant_replays(runner, clock, ms):
+    """Each step that replays tuner-1 takes ms more after its replay (sampling, the host, say):
+    outside the replay's events, inside its whole step."""
+    execute = runner.execute
+
+    def step(forward_batch):
+        out = execute(forward_batch)
+        if runner._replay_graph_key.variant_label == "tuner-1":
+            clock.now += ms
+        return out
+    runner.execute = step
+
+
+def test_a_variant_whose_replays_gain_but_whose_steps_lose_is_dropped(judged, caplog):
+    """The judge times each judged step whole (its start to the next step's) beside its replay,
+    and decides on the larger ratio: a cost outside the replay's events counts."""
+    runner, clock = judged({None: 1.0, "tuner-1": 0.9})
+    _time_after_variant_replays(runner, clock, 0.3)
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8
+    assert _labels(runner, 2) == [None, None]
+    assert _dropped(caplog, "tuner-1 of batch size 4 ran 1.200x the time of the batch size's graph over its first "
+                            "replays here (0.900x by its replays, 1.200x by its whole steps)")
+
+
+def test_a_whole_step_that_held_more_than_a_step_is_not_counted(judged, caplog):
+    """A step followed by something else (a prefill, the server idle) before the next decode
+    step spans far more than its replay: its whole-step time is not counted, and the replays
+    decide alone."""
+    runner, clock = judged({None: 1.0, "tuner-1": 0.9})
+    _time_after_variant_replays(runner, clock, 5.0)  # more than STEP_SPAN_MAX times the replay
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        assert _labels(runner, 16) == [None, "tuner-1"] * 8
+        assert _labels(runner, 2) == ["tuner-1"] * 2
+    assert "ran 0.900x the time of the batch size's graph over its first replays here (0.900x by its replays, " \
+           "not counted by its whole steps); its steps at kv bucket 2048, dense keep it" in caplog.text
 
 
 def test_a_variant_is_judged_per_class_of_lengths_it_serves(judged, caplog):
@@ -540,11 +579,12 @@ def test_a_variant_kept_on_its_recheck_is_rechecked_twice_as_late(judged):
     runner.attn_backend.tuner_judge.recheck = 10
     _labels(runner, 16)
     events = len(clock.events)
-    assert _labels(runner, 10) == ["tuner-1"] * 10 and len(clock.events) == events  # untimed till the recheck
+    # untimed till the recheck (the first of these steps ends the last judged one's whole step)
+    assert _labels(runner, 10) == ["tuner-1"] * 10 and len(clock.events) == events + 1
     assert _labels(runner, 16) == [None, "tuner-1"] * 8  # rechecked, and kept
     events = len(clock.events)
     _labels(runner, 20)
-    assert len(clock.events) == events  # the next recheck: 20 replays on
+    assert len(clock.events) == events + 1  # the next recheck: 20 replays on
     assert _labels(runner, 2) == [None, "tuner-1"]
 
 
@@ -557,7 +597,8 @@ def test_a_batch_size_captured_again_is_judged_again(judged, caplog):
     runner.capture_one_shape(4, _graph_step(runner.attn_backend, 4, 2048))
     assert runner.attn_backend.tuner_judge.verdicts == {}
     events = len(clock.events)
-    assert _labels(runner, 16) == [None, "tuner-1"] * 8 and len(clock.events) == events + 32
+    # each judged step: its start and end, and (but the last) its whole step's end at the next step
+    assert _labels(runner, 16) == [None, "tuner-1"] * 8 and len(clock.events) == events + 3 * 16 - 1
     assert _labels(runner, 2) == [None, None]
 
 
@@ -733,23 +774,23 @@ def test_a_base_replay_timed_at_zero_counts_as_a_neutral_pair():
     counts as 1.0 rather than being skipped on one rank only."""
     from tuner.integrations.replay_judge import ReplayJudge
 
-    costs = iter([0.0, 1.0, 0.0, 1.0])
+    clock = [0.0]
 
     class Event:
         def record(self):
-            pass
+            self.at = clock[0]
 
         def query(self):
             return True
 
         def elapsed_time(self, end):
-            return next(costs)
+            return end.at - self.at
     judge = ReplayJudge(2, 0.01, on_drop=lambda *a: None, event=Event)
-    for _ in range(4):
+    for step in range(4):  # the base replays take no time, the variant's 1 ms
         with judge.replaying(4, "tuner-1"):
-            pass
+            clock[0] += step % 2
     judge.tick()
-    assert judge.verdicts == {(4, "tuner-1"): 1.0}
+    assert judge.verdicts == {(4, "tuner-1"): 1.0}  # (a whole step of 0 ms: not counted)
 
 
 def test_a_judge_of_no_pairs_leaves_every_variant_as_planned(judged, monkeypatch):

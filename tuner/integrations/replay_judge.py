@@ -17,10 +17,15 @@ many, and so on: its traffic may change, and a variant must not go on losing.
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
 like. The events also take in the host's work between them and the replay's launch, alike for
-both graphs: it pulls a ratio towards 1, never past it. No step of a process that decides
-alone waits for the GPU: an event's time is read only once query() says the event is done,
-at a later step. While a verdict is pending a step costs two event records on the host;
-after, nothing.
+both graphs: it pulls a ratio towards 1, never past it. Each judged replay's whole step is
+timed too, from its start event to the next step's (an event the next step records on the same
+stream): that span holds what the replay's events do not (the step's sampling and copies, the
+GPU's wait for the host), and the verdict takes the larger of the two medians, so a variant
+whose replay gains while its steps lose is dropped. A span longer than STEP_SPAN_MAX times its
+replay held something else (a prefill, the server idle) and is not counted. No step of a
+process that decides alone waits for the GPU: an event's time is read only once query() says
+the event is done, at a later step. While a verdict is pending a step costs three event
+records on the host; after, nothing.
 
 Ranks that replay one graph together (tensor parallelism) must replay the same graphs, so
 their verdicts must agree: given `agree` (the ratio of the slowest rank, by a collective of
@@ -58,6 +63,9 @@ PAIR_MAX_GAP = 2
 # ranks that must agree read a replay this many server steps after it ran (by then done: a
 # server's host runs at most a step or two ahead of its GPU), waiting for it if it is not
 AGREED_READ_LAG = 4
+# a judged replay's whole step (its start to the next step's) counts only if at most this many
+# times the replay's own time: a longer one held another forward (a prefill) or idle time
+STEP_SPAN_MAX = 2.0
 # a server's log, not a warning: a warning made an error (python -W error) would stop its step
 log = logging.getLogger("tuner")
 
@@ -79,13 +87,16 @@ class Timed:
     start: Any
     end: Any = None
     server_label: Any = None
+    next_start: Any = None  # the next server step's start (recorded at its tick): the whole step's end
 
 
 @dataclass
 class _Tally:
     steps: int = 0  # replays of this class so far: even ones run the base graph, odd ones the variant
-    last_base: tuple[Timed, float] | None = None  # the last base replay read, and its time (ms)
+    # the last base replay read: it, its replay's time and its whole step's (ms; None: not counted)
+    last_base: tuple[Timed, float, float | None] | None = None
     ratios: list[float] = field(default_factory=list)
+    step_ratios: list[float] = field(default_factory=list)
 
 
 def label_of(choice: Choice) -> str | None:
@@ -108,15 +119,20 @@ class ReplayJudge:
         self._tallies: dict[VariantKey, _Tally] = {}
         self._rechecks: dict[VariantKey, list[int]] = {}  # a kept choice: [replays since its verdict, the next recheck]
         self.verdicts: dict[VariantKey, float] = {}  # each judged variant's median ratio to the base graph
+        self.details: dict[VariantKey, str] = {}  # a drop's replay and whole-step ratios, in words
         self._in_flight: deque[Timed] = deque()
+        self._last: Timed | None = None  # the last replay timed: the next step's tick ends its whole step
         self._step = 0  # the server's replays so far (tick)
 
     @classmethod
     def for_variants(cls, variants: GraphVariants, event: Callable[[], Any] = _cuda_event) -> ReplayJudge:
         """The judge of a server's graph variants: $TUNER_REPLAY_JUDGE pairs (settings), a
         pick that loses taken off its variant in `variants`, and logged (drop_variant)."""
-        return cls(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE,
-                   on_drop=lambda batch, choice, ratio: drop_variant(variants, batch, choice, ratio), event=event)
+        judge = cls(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE, on_drop=lambda *a: None,
+                    event=event)
+        judge._on_drop = lambda batch, choice, ratio: drop_variant(variants, batch, choice, ratio,
+                                                                   judge.details.get((batch, choice), ""))
+        return judge
 
     @contextmanager
     def replaying(self, batch: int, choice: Choice, raw_batch: int | None = None) -> Iterator[str | None]:
@@ -139,8 +155,13 @@ class ReplayJudge:
         self.finish(timed)
 
     def tick(self) -> None:
-        """A server step begins (every replay, judged or not): reads the replays done so far."""
+        """A server step begins (every replay, judged or not): ends the last step's whole time,
+        if it was timed, and reads the replays done so far."""
         self._step += 1
+        last = self._last
+        if last is not None and last.next_start is None and last.step == self._step - 1:
+            last.next_start = self._event()
+            last.next_start.record()
         if self._in_flight:
             self.collect()
 
@@ -148,7 +169,7 @@ class ReplayJudge:
         """A batch size's graphs captured again (GraphVariants.plan): its verdicts, and what
         was being judged of it, belong to the old graphs."""
         self._in_flight = deque(t for t in self._in_flight if t.key[0] != batch)
-        for verdicts in (self._tallies, self.verdicts, self._rechecks):
+        for verdicts in (self._tallies, self.verdicts, self._rechecks, self.details):
             for key in [k for k in verdicts if k[0] == batch]:
                 del verdicts[key]
 
@@ -189,7 +210,8 @@ class ReplayJudge:
         """Before the replay: its start event, recorded on the current stream."""
         start = self._event()
         start.record()
-        return Timed((batch, choice), variant, self._step, raw_batch, start, server_label=server_label)
+        self._last = Timed((batch, choice), variant, self._step, raw_batch, start, server_label=server_label)
+        return self._last
 
     def finish(self, timed: Timed) -> None:
         """After the replay: its end event; read at a later step (collect)."""
@@ -206,45 +228,76 @@ class ReplayJudge:
                 continue
             tally = self._tallies[timed.key]
             ms = timed.start.elapsed_time(timed.end)
+            step_ms = _whole_step_ms(timed, ms)
             if not timed.variant:
-                tally.last_base = (timed, ms)
+                tally.last_base = (timed, ms, step_ms)
                 continue
             base, tally.last_base = tally.last_base, None
             if base is None or not _neighbours(base[0], timed):
                 continue
             # (a base replay timed at 0 ms: neutral, and counted, so ranks count alike)
             tally.ratios.append(ms / base[1] if base[1] > 0 else 1.0)
+            if step_ms is not None and base[2]:
+                tally.step_ratios.append(step_ms / base[2])
             if len(tally.ratios) >= self.pairs:
-                self._decide(timed.key, statistics.median(tally.ratios))
+                self._decide(timed.key, statistics.median(tally.ratios), _median_or_none(tally.step_ratios,
+                                                                                         self.pairs))
 
     def _readable(self, timed: Timed) -> bool:
-        """Whether a replay's time may be read now: its end event done (alone), or AGREED_READ_LAG
-        steps past (ranks that agree: the same step on every rank; its end waited for)."""
+        """Whether a replay's times may be read now: its end and its whole step's end done
+        (alone), or AGREED_READ_LAG steps past (ranks that agree: the same step on every rank;
+        its events waited for)."""
         if self.agree is None:
-            return timed.end.query()
+            return timed.end.query() and timed.next_start is not None and timed.next_start.query()
         if self._step - timed.step < AGREED_READ_LAG:
             return False
-        if not timed.end.query():
-            timed.end.synchronize()
+        for event in (timed.end, timed.next_start):  # (the next step's tick recorded next_start)
+            if event is not None and not event.query():
+                event.synchronize()
         return True
 
     @property
     def in_flight(self) -> bool:
         return bool(self._in_flight)
 
-    def _decide(self, key: VariantKey, ratio: float) -> None:
+    def _decide(self, key: VariantKey, replay_ratio: float, step_ratio: float | None) -> None:
+        """The verdict on the larger of the replays' and the whole steps' median ratios (the
+        steps' where at least half the pairs counted them); ranks that agree, on the
+        slowest rank's."""
+        ratio = replay_ratio if step_ratio is None else max(replay_ratio, step_ratio)
         if self.agree is not None:
             ratio = self.agree(ratio)
         self.verdicts[key] = ratio
         del self._tallies[key]
+        # (the log names both: a drop on the whole steps alone shows where a variant lost)
+        both = f"{replay_ratio:.3f}x by its replays, {_ratio_text(step_ratio)} by its whole steps"
         if ratio > 1 + self.tolerance:
             self._rechecks.pop(key, None)
+            self.details[key] = both
             self._on_drop(*key, ratio)
         else:
             self._rechecks.setdefault(key, [0, self.recheck])[0] = 0  # (a recheck's: its next comes twice as late)
             batch, choice = key  # (info: what a server's log shows of tuner's choices, beside the drops)
             log.info("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
-                     "first replays here; %s keep it", label_of(choice), batch, ratio, _steps_of(choice))
+                     "first replays here (%s); %s keep it", label_of(choice), batch, ratio, both, _steps_of(choice))
+
+
+def _whole_step_ms(timed: Timed, replay_ms: float) -> float | None:
+    """A judged replay's whole step (its start to the next step's), or None where there is
+    none to read or it held more than the step (STEP_SPAN_MAX)."""
+    if timed.next_start is None:
+        return None
+    ms = timed.start.elapsed_time(timed.next_start)
+    return ms if 0 < ms <= STEP_SPAN_MAX * max(replay_ms, 1e-9) else None
+
+
+def _median_or_none(ratios: list[float], pairs: int) -> float | None:
+    """The whole steps' median ratio where at least half the pairs counted one."""
+    return statistics.median(ratios) if ratios and 2 * len(ratios) >= pairs else None
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "not counted" if ratio is None else f"{ratio:.3f}x"
 
 
 def _neighbours(base: Timed, variant: Timed) -> bool:
@@ -254,15 +307,17 @@ def _neighbours(base: Timed, variant: Timed) -> bool:
             and base.server_label == variant.server_label)
 
 
-def drop_variant(variants: GraphVariants, batch: int, choice: Choice, ratio: float) -> None:
+def drop_variant(variants: GraphVariants, batch: int, choice: Choice, ratio: float, both: str = "") -> None:
     """A verdict against a choice: its steps replay the batch size's graph from now on (a pick:
-    the steps of its class of lengths; a label: every step of the variant)."""
+    the steps of its class of lengths; a label: every step of the variant). both: the
+    replays' and the whole steps' ratios, in words."""
     if getattr(choice, "step_class", None) is None:
         variants.drop(batch, choice)
     else:
         variants.drop_pick(batch, choice)
     log.warning("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
-                "first replays here; %s replay that graph", label_of(choice), batch, ratio, _steps_of(choice))
+                "first replays here%s; %s replay that graph", label_of(choice), batch, ratio,
+                f" ({both})" if both else "", _steps_of(choice))
 
 
 def _steps_of(choice: Choice) -> str:
