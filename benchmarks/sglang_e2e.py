@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -62,138 +61,23 @@ import zlib
 from pathlib import Path
 
 from common.run_info import header
+from common.sglang_logs import (capture_cost, graph_plans, judge_verdicts, profile_summaries, skipped_batches,
+                                step_latencies)
+from common.sglang_models import (CONFIGS, MAX_PREFILL_TOKENS, PREFILL_MARGIN, gpu_memory_gb, mem_fraction,
+                                  write_model_dir)
 
-# public config.json values (Hugging Face), enough for SGLang to build the model with dummy weights
-CONFIGS = {
-    "llama-3.1-8b": {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "rope_scaling": {
-            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-        "vocab_size": 128256, "bos_token_id": 128000, "eos_token_id": 128001, "tie_word_embeddings": False,
-        "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
-    },
-    "qwen2.5-7b": {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-        "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "hidden_act": "silu", "max_position_embeddings": 32768,
-        "max_window_layers": 28, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
-        "use_sliding_window": False, "vocab_size": 152064, "bos_token_id": 151643, "eos_token_id": 151645,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    },
-}
-# Qwen 2.5 7B past 32k, as its model card extends it (YaRN, factor 4): the card adds the
-# rope_scaling below; SGLang takes a config with original_max_position_embeddings at its
-# max_position_embeddings, so that is the scaled context here (the attention's shapes, 28/4
-# heads, are Qwen 2.5 7B's)
-CONFIGS["qwen2.5-7b-128k"] = dict(CONFIGS["qwen2.5-7b"], max_position_embeddings=131072, rope_scaling={
-    "factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"})
 BUILT_IN = ("fa3", "flashinfer", "triton")
 # tuner's workers under other settings, beside the plain one in the same run (a diagnosis of
 # what a step costs: its graph variants, its replay judge): backend label -> the worker's environment
 TUNER_SETTINGS = {"tuner": {}, "tuner-novariants": {"TUNER_GRAPH_VARIANTS": "0"},
                   "tuner-nojudge": {"TUNER_REPLAY_JUDGE": "0"}}
-# the line bench_one_batch prints per decode step (all of them with --log-decode-step 1)
-STEP_LINE = re.compile(r"Decode (?P<step>\d+)\. Batch size: (?P<batch>\d+), latency: (?P<seconds>[\d.]+) s")
-# the trace bench_one_batch's --profile writes per batch size (its decode stage)
-TRACE_NAME = re.compile(r"_batch(?P<batch>\d+)_input\d+_output\d+_decode\.trace\.json(?:\.gz)?$")
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
-# bench_one_batch prefills a whole batch in one forward: past this many tokens its activations
-# alone (an 8B model's MLP) outgrow what the KV cache leaves, so a larger batch is prefilled in
-# parts of whole requests (prefill_in_parts); one request is at most this long
-MAX_PREFILL_TOKENS = 131072
-# what SGLang's static memory (weights and KV cache) leaves the rest of a worker by default:
-# PREFILL_MARGIN times prefill_activation_gb. Llama 3.1 8B (16.5 GiB by it): 0.85 of an H200's
-# memory ran, 0.85 of an H100's ran out of memory in prefill, 0.7 ran; Qwen 2.5 7B (19.1 GiB):
-# 0.75 of an H100's ran out of memory in prefill, 0.6 ran
-PREFILL_MARGIN = 1.5
-# the line tuner.integrations.sglang logs (info) per captured batch size: what its graph runs
-PLAN_LINE = re.compile(r"tuner: batch size (?P<batch>\d+): its graph runs (?P<base>the default|tuned configs); "
-                       r"(?P<variants>\d+) graph variant")
 # a latency worker's backend, for the TP ranks bench_one_batch spawns (prepare_rank)
 RANK_SETUP = "TUNER_E2E_RANK_SETUP"
-# the line bench_one_batch prints for a batch past the KV cache (it runs the worker's other batches)
-SKIPPED_LINE = re.compile(r"skipping \((?P<batch>\d+), (?P<input_len>\d+), \d+\) due to max batch size limit")
-# what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
-CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(?P<sizes>[^\]]*)\]"
-                          r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
-# the lines tuner.integrations.replay_judge logs (logger "tuner"): a drop (warning) or a kept verdict (info)
-JUDGE_LINE = re.compile(r"(?:TP(?P<rank>\d+)\] )?"  # SGLang's prefix of a rank's line
-                        r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;(\n]*"
-                        r"(?:\((?P<replays>[\d.]+)x by its replays, (?:(?P<whole>[\d.]+)x|not counted) by its whole "
-                        r"steps\))?[^;\n]*; "
-                        r"(?P<steps>[^\n]*?) (?P<verdict>replay that graph|keep it)")
 
 
 class UsageError(ValueError):
     """Arguments that do not fit what --out or --merge's files hold (one line, exit 2)."""
-
-
-def _special(token_id: int, content: str) -> dict:
-    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": True}
-
-
-def write_model_dir(model: str, path: Path, layers: int | None = None) -> Path:
-    """config.json, and a tokenizer of a few words: bench_one_batch loads one whatever its
-    flags, from tokenizer.json and tokenizer_config.json both, and feeds token ids it draws
-    itself (below 10000), so the tokenizer never encodes a prompt."""
-    path.mkdir(parents=True, exist_ok=True)
-    config = dict(CONFIGS[model], **({"num_hidden_layers": layers} if layers else {}))
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    specials = ["<unk>", "<s>", "</s>"]
-    (path / "tokenizer.json").write_text(json.dumps({
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [_special(i, t) for i, t in enumerate(specials)], "normalizer": {"type": "Lowercase"},
-        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
-        "model": {"type": "WordLevel", "vocab": {t: i for i, t in enumerate(specials + ["a", "the"])},
-                  "unk_token": "<unk>"}}))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": CONFIGS[model]["max_position_embeddings"], "clean_up_tokenization_spaces": False}))
-    return path
-
-
-def prefill_activation_gb(config: dict) -> float:
-    """GiB of the largest activations of a MAX_PREFILL_TOKENS prefill in bf16: the MLP's gate
-    and up projections and their product (3 x intermediate), and a few hidden-size tensors."""
-    per_token = 3 * config["intermediate_size"] + 6 * config["hidden_size"]
-    return MAX_PREFILL_TOKENS * per_token * 2 / 2**30
-
-
-def mem_fraction(total_gb: float | None, config: dict) -> float:
-    """SGLang's --mem-fraction-static for a GPU of total_gb (GiB) and this model: all but
-    PREFILL_MARGIN x its prefill's activations, at most 0.85 and at least 0.5 (0.85 where the
-    size is not known)."""
-    if not total_gb:
-        return 0.85
-    headroom = PREFILL_MARGIN * prefill_activation_gb(config)
-    return round(min(0.85, max(0.5, 1 - headroom / total_gb)), 2)
-
-
-def graph_plans(log_text: str) -> dict[str, dict]:
-    """Per captured batch size (the last capture of it in a tuner worker's log): whether its
-    graph runs the default, and how many graph variants were planned beside it."""
-    return {m["batch"]: dict(base_default=m["base"] == "the default", variants=int(m["variants"]))
-            for m in PLAN_LINE.finditer(log_text)}
-
-
-def skipped_batches(log_text: str) -> list[int]:
-    """The batch sizes a worker's bench_one_batch skipped (past the KV cache SGLang keeps)."""
-    return [int(m["batch"]) for m in SKIPPED_LINE.finditer(log_text)]
-
-
-def gpu_memory_gb() -> float | None:
-    """The first GPU's memory, from nvidia-smi: the parent process never makes a CUDA
-    context, which would take memory from its workers' GPU. None where it cannot tell."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
-        return float(out.split()[0]) / 1024
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return None
 
 
 def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int, args: argparse.Namespace,
@@ -228,35 +112,6 @@ def diagnosis_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def step_latencies(log_text: str) -> dict[str, list[float]]:
-    """A worker's measured decode steps (after its warm-up), per batch size: milliseconds in
-    step order, as many as its log shows (all of them with --step-latencies)."""
-    measured = log_text.split("Benchmark ...", 1)[-1] if "Benchmark ..." in log_text else ""
-    steps: dict[str, list[float]] = {}
-    for m in STEP_LINE.finditer(measured):
-        steps.setdefault(m["batch"], []).append(round(float(m["seconds"]) * 1e3, 4))
-    return steps
-
-
-def profile_summaries(folder: Path, steps: int) -> dict[str, dict]:
-    """Each decode trace a worker wrote in folder, summarized per batch size
-    (common.decode_trace); the traces deleted after (tens of MB each)."""
-    from common.decode_trace import read_trace, summarize_trace
-
-    found = {}
-    for path in sorted(folder.glob("*")) if folder.is_dir() else []:
-        m = TRACE_NAME.search(path.name)
-        if m:
-            try:
-                found[m["batch"]] = summarize_trace(read_trace(path), steps)
-            except (OSError, ValueError, EOFError) as e:  # a worker killed while writing it, say
-                found[m["batch"]] = dict(error=f"{type(e).__name__}: {e}")
-        path.unlink()
-    if folder.is_dir():
-        folder.rmdir()
-    return found
-
-
 # --lengths spread draws this many prompt lengths per input length, whatever the run's batch
 # sizes, and a batch of B takes the first B: so a (batch, length) point gets the same prompts
 # in every run, and runs with other --batches merge
@@ -272,36 +127,6 @@ def spread_lengths(batch: int, input_len: int) -> list[int]:
     if batch > SPREAD_DRAWS:
         raise UsageError(f"--lengths spread draws {SPREAD_DRAWS} prompts: batch {batch} is larger")
     return draw_lengths("uniform", SPREAD_DRAWS, input_len, seed=0)[:batch]
-
-
-def capture_cost(log_text: str) -> dict | None:
-    """The decode graphs' captures as a worker's log tells them, each end paired with the
-    begin before it: how many, their batch sizes, seconds and GB in all (None where no capture
-    finished)."""
-    captures, sizes = [], None
-    for line in CAPTURE_LINE.finditer(log_text):
-        if line["sizes"] is not None:
-            sizes = [s for s in line["sizes"].split(",") if s.strip()]
-        elif sizes is not None:
-            captures.append((len(sizes), float(line["seconds"]), float(line["gb"])))
-            sizes = None
-    if not captures:
-        return None
-    return dict(captures=len(captures), batch_sizes=sum(c[0] for c in captures),
-                seconds=round(sum(c[1] for c in captures), 3), mem_gb=round(sum(c[2] for c in captures), 3))
-
-
-def judge_verdicts(log_text: str) -> list[dict]:
-    """The verdicts tuner's replay judge logged in a worker: label, batch size, the variant's
-    time over the base graph's, the steps it holds for (a class of lengths), and whether they
-    were dropped (kept ones are logged at info level); the tensor-parallel rank that logged it
-    (each logs its verdicts, the same on every rank), where SGLang's prefix names one; and,
-    where the line gives them, the replays' and the whole steps' ratios (None: not counted)."""
-    return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"]), steps=m["steps"],
-                 dropped=m["verdict"] == "replay that graph", rank=None if m["rank"] is None else int(m["rank"]),
-                 **({} if m["replays"] is None else dict(
-                     replays_ratio=float(m["replays"]), whole_steps_ratio=m["whole"] and float(m["whole"]))))
-            for m in JUDGE_LINE.finditer(log_text)]
 
 
 def latency_points(model: str, batches: list[int], input_lens: list[int], output_len: int) -> list[tuple[int, list]]:

@@ -965,7 +965,7 @@ def test_sglang_e2e_leaves_each_models_prefill_its_headroom_beside_sglangs_stati
     """Llama 3.1 8B: 0.85 of an H200's memory ran its 131072-token prefill, 0.85 of an H100's ran
     out of memory there, 0.7 ran; Qwen 2.5 7B (a wider MLP): 0.75 of an H100's ran out of
     memory, 0.6 ran. The default stays under what ran and below what did not."""
-    e2e = benchmark_module("sglang_e2e")
+    e2e = benchmark_module("common.sglang_models")
     llama, qwen = e2e.CONFIGS["llama-3.1-8b"], e2e.CONFIGS["qwen2.5-7b"]
     h100, h200 = 79.2, 139.8  # GiB, as nvidia-smi reports them
     assert e2e.prefill_activation_gb(qwen) > e2e.prefill_activation_gb(llama)
