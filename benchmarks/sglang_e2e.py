@@ -6,6 +6,8 @@ and triton backends, dummy weights from a public config.json, each backend in it
         [--backends tuner,fa3,flashinfer,triton] [--batches 1,8,32,128] \\
         [--input-lens 1024,4096,16384,32768] [--output-len 128] [--rounds 3] [--db graph.db] \\
         [--no-logits | --no-latency] [--layers N] [--lengths spread]
+    python benchmarks/sglang_e2e.py ... --backends fa3,tuner,tuner-novariants \
+        --step-latencies --profile-steps 3       # where a step's time goes (TUNER_SETTINGS)
     python benchmarks/sglang_e2e.py --merge A.json B.json ... --out all.json     # no GPU
 
 Latency: per backend, input length and round, one bench_one_batch process (an out-of-memory
@@ -573,7 +575,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="the JSON to write")
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(CONFIGS))
-    ap.add_argument("--backends", default="tuner,fa3,flashinfer,triton")
+    ap.add_argument("--backends", default="tuner,fa3,flashinfer,triton",
+                    help="comma-separated: SGLang's fa3, flashinfer, triton, and tuner; tuner-novariants and "
+                         "tuner-nojudge run tuner without its graph variants or without its replay judge")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--input-lens", default="1024,4096,16384,32768")
     ap.add_argument("--output-len", type=int, default=128, help="decode steps per worker (its startup takes "
