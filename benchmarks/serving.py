@@ -200,12 +200,12 @@ def _judged(calls, base: dict, variant: dict, batch: int, device: str) -> tuple[
             replay[label] = graph.replay
         else:
             replay[label] = lambda rotation=rotation: [run() for run in rotation]
+    # (replays alone: this loop's steps are not a server's, and hold nothing but the replays)
     judge = ReplayJudge(settings.REPLAY_JUDGE_PAIRS, settings.REPLAY_JUDGE_TOLERANCE, on_drop=lambda *a: None,
-                        **({} if device == "cuda" else {"event": _HostEvent}))
+                        whole_steps=False, **({} if device == "cuda" else {"event": _HostEvent}))
     for _ in range(2 * settings.REPLAY_JUDGE_PAIRS):  # base and variant in turn, a pair per two steps
         with judge.replaying(batch, "variant") as label:
             replay[label]()
-    judge.tick()  # ends the last replay's whole step
     if device == "cuda":
         torch.cuda.synchronize()
     judge.tick()  # reads the last pair

@@ -503,15 +503,14 @@ def test_a_variant_no_slower_than_the_base_graph_is_kept_and_timed_no_more(judge
     assert _labels(runner, 2, lengths=(100,) * 4) == [None, None] and len(clock.events) == timed + 1
 
 
-def _time_after_variant_replays(runner, clock, ms):
-    """Each step that replays tuner-1 takes ms more after its replay (sampling, the host, say):
-    outside the replay's events, inside its whole step."""
+def _time_after_replays(runner, clock, variant=0.0, base=0.0):
+    """Each step takes this many ms more after its replay (sampling, the host, say), by the
+    graph it replayed: outside the replay's events, inside its whole step."""
     execute = runner.execute
 
     def step(forward_batch):
         out = execute(forward_batch)
-        if runner._replay_graph_key.variant_label == "tuner-1":
-            clock.now += ms
+        clock.now += variant if runner._replay_graph_key.variant_label == "tuner-1" else base
         return out
     runner.execute = step
 
@@ -520,7 +519,7 @@ def test_a_variant_whose_replays_gain_but_whose_steps_lose_is_dropped(judged, ca
     """The judge times each judged step whole (its start to the next step's) beside its replay,
     and decides on the larger ratio: a cost outside the replay's events counts."""
     runner, clock = judged({None: 1.0, "tuner-1": 0.9})
-    _time_after_variant_replays(runner, clock, 0.3)
+    _time_after_replays(runner, clock, variant=0.3)
     assert _labels(runner, 16) == [None, "tuner-1"] * 8
     assert _labels(runner, 2) == [None, None]
     assert _dropped(caplog, "tuner-1 of batch size 4 ran 1.200x the time of the batch size's graph over its first "
@@ -528,16 +527,38 @@ def test_a_variant_whose_replays_gain_but_whose_steps_lose_is_dropped(judged, ca
 
 
 def test_a_whole_step_that_held_more_than_a_step_is_not_counted(judged, caplog):
-    """A step followed by something else (a prefill, the server idle) before the next decode
-    step spans far more than its replay: its whole-step time is not counted, and the replays
-    decide alone."""
+    """A base step followed by something else (a prefill, the server idle) before the next
+    decode step spans far more than the replays: its pair gives no whole-step ratio, and the
+    replays decide alone."""
     runner, clock = judged({None: 1.0, "tuner-1": 0.9})
-    _time_after_variant_replays(runner, clock, 5.0)  # more than STEP_SPAN_MAX times the replay
+    _time_after_replays(runner, clock, base=5.0)  # more than STEP_SPAN_MAX times the replays
     with caplog.at_level(logging.INFO, logger="tuner"):
         assert _labels(runner, 16) == [None, "tuner-1"] * 8
         assert _labels(runner, 2) == ["tuner-1"] * 2
     assert "ran 0.900x the time of the batch size's graph over its first replays here (0.900x by its replays, " \
            "not counted by its whole steps); its steps at kv bucket 2048, dense keep it" in caplog.text
+
+
+def test_a_variant_whose_every_step_runs_long_after_a_quicker_replay_is_dropped_not_hidden(judged, caplog):
+    """The span limit is the pair's (STEP_SPAN_MAX times its longer replay) and leaves out long
+    base steps only: a variant step is long by the variant's own cost, maybe, and counts."""
+    runner, clock = judged({None: 1.0, "tuner-1": 0.9})
+    _time_after_replays(runner, clock, variant=1.0, base=0.1)  # variant steps 1.9 ms, base 1.1
+    _labels(runner, 16)
+    assert _labels(runner, 2) == [None, None]
+    assert _dropped(caplog, "ran 1.727x the time of the batch size's graph over its first replays here "
+                            "(0.900x by its replays, 1.727x by its whole steps)")
+
+
+@pytest.mark.parametrize("after, kept", [(0.07, True), (0.10, False)])
+def test_whole_steps_are_held_to_their_own_wider_tolerance(judged, caplog, after, kept):
+    """A whole step carries the host's jitter: its ratio is held to the step tolerance (3%),
+    the replays' to 1%. Whole steps 1.02x: kept; 1.05x: dropped (the replays 0.95x)."""
+    runner, clock = judged({None: 1.0, "tuner-1": 0.95})
+    _time_after_replays(runner, clock, variant=after)
+    _labels(runner, 16)
+    assert _labels(runner, 2) == (["tuner-1"] * 2 if kept else [None, None])
+    assert _dropped(caplog, "(0.950x by its replays, 1.050x by its whole steps)") is not kept
 
 
 def test_a_variant_is_judged_per_class_of_lengths_it_serves(judged, caplog):
@@ -608,7 +629,9 @@ def test_no_step_waits_for_the_gpu_to_time_a_replay(judged, caplog):
     runner, clock = judged({None: 1.0, "tuner-1": 2.0})
     clock.done = False
     assert _labels(runner, 40) == [None, "tuner-1"] * 20
-    clock.done = 30  # the first 7 pairs' events (and half of the 8th's base replay's) done
+    # done: the first 7 pairs' events (2 for the first step, then 3 a step: the last one's whole
+    # step ended at the next tick) and the 8th pair's base replay's start, not its end
+    clock.done = 2 + 13 * 3 + 1 + 1
     assert _labels(runner, 2) == [None, "tuner-1"] and runner.attn_backend.tuner_judge.verdicts == {}
     clock.done = True
     assert _labels(runner, 1) == [None] and _dropped(caplog, "ran 2.000x")
@@ -767,6 +790,35 @@ def test_two_ranks_whose_gpus_run_at_different_paces_agree_at_the_same_step():
                 pass
     assert ranks[0].agreed_at == ranks[1].agreed_at and len(ranks[0].agreed_at) == 1
     assert judges[0].verdicts == judges[1].verdicts == {(4, "tuner-1"): 1.0}
+
+
+def test_ranks_agree_on_the_slowest_ranks_replay_and_whole_step_ratios_in_one_collective():
+    """One rank counted no whole step (0.0 stands for none), another's lost 6%: both ranks
+    act on (the slower replays, the lost whole steps) and drop the variant alike."""
+    from tuner.integrations.replay_judge import ReplayJudge
+
+    clock, agreed = [0.0], []
+
+    class Event:
+        def record(self):
+            self.at = clock[0]
+
+        def query(self):
+            return True
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    def agree(ratios):  # another rank's (0.95, 1.06), by MAX
+        agreed.append(ratios)
+        return tuple(max(mine, theirs) for mine, theirs in zip(ratios, (0.95, 1.06)))
+    judge = ReplayJudge(2, 0.01, on_drop=lambda *a: None, event=Event, agree=agree)
+    for step in range(10):
+        with judge.replaying(4, "tuner-1") as label:
+            clock[0] += 0.9 if label else 1.0
+        clock[0] += 5.0  # this rank: every step far past its replay, no whole step counted
+    assert agreed == [(pytest.approx(0.9), 0.0)]
+    assert judge.dropped(4, "tuner-1") and judge.verdicts == {(4, "tuner-1"): pytest.approx(1.06)}
 
 
 def test_a_base_replay_timed_at_zero_counts_as_a_neutral_pair():

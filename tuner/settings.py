@@ -113,6 +113,10 @@ def graph_variants_max() -> int:
 ENV_REPLAY_JUDGE = "TUNER_REPLAY_JUDGE"
 REPLAY_JUDGE_PAIRS = 8
 REPLAY_JUDGE_TOLERANCE = 0.01
+# ... or whose whole steps (its start to the next server step's) are slower by more than this:
+# a whole step carries the host's jitter (bench_one_batch's consecutive steps differ by 1-5%),
+# and at the replays' 1% the median of 8 pairs of equal graphs would read as a loss often
+REPLAY_JUDGE_STEP_TOLERANCE = 0.03
 # a kept variant is judged again after this many more replays of its class, then after twice
 # as many, and so on: a server's traffic in a class may change after its first replays, and
 # a variant must not go on losing (a recheck costs `pairs` base replays)

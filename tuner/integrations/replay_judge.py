@@ -20,19 +20,23 @@ like. The events also take in the host's work between them and the replay's laun
 both graphs: it pulls a ratio towards 1, never past it. Each judged replay's whole step is
 timed too, from its start event to the next step's (an event the next step records on the same
 stream): that span holds what the replay's events do not (the step's sampling and copies, the
-GPU's wait for the host), and the verdict takes the larger of the two medians, so a variant
-whose replay gains while its steps lose is dropped. A span longer than STEP_SPAN_MAX times its
-replay held something else (a prefill, the server idle) and is not counted. No step of a
-process that decides alone waits for the GPU: an event's time is read only once query() says
-the event is done, at a later step. While a verdict is pending a step costs three event
-records on the host; after, nothing.
+GPU's wait for the host). A variant is dropped where its replays' median ratio exceeds
+1 + tolerance or its whole steps' exceeds 1 + step_tolerance (wider: a whole step carries the
+host's jitter), so one whose replay gains while its steps lose is dropped. A pair whose base
+step spans more than STEP_SPAN_MAX times the pair's longer replay held something else (a
+prefill, the server idle) and gives no whole-step ratio; a variant step that long counts, as
+the variant's own cost may be what made it long. No step of a process that decides alone
+waits for the GPU: an event's time is read only once query() says the event is done, at a
+later step. While a verdict is pending a step costs three event records on the host; after,
+nothing.
 
 Ranks that replay one graph together (tensor parallelism) must replay the same graphs, so
-their verdicts must agree: given `agree` (the ratio of the slowest rank, by a collective of
-the ranks' medians), a judge reads each replay a fixed AGREED_READ_LAG steps after it ran,
-so that every rank counts the same pairs at the same step and calls `agree` at the same
-step, and the agreed ratio decides on every rank (a replay not yet done by then is waited
-for: a server's host runs a step or two ahead of its GPU, so the wait is nil or short).
+their verdicts must agree: given `agree` (the slowest rank's ratios, replays' and whole
+steps', by one collective of the ranks' medians), a judge reads each replay a fixed
+AGREED_READ_LAG steps after it ran, so that every rank counts the same pairs at the same
+step and calls `agree` at the same step, and the agreed ratios decide on every rank (a
+replay not yet done by then is waited for: a server's host runs a step or two ahead of its
+GPU, so the wait is nil or short).
 """
 
 from __future__ import annotations
@@ -63,8 +67,9 @@ PAIR_MAX_GAP = 2
 # ranks that must agree read a replay this many server steps after it ran (by then done: a
 # server's host runs at most a step or two ahead of its GPU), waiting for it if it is not
 AGREED_READ_LAG = 4
-# a judged replay's whole step (its start to the next step's) counts only if at most this many
-# times the replay's own time: a longer one held another forward (a prefill) or idle time
+# a pair gives a whole-step ratio only if its base step (its start to the next step's) spans at
+# most this many times the pair's longer replay: a longer one held another forward (a prefill)
+# or idle time
 STEP_SPAN_MAX = 2.0
 # a server's log, not a warning: a warning made an error (python -W error) would stop its step
 log = logging.getLogger("tuner")
@@ -93,7 +98,7 @@ class Timed:
 @dataclass
 class _Tally:
     steps: int = 0  # replays of this class so far: even ones run the base graph, odd ones the variant
-    # the last base replay read: it, its replay's time and its whole step's (ms; None: not counted)
+    # the last base replay read: it, its replay's time and its whole step's (ms; None: none read)
     last_base: tuple[Timed, float, float | None] | None = None
     ratios: list[float] = field(default_factory=list)
     step_ratios: list[float] = field(default_factory=list)
@@ -108,18 +113,23 @@ class ReplayJudge:
     """Alternates each choice (a variant, or a variant for one class of lengths) with the base
     graph over its first replays and gives the verdict (on_drop(batch, choice, median ratio)
     for one that lost). pairs 0: judges nothing, every variant replays as planned. agree:
-    where ranks replay together, the ratio they all act on, given this rank's (see the
-    module docstring); it may be set later, before the first replay is judged."""
+    where ranks replay together, the (replays', whole steps') ratios they all act on, given
+    this rank's (see the module docstring; a whole-step ratio of 0.0: none); it may be set
+    later, before the first replay is judged. whole_steps False: replays alone decide (a
+    caller whose replays are not a server's steps)."""
 
     def __init__(self, pairs: int, tolerance: float, on_drop: Callable[[int, Choice, float], None],
                  event: Callable[[], Any] = _cuda_event, recheck: int = settings.REPLAY_JUDGE_RECHECK,
-                 agree: Callable[[float], float] | None = None) -> None:
+                 agree: Callable[[tuple[float, float]], tuple[float, float]] | None = None,
+                 step_tolerance: float = settings.REPLAY_JUDGE_STEP_TOLERANCE, whole_steps: bool = True) -> None:
         self.pairs, self.tolerance, self._on_drop, self._event = pairs, tolerance, on_drop, event
         self.recheck, self.agree = recheck, agree
+        self.step_tolerance, self.whole_steps = step_tolerance, whole_steps
         self._tallies: dict[VariantKey, _Tally] = {}
         self._rechecks: dict[VariantKey, list[int]] = {}  # a kept choice: [replays since its verdict, the next recheck]
         self.verdicts: dict[VariantKey, float] = {}  # each judged variant's median ratio to the base graph
         self.details: dict[VariantKey, str] = {}  # a drop's replay and whole-step ratios, in words
+        self._lost: set[VariantKey] = set()  # the choices dropped
         self._in_flight: deque[Timed] = deque()
         self._last: Timed | None = None  # the last replay timed: the next step's tick ends its whole step
         self._step = 0  # the server's replays so far (tick)
@@ -159,7 +169,7 @@ class ReplayJudge:
         if it was timed, and reads the replays done so far."""
         self._step += 1
         last = self._last
-        if last is not None and last.next_start is None and last.step == self._step - 1:
+        if self.whole_steps and last is not None and last.next_start is None and last.step == self._step - 1:
             last.next_start = self._event()
             last.next_start.record()
         if self._in_flight:
@@ -172,10 +182,11 @@ class ReplayJudge:
         for verdicts in (self._tallies, self.verdicts, self._rechecks, self.details):
             for key in [k for k in verdicts if k[0] == batch]:
                 del verdicts[key]
+        self._lost = {k for k in self._lost if k[0] != batch}
 
     def dropped(self, batch: int, choice: Choice) -> bool:
         """Whether the choice was judged slower than the base graph."""
-        return self.verdicts.get((batch, choice), 0.0) > 1 + self.tolerance
+        return (batch, choice) in self._lost
 
     def replays_variant(self, batch: int, choice: Choice) -> bool:
         """Whether this step of the choice replays its variant (else the base graph): always
@@ -228,17 +239,18 @@ class ReplayJudge:
                 continue
             tally = self._tallies[timed.key]
             ms = timed.start.elapsed_time(timed.end)
-            step_ms = _whole_step_ms(timed, ms)
+            span = None if timed.next_start is None else timed.start.elapsed_time(timed.next_start)
             if not timed.variant:
-                tally.last_base = (timed, ms, step_ms)
+                tally.last_base = (timed, ms, span)
                 continue
             base, tally.last_base = tally.last_base, None
             if base is None or not _neighbours(base[0], timed):
                 continue
             # (a base replay timed at 0 ms: neutral, and counted, so ranks count alike)
             tally.ratios.append(ms / base[1] if base[1] > 0 else 1.0)
-            if step_ms is not None and base[2]:
-                tally.step_ratios.append(step_ms / base[2])
+            step_ratio = _whole_step_ratio(base[2], span, max(base[1], ms))
+            if step_ratio is not None:
+                tally.step_ratios.append(step_ratio)
             if len(tally.ratios) >= self.pairs:
                 self._decide(timed.key, statistics.median(tally.ratios), _median_or_none(tally.step_ratios,
                                                                                          self.pairs))
@@ -248,7 +260,8 @@ class ReplayJudge:
         (alone), or AGREED_READ_LAG steps past (ranks that agree: the same step on every rank;
         its events waited for)."""
         if self.agree is None:
-            return timed.end.query() and timed.next_start is not None and timed.next_start.query()
+            return timed.end.query() and (not self.whole_steps or (
+                timed.next_start is not None and timed.next_start.query()))
         if self._step - timed.step < AGREED_READ_LAG:
             return False
         for event in (timed.end, timed.next_start):  # (the next step's tick recorded next_start)
@@ -261,17 +274,22 @@ class ReplayJudge:
         return bool(self._in_flight)
 
     def _decide(self, key: VariantKey, replay_ratio: float, step_ratio: float | None) -> None:
-        """The verdict on the larger of the replays' and the whole steps' median ratios (the
-        steps' where at least half the pairs counted them); ranks that agree, on the
-        slowest rank's."""
-        ratio = replay_ratio if step_ratio is None else max(replay_ratio, step_ratio)
+        """The verdict on the replays' median ratio and the whole steps' (where at least half
+        the pairs gave one), each against its tolerance; ranks that agree, on the slowest
+        rank's of each. The verdict's ratio: the whole steps' where they alone lost, else the
+        replays'."""
         if self.agree is not None:
-            ratio = self.agree(ratio)
+            replay_ratio, agreed_step = self.agree((replay_ratio, step_ratio or 0.0))
+            step_ratio = agreed_step or None
+        replays_lost = replay_ratio > 1 + self.tolerance
+        steps_lost = step_ratio is not None and step_ratio > 1 + self.step_tolerance
+        ratio = step_ratio if steps_lost and not replays_lost else replay_ratio
         self.verdicts[key] = ratio
         del self._tallies[key]
         # (the log names both: a drop on the whole steps alone shows where a variant lost)
         both = f"{replay_ratio:.3f}x by its replays, {_ratio_text(step_ratio)} by its whole steps"
-        if ratio > 1 + self.tolerance:
+        if replays_lost or steps_lost:
+            self._lost.add(key)
             self._rechecks.pop(key, None)
             self.details[key] = both
             self._on_drop(*key, ratio)
@@ -282,13 +300,15 @@ class ReplayJudge:
                      "first replays here (%s); %s keep it", label_of(choice), batch, ratio, both, _steps_of(choice))
 
 
-def _whole_step_ms(timed: Timed, replay_ms: float) -> float | None:
-    """A judged replay's whole step (its start to the next step's), or None where there is
-    none to read or it held more than the step (STEP_SPAN_MAX)."""
-    if timed.next_start is None:
+def _whole_step_ratio(base_span: float | None, variant_span: float | None, longer_replay: float) -> float | None:
+    """A pair's whole-step ratio (variant over base), or None where either span is missing or
+    the base's held more than its step (STEP_SPAN_MAX times the pair's longer replay). A long
+    variant step counts: its own cost may be what made it long."""
+    if base_span is None or variant_span is None or variant_span <= 0:
         return None
-    ms = timed.start.elapsed_time(timed.next_start)
-    return ms if 0 < ms <= STEP_SPAN_MAX * max(replay_ms, 1e-9) else None
+    if not 0 < base_span <= STEP_SPAN_MAX * longer_replay:
+        return None
+    return variant_span / base_span
 
 
 def _median_or_none(ratios: list[float], pairs: int) -> float | None:

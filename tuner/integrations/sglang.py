@@ -386,14 +386,15 @@ def _tp_cpu_group(runner: Any) -> Any:
 
 
 def tp_slowest(runner: Any) -> Any:
-    """A function giving the largest of the TP ranks' ratios, each rank passing its own (an
-    all-reduce over SGLang's TP CPU group), or None where the runner has no such group."""
+    """A function giving the largest of the TP ranks' ratios, each rank passing its own (one
+    all-reduce over SGLang's TP CPU group for a tuple of them), or None where the runner has
+    no such group."""
     group = _tp_cpu_group(runner)
     if group is None:
         return None
 
-    def slowest(ratio: float) -> float:
-        value = torch.tensor([ratio], dtype=torch.float64)
+    def slowest(ratios: tuple[float, ...]) -> tuple[float, ...]:
+        value = torch.tensor(list(ratios), dtype=torch.float64)
         torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
-        return float(value.item())
+        return tuple(value.tolist())
     return slowest
