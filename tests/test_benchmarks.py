@@ -913,23 +913,14 @@ def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog
                  1.0437, "0.990x by its replays, 1.044x by its whole steps")
     assert dropped == [(8, Pick("tuner-3", (65536, True)))]
     caplog.set_level(logging.INFO, logger="tuner")
-    clock = [0.0]
+    from support.fake_events import EventClock
 
-    class Event:  # a CUDA event on a fake clock
-        def record(self):
-            self.at = clock[0]
-
-        def query(self):
-            return True
-
-        def elapsed_time(self, end):
-            return end.at - self.at
-
-    judge = ReplayJudge(1, 0.01, on_drop=lambda *a: None, event=Event)
+    clock = EventClock()  # CUDA events on a fake clock
+    judge = ReplayJudge(1, 0.01, on_drop=lambda *a: None, event=clock)
     kept = Pick("tuner-1", (32768, True))
     for cost in (1.0, 0.9123):  # a base replay, then the variant's: one pair, and a kept verdict
         with judge.replaying(8, kept):
-            clock[0] += cost
+            clock.now += cost
     judge.tick()
     form = logging.Formatter("[%(asctime)s TP0] %(message)s")
     log = "Decode 1. Batch size: 8\n" + "\n".join(form.format(r) for r in caplog.records) + "\nDecode 2."

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tuner
+from support.fake_events import EventClock
 from support.recorders import recording_triton
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.integrations.decode_attention import decode_attention
@@ -170,28 +171,6 @@ def test_the_cap_on_variants_comes_from_the_environment(monkeypatch):
         assert GraphVariants().max_variants == settings.GRAPH_VARIANTS == 12
 
 
-class _Events:
-    """CUDA events over a clock the test advances by each replay's cost (ms)."""
-
-    def __init__(self):
-        self.now, self.made = 0.0, 0
-
-    def __call__(self):
-        clock = self
-
-        class Event:
-            def record(self):
-                self.at = clock.now
-
-            def query(self):
-                return True
-
-            def elapsed_time(self, end):
-                return end.at - self.at
-        self.made += 1
-        return Event()
-
-
 def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_base_graph(records, caplog):
     """The README's pattern for any server: the step's pick, then judge.replaying around the
     replay. A variant 10% slower than the base graph over its first 8 pairs of a class of
@@ -203,7 +182,7 @@ def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_b
 
     variants = GraphVariants(max_variants=8)
     variants.plan(4, [_call()])
-    events = _Events()
+    events = EventClock()
     judge = ReplayJudge.for_variants(variants, event=events)
     cost = {None: 1.0, "tuner-1": 1.1, "tuner-2": 0.9}
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from support import fake_sglang
+from support.fake_events import EventClock
 from tuner.db import current_fingerprint
 from tuner.integrations import sglang as integration
 from tuner.integrations.graph_variants import Pick
@@ -797,26 +798,16 @@ def test_ranks_agree_on_the_slowest_ranks_replay_and_whole_step_ratios_in_one_co
     act on (the slower replays, the lost whole steps) and drop the variant alike."""
     from tuner.integrations.replay_judge import ReplayJudge
 
-    clock, agreed = [0.0], []
-
-    class Event:
-        def record(self):
-            self.at = clock[0]
-
-        def query(self):
-            return True
-
-        def elapsed_time(self, end):
-            return end.at - self.at
+    clock, agreed = EventClock(), []
 
     def agree(ratios):  # another rank's (0.95, 1.06), by MAX
         agreed.append(ratios)
         return tuple(max(mine, theirs) for mine, theirs in zip(ratios, (0.95, 1.06)))
-    judge = ReplayJudge(2, 0.01, on_drop=lambda *a: None, event=Event, agree=agree)
+    judge = ReplayJudge(2, 0.01, on_drop=lambda *a: None, event=clock, agree=agree)
     for step in range(10):
         with judge.replaying(4, "tuner-1") as label:
-            clock[0] += 0.9 if label else 1.0
-        clock[0] += 5.0  # this rank: every step far past its replay, no whole step counted
+            clock.now += 0.9 if label else 1.0
+        clock.now += 5.0  # this rank: every step far past its replay, no whole step counted
     assert agreed == [(pytest.approx(0.9), 0.0)]
     assert judge.dropped(4, "tuner-1") and judge.verdicts == {(4, "tuner-1"): pytest.approx(1.06)}
 
@@ -826,21 +817,11 @@ def test_a_base_replay_timed_at_zero_counts_as_a_neutral_pair():
     counts as 1.0 rather than being skipped on one rank only."""
     from tuner.integrations.replay_judge import ReplayJudge
 
-    clock = [0.0]
-
-    class Event:
-        def record(self):
-            self.at = clock[0]
-
-        def query(self):
-            return True
-
-        def elapsed_time(self, end):
-            return end.at - self.at
-    judge = ReplayJudge(2, 0.01, on_drop=lambda *a: None, event=Event)
+    clock = EventClock()
+    judge = ReplayJudge(2, 0.01, on_drop=lambda *a: None, event=clock)
     for step in range(4):  # the base replays take no time, the variant's 1 ms
         with judge.replaying(4, "tuner-1"):
-            clock[0] += step % 2
+            clock.now += step % 2
     judge.tick()
     assert judge.verdicts == {(4, "tuner-1"): 1.0}  # (a whole step of 0 ms: not counted)
 
