@@ -9,6 +9,7 @@ import types
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from support import fake_sglang
 from support.fake_events import EventClock
@@ -145,6 +146,49 @@ def test_a_call_resolved_to_fa3s_default_runs_sglangs_fa3_code(sgl, monkeypatch)
     calls = _recorded(monkeypatch, config={"backend": "fa3", "num_splits": 0, "pack_gqa": None})
     assert backend.forward_decode(*_step(backend, batch), batch) == "fa3"
     assert not calls and not pool.writes and len(backend.fa3_decodes) == 1
+
+
+def _strided_q(rows: int) -> torch.Tensor:
+    """q as SGLang's layers give it: the first columns of the qkv projection's rows (a view
+    whose rows are further apart than its width)."""
+    qkv = torch.randn(rows, (HEADS + 2 * KV_HEADS) * DIM, generator=torch.Generator().manual_seed(3))
+    return qkv[:, :HEADS * DIM]
+
+
+class _Copies(TorchDispatchMode):
+    """The tensor copies torch runs while it is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if "clone" in name or "copy" in name:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_call_left_to_fa3s_default_copies_nothing(sgl, monkeypatch):
+    """A copy of q made before the call is left to SGLang's FA3 code (which makes its own)
+    was one more kernel a layer in the H100's graphs at batch 8."""
+    backend, _, batch = _backend([12, 7])
+    monkeypatch.setattr(integration, "resolve_config", lambda call: {"backend": "fa3", "num_splits": 0,
+                                                                     "pack_gqa": None})
+    _, k, v, layer = _step(backend, batch)
+    q = _strided_q(2)
+    assert not q.is_contiguous()
+    with _Copies() as copies:
+        assert backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False) == "fa3"
+    assert copies.ops == []
+
+
+def test_a_strided_q_attends_as_its_contiguous_copy(sgl):
+    backend, _, batch = _backend([40, 17, 3])
+    _, k, v, layer = _step(backend, batch)
+    q = _strided_q(3)
+    out = backend.forward_decode(q, k, v, layer, batch)
+    torch.testing.assert_close(out, backend.forward_decode(q.contiguous(), k, v, layer, batch, save_kv_cache=False))
 
 
 @pytest.mark.parametrize("change", [

@@ -180,7 +180,9 @@ def decode_call(backend: Any, q: torch.Tensor, layer: Any, forward_batch: Any, s
     # (the max context), never by the capture batch's own lengths
     eager_max = metadata.max_seq_len_k
     eager = not in_graph and isinstance(eager_max, int) and eager_max > 0
-    return (q.contiguous().view(-1, 1, layer.tp_q_head_num, layer.head_dim), k_cache, v_cache, table,
+    # a view where q's strides allow (SGLang's q is a slice of the qkv projection's rows): a copy
+    # here would be one more kernel a layer in a graph that then runs SGLang's own FA3 code
+    return (q.reshape(-1, 1, layer.tp_q_head_num, layer.head_dim), k_cache, v_cache, table,
             metadata.cache_seqlens_int32, eager_max if eager else table.shape[1] * page, True, window_size,
             float(layer.logit_cap or 0.0), sinks, forward_batch.seq_lens_cpu if eager else None)
 
@@ -203,7 +205,8 @@ def tuned_decode(backend: Any, k: torch.Tensor | None, v: torch.Tensor | None, l
                                                layer.v_scale)
     given = getattr(forward_batch, "_attn_output", None)  # SGLang's buffer, which its FA3 writes through out=
     into = None if given is None else given.view(-1, 1, layer.tp_q_head_num, layer.v_head_dim)
-    return decode_attention(*call, config=config, out=into).view(-1, layer.tp_q_head_num * layer.v_head_dim)
+    q = call[0].contiguous()  # (as SGLang's FA3 code makes it: the copy only where tuner's kernel runs)
+    return decode_attention(q, *call[1:], config=config, out=into).view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
 
 def note_graph_call(backend: Any, call: tuple) -> None:
