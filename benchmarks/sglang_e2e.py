@@ -7,7 +7,7 @@ and triton backends, dummy weights from a public config.json, each backend in it
         [--input-lens 1024,4096,16384,32768] [--output-len 128] [--rounds 3] [--db graph.db] \\
         [--no-logits | --no-latency] [--layers N] [--lengths spread]
     python benchmarks/sglang_e2e.py ... --backends fa3,tuner,tuner-novariants \
-        --step-latencies --profile-steps 3       # where a step's time goes (TUNER_SETTINGS)
+        --step-latencies --step-timing --profile-steps 3     # where a step's time goes
     python benchmarks/sglang_e2e.py --merge A.json B.json ... --out all.json     # no GPU
 
 Latency: per backend, input length and round, one bench_one_batch process (an out-of-memory
@@ -67,6 +67,9 @@ from common.sglang_logs import (capture_cost, graph_plans, judge_verdicts, profi
                                 step_latencies)
 from common.sglang_models import (CONFIGS, MAX_PREFILL_TOKENS, PREFILL_MARGIN, gpu_memory_gb, mem_fraction,
                                   write_model_dir)
+from common.sglang_step_timing import ENV as STEP_TIMING_ENV
+from common.sglang_step_timing import install as install_step_timing
+from common.sglang_step_timing import medians_text, step_timings
 
 BUILT_IN = ("fa3", "flashinfer", "triton")
 # tuner's workers under other settings, beside the plain one in the same run (a diagnosis of
@@ -107,7 +110,8 @@ def attention_backend(label: str) -> str:
 def diagnosis_argv(args: argparse.Namespace) -> list[str]:
     """bench_one_batch's own flags for --step-latencies (every decode step's latency in its
     log) and --profile-steps (a torch profiler trace of that many steps halfway through)."""
-    argv = ["--log-decode-step", "1"] if getattr(args, "step_latencies", False) else []
+    every_step = getattr(args, "step_latencies", False) or getattr(args, "step_timing", False)
+    argv = ["--log-decode-step", "1"] if every_step else []
     if getattr(args, "profile_steps", 0):
         argv += ["--profile", "--profile-stage", "decode", "--profile-steps", str(args.profile_steps),
                  "--profile-activities", "CPU", "GPU"]
@@ -323,6 +327,8 @@ def prepare_rank(backend: str) -> None:
 
     if not getattr(one_batch.extend, "in_parts", False):
         one_batch.extend = prefill_in_parts(one_batch.extend)  # its runner calls the module's extend
+    if os.environ.get(STEP_TIMING_ENV):  # (after tuner's hooks: its host work is timed with SGLang's)
+        install_step_timing()
 
 
 def _graph_label(key) -> str | None:
@@ -377,8 +383,11 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     log = run.log(backend)
     logged = log.stat().st_size if log.exists() else 0
     traces = work / f"profile.{backend}.{key.replace('#', '.r')}"  # (--profile-steps)
+    extra_env = dict(SGLANG_TORCH_PROFILER_DIR=str(traces))
+    if getattr(run.args, "step_timing", False):
+        extra_env[STEP_TIMING_ENV] = "1"
     code = run_worker("latency", backend, argv, None, run.args.db, log, min(run.args.timeout, run.left_s()),
-                      extra_env=dict(SGLANG_TORCH_PROFILER_DIR=str(traces)))
+                      extra_env=extra_env)
     latency["exit_codes"][key] = code
     with log.open("rb") as text:  # this worker's part of the backend's log
         text.seek(logged)
@@ -392,6 +401,10 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     latency.setdefault("graph_plans", {})[key] = graph_plans(worker_log)
     if getattr(run.args, "step_latencies", False):
         latency.setdefault("steps", {})[key] = step_latencies(worker_log)
+    if getattr(run.args, "step_timing", False):
+        latency.setdefault("step_timing", {})[key] = timed = step_timings(worker_log)
+        for batch, t in timed.items():
+            print(f"step timing {backend} b{batch} L{input_len}: {medians_text(t)}", flush=True)
     if getattr(run.args, "profile_steps", 0):
         latency.setdefault("profile", {})[key] = profiled = profile_summaries(traces, run.args.profile_steps)
         for batch, p in profiled.items():
@@ -600,6 +613,9 @@ def main() -> None:
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
     ap.add_argument("--step-latencies", action="store_true", help="every measured decode step's latency in the "
                     "results (steps), not only the median: where in a run a backend's steps differ")
+    ap.add_argument("--step-timing", action="store_true", help="each measured decode graph step's host time "
+                    "(SGLang's load_batch with tuner's hooks, and execute: load_batch and the replay's launch) and GPU "
+                    "time (CUDA events around execute) in the results (step_timing), medians printed per batch size")
     ap.add_argument("--profile-steps", type=int, default=0, metavar="N", help="a torch profiler trace of N decode "
                     "steps halfway through each worker, summarized per batch size in the results (profile: GPU busy "
                     "and idle time per step, its top kernels, graph launches); those steps run slower")

@@ -16,6 +16,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from support.fake_events import EventClock
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -707,6 +709,71 @@ def test_sglang_e2e_diagnoses_a_step_tuner_under_other_settings_every_steps_late
     assert entry["best_built_in"] == "fa3"
     for label in ("tuner", "tuner-novariants", "tuner-nojudge"):
         assert entry[f"{label}_over_best"] == pytest.approx(1.1)  # the stand-in's tuner speed, whatever its setting
+
+
+class _ForwardBatch:
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+
+
+def test_a_decode_steps_timing_line_comes_when_the_next_step_starts_and_splits_host_from_gpu():
+    """--step-timing: no step waits for its own CUDA events; load_batch's host time (SGLang's
+    copies, tuner's hooks) is told apart from execute's (with the replay's launch)."""
+    timing = benchmark_module("common.sglang_step_timing")
+    events, host_ns, lines = EventClock(), [0], []
+
+    class Runner:
+        def load_batch(self, forward_batch, pp_proxy_tensors=None):
+            host_ns[0] += 30_000
+
+        def execute(self, forward_batch, pp_proxy_tensors=None):
+            self.load_batch(forward_batch)
+            host_ns[0] += 50_000
+            events.now += 7.0  # the replay's GPU time, ms
+    timer = timing.StepTimer(event=events, clock=lambda: host_ns[0], emit=lambda line, flush: lines.append(line))
+    timer.wrap(Runner)
+    Runner().execute(_ForwardBatch(8))
+    assert lines == []
+    Runner().execute(_ForwardBatch(1))
+    assert lines == ["tuner-e2e step: bs=8 load_us=30.0 host_us=80.0 gpu_us=7000.0"]
+    timer.flush()
+    assert lines[1] == "tuner-e2e step: bs=1 load_us=30.0 host_us=80.0 gpu_us=7000.0"
+    quiet = timing.StepTimer(emit=lambda line, flush: lines.append(line), rank=lambda: 1)  # another TP rank
+    quiet.wrap(Runner)
+    Runner().execute(_ForwardBatch(8))
+    quiet.flush()
+    assert len(lines) == 2
+
+
+def test_step_timings_keep_each_batch_sizes_measured_steps_only():
+    timing = benchmark_module("common.sglang_step_timing")
+    log = "\n".join([
+        "tuner-e2e step: bs=1 load_us=1.0 host_us=2.0 gpu_us=3.0",
+        "Decode 0. Batch size: 1, latency: 0.01000 s, throughput: 100.00 token/s",
+        "Benchmark ...",
+        "tuner-e2e step: bs=1 load_us=9.0 host_us=9.0 gpu_us=9.0",  # the warm-up's last step, printed late
+        "Decode 0. Batch size: 1, latency: 0.01000 s, throughput: 100.00 token/s",
+        "tuner-e2e step: bs=1 load_us=3.0 host_us=4.0 gpu_us=5.0",
+        "Decode 1. Batch size: 1, latency: 0.01000 s, throughput: 100.00 token/s",
+        "tuner-e2e step: bs=1 load_us=3.5 host_us=4.5 gpu_us=5.5",  # b1's last, printed at b8's first
+        "Decode 0. Batch size: 8, latency: 0.01000 s, throughput: 800.00 token/s",
+        "tuner-e2e step: bs=8 load_us=6.0 host_us=7.0",  # at exit; no GPU
+    ])
+    assert timing.step_timings(log) == {"1": dict(load_us=[3.0, 3.5], host_us=[4.0, 4.5], gpu_us=[5.0, 5.5]),
+                                        "8": dict(load_us=[6.0], host_us=[7.0])}
+    assert timing.medians_text(dict(load_us=[3.0, 3.5], host_us=[4.0, 5.0])) == "load 3 us, host 4 us (medians of 2 steps)"
+
+
+def test_sglang_e2e_times_each_decode_graph_step_of_every_backend(tmp_path):
+    doc = fake_sglang_e2e(tmp_path / "t.json", "fa3,tuner", "--no-logits", "--batches", "1,8", "--input-lens", "1024",
+                          "--step-timing")
+    for backend in ("fa3", "tuner"):
+        timed = doc["results"][backend]["latency"]["step_timing"]["1024"]
+        assert set(timed) == {"1", "8"}
+        for t in timed.values():
+            assert set(t) == {"load_us", "host_us"}  # (no GPU here)
+            assert len(t["host_us"]) == 3  # every measured decode step (--output-len 4)
+            assert all(0 <= load <= host for load, host in zip(t["load_us"], t["host_us"]))
 
 
 def test_a_decode_trace_summary_counts_overlapping_gpu_work_once():

@@ -19,6 +19,9 @@ class EventClock:
             def query(self):
                 return True
 
+            def synchronize(self):
+                pass
+
             def elapsed_time(self, end):
                 return end.at - self.at
         self.made += 1

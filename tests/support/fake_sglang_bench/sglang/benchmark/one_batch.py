@@ -12,7 +12,9 @@ one, one prompt a line, a batch of B takes the first B (the rows' prompt_lens: t
 each a token to the harness's dummy tokenizer). --tp-size N above 1: as the real one, each rank
 runs the latency test in a process it spawns (multiprocessing's spawn, which imports the
 harness's script again as __mp_main__), and the rows come from rank 0; each row says what its
-rank's process had set up (rank_setup: the "tuner" backend registered, extend in parts)."""
+rank's process had set up (rank_setup: the "tuner" backend registered, extend in parts). Each
+decode step, the warm-up's too, goes through the (fake) DecodeCudaGraphRunner.execute, as a
+worker's --step-timing may have wrapped it."""
 
 import argparse
 import json
@@ -122,6 +124,7 @@ def _latency_test(argv, rank):
     if args.prompt_filename:
         with open(args.prompt_filename) as lines:
             prompts = [len(line.split()) for line in lines]
+    _replay(1)  # the warm-up's step
     print("Warmup ...\nDecode 0. Batch size: 1, latency: 0.09000 s, throughput: 11.11 token/s\nBenchmark ...")
     with open(args.result_filename, "a") as out:
         for n in args.input_len:
@@ -140,8 +143,16 @@ def _latency_test(argv, rank):
                                               and k != "TUNER_DB"})) + "\n")
 
 
+def _replay(batch):
+    """One decode step through the graph runner (its class as a worker's set-up may have wrapped it)."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    DecodeCudaGraphRunner().execute(type("ForwardBatch", (), {"batch_size": batch})())
+
+
 def _log_steps(args, batch, scale):
     for i in range(args.output_len[0] - 1):
+        _replay(batch)
         if i < 5 or (args.log_decode_step > 0 and i % args.log_decode_step == 0):
             print(f"Decode {i}. Batch size: {batch}, latency: {scale * (1 + i / 10) / 1000:6.5f} s, "
                   f"throughput: {batch / (scale * (1 + i / 10) / 1000):9.2f} token/s")

@@ -1,0 +1,126 @@
+"""sglang_e2e.py --step-timing: where each decode graph step's time goes, a line per step in a
+worker's log, and those lines read back into its results.
+
+Wrapped around SGLang's DecodeCudaGraphRunner, outside tuner's own hooks where tuner's backend
+runs: the host time of load_batch (the host step before a replay: SGLang's copies of the step's
+inputs, tuner's graph pick and judge) and of execute (load_batch, then the replay's launch),
+and on a GPU the time between two CUDA events around execute (the GPU's time for the step's
+graph, with any wait for the host inside it). A step's line is printed when the next step
+starts, or at exit, so that no step waits for its own events: bench_one_batch waits for each
+step's tokens, so they are done by then. The last line of one run so lands after the next
+run's marker; `step_timings` keeps, per batch size, as many of the last lines as the run
+logged decode steps.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import re
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from common.sglang_logs import STEP_LINE
+
+ENV = "TUNER_E2E_STEP_TIMING"
+RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+LINE = re.compile(r"tuner-e2e step: bs=(?P<batch>\d+) load_us=(?P<load>[\d.]+) host_us=(?P<host>[\d.]+)"
+                  r"(?: gpu_us=(?P<gpu>[\d.]+))?")
+
+
+class StepTimer:
+    """Times a runner class's load_batch and execute once wrap(cls) has wrapped them. event: a
+    CUDA event factory (None: host times alone); rank: this process's TP rank (rank 0 prints)."""
+
+    def __init__(self, event: Callable[[], Any] | None = None, clock: Callable[[], int] = time.perf_counter_ns,
+                 emit: Callable[..., None] = print, rank: Callable[[], int] = lambda: 0) -> None:
+        self.event, self.clock, self.emit, self.rank = event, clock, emit, rank
+        self._load_ns = 0
+        self._pending: tuple[int, int, int, tuple[Any, Any] | None] | None = None
+
+    def wrap(self, runner_class: type) -> None:
+        load_batch, execute = runner_class.load_batch, runner_class.execute
+
+        @functools.wraps(load_batch)
+        def timed_load_batch(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            start = self.clock()
+            try:
+                return load_batch(runner, *args, **kwargs)
+            finally:
+                self._load_ns += self.clock() - start
+
+        @functools.wraps(execute)
+        def timed_execute(runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+            self.flush()
+            self._load_ns = 0
+            events = (self.event(), self.event()) if self.event is not None else None
+            start = self.clock()
+            if events is not None:
+                events[0].record()
+            output = execute(runner, forward_batch, *args, **kwargs)
+            if events is not None:
+                events[1].record()
+            self._pending = (getattr(forward_batch, "batch_size", 0), self._load_ns, self.clock() - start, events)
+            return output
+
+        runner_class.load_batch, runner_class.execute = timed_load_batch, timed_execute
+
+    def flush(self) -> None:
+        """Print the last step's line (its end event waited for, if not yet done)."""
+        pending, self._pending = self._pending, None
+        if pending is None or self.rank() != 0:
+            return
+        batch, load_ns, host_ns, events = pending
+        gpu = ""
+        if events is not None:
+            events[1].synchronize()
+            gpu = f" gpu_us={events[0].elapsed_time(events[1]) * 1e3:.1f}"
+        self.emit(f"tuner-e2e step: bs={batch} load_us={load_ns / 1e3:.1f} host_us={host_ns / 1e3:.1f}{gpu}",
+                  flush=True)
+
+
+def install() -> StepTimer:
+    """Time this process's SGLang decode graph runner (after tuner's hooks are on it), its
+    lines printed by TP rank 0 alone."""
+    import pkgutil
+
+    import torch
+
+    def rank() -> int:
+        return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+    event = functools.partial(torch.cuda.Event, enable_timing=True) if torch.cuda.is_available() else None
+    timer = StepTimer(event=event, rank=rank)
+    timer.wrap(pkgutil.resolve_name(RUNNER))
+    atexit.register(timer.flush)
+    return timer
+
+
+def step_timings(log_text: str) -> dict[str, dict[str, list[float]]]:
+    """Per batch size, the measured decode steps' times (after bench_one_batch's "Benchmark ..."):
+    load_us, host_us and, on a GPU, gpu_us, in step order; as many as the batch size's decode
+    steps logged there (with --log-decode-step 1: all), the last ones (the first may be the
+    warm-up's last step, printed late)."""
+    measured = log_text.split("Benchmark ...", 1)[-1] if "Benchmark ..." in log_text else ""
+    steps: dict[str, int] = {}
+    for m in STEP_LINE.finditer(measured):
+        steps[m["batch"]] = steps.get(m["batch"], 0) + 1
+    lines: dict[str, list[re.Match]] = {}
+    for m in LINE.finditer(measured):
+        lines.setdefault(m["batch"], []).append(m)
+    found = {}
+    for batch, count in steps.items():
+        kept = lines.get(batch, [])[-count:]
+        timing = {"load_us": [float(m["load"]) for m in kept], "host_us": [float(m["host"]) for m in kept]}
+        if kept and all(m["gpu"] is not None for m in kept):
+            timing["gpu_us"] = [float(m["gpu"]) for m in kept]
+        found[batch] = timing
+    return found
+
+
+def medians_text(timing: dict[str, list[float]]) -> str:
+    """One batch size's step times as medians, in words."""
+    parts = [f"{name[:-3]} {statistics.median(values):.0f} us" for name, values in timing.items() if values]
+    return ", ".join(parts) + f" (medians of {len(timing.get('host_us', []))} steps)" if parts else "no steps timed"
