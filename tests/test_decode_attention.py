@@ -539,6 +539,41 @@ def test_by_fill_configs_are_checked_part_by_part():
     assert bad.startswith("other: backend='nope'")
 
 
+def test_a_q_strided_over_its_batch_reaches_triton_as_it_is_and_the_others_contiguous(monkeypatch,
+                                                                                      with_fake_flashinfer):
+    """A server's q is a slice of its qkv projection's rows: Triton reads its strides (no copy
+    kernel in a server's graph), FA3 and FlashInfer get a copy; each attends as over the copy."""
+    import tuner.ops.fa3 as fa3_op
+    import tuner.ops.triton_decode as triton_decode
+
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, batch=3))
+    rows = torch.randn(3, 1, 2 * SHAPE.num_q_heads, SHAPE.head_dim)
+    strided = rows[:, :, :SHAPE.num_q_heads]
+    strided.copy_(inputs.q)
+    assert not strided.is_contiguous()
+    rest = (inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, SHAPE.kv_len)
+    handed, triton_run = [], triton_decode.triton_paged_decode
+
+    def seen(q, *args, **kwargs):
+        handed.append(q)
+        return triton_run(q, *args, **kwargs)
+    monkeypatch.setattr("tuner.ops.decode_attention.triton_paged_decode", seen)
+    torch.testing.assert_close(decode_attention(strided, *rest, config=_triton_splits(2)),
+                               decode_attention(inputs.q, *rest, config=_triton_splits(2)))
+    assert handed[0] is strided
+    lens = inputs.cache_seqlens.numpy()
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    torch.testing.assert_close(decode_attention(strided, *rest, seq_lens_host=lens, config=config),
+                               decode_attention(inputs.q, *rest, seq_lens_host=lens, config=config))
+
+    def fa3_kernel(q, k_cache, v_cache, **kwargs):
+        handed.append(q)
+        return torch.zeros_like(q)
+    monkeypatch.setattr(fa3_op, "kernel", lambda: fa3_kernel)
+    decode_attention(strided, *rest, config={"backend": "fa3", "num_splits": 0, "pack_gqa": None})
+    assert handed[-1].is_contiguous() and torch.equal(handed[-1], strided)
+
+
 def test_an_out_tensor_receives_the_output_with_no_copy_where_the_backend_writes_there(monkeypatch,
                                                                                       with_fake_flashinfer):
     """decode_attention(out=) as FA3's out=, for a server's own output buffer: the Triton kernel

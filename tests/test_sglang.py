@@ -183,6 +183,17 @@ def test_a_call_left_to_fa3s_default_copies_nothing(sgl, monkeypatch):
     assert copies.ops == []
 
 
+def test_a_call_tuners_kernel_runs_gets_the_layers_q_as_it_is(sgl, monkeypatch):
+    """decode_attention copies q only for a backend that needs it (tests/test_decode_attention)."""
+    backend, _, batch = _backend([12, 7])
+    calls = _recorded(monkeypatch)
+    _, k, v, layer = _step(backend, batch)
+    q = _strided_q(2)
+    backend.forward_decode(q, k, v, layer, batch)
+    (call, _), = calls
+    assert call[0].data_ptr() == q.data_ptr() and call[0].stride()[0] == q.stride()[0]
+
+
 def test_a_strided_q_attends_as_its_contiguous_copy(sgl):
     backend, _, batch = _backend([40, 17, 3])
     _, k, v, layer = _step(backend, batch)

@@ -119,6 +119,27 @@ def test_decode_attention_writes_into_a_given_out_on_fa3_and_triton():
         torch.testing.assert_close(out, plain, atol=0, rtol=0)
 
 
+def test_decode_attention_on_a_q_strided_over_its_batch_matches_its_contiguous_copy():
+    """SGLang's q is a slice of its qkv projection's rows: the Triton kernel reads it in place
+    (the split kernel and the length-adaptive one), FA3 gets a copy; outputs as over the copy."""
+    from tuner.integrations.decode_attention import decode_attention
+
+    shape = DecodeShape(batch=8, kv_len=4096, num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
+    inputs = make_decode_inputs(shape, device="cuda", seq_lens=[4096, 100, 2000, 3000, 1, 4096, 777, 1500])
+    qkv = torch.randn(shape.batch, 1, 48, shape.head_dim, dtype=torch.bfloat16, device="cuda")
+    strided = qkv[:, :, :shape.num_q_heads]
+    strided.copy_(inputs.q)
+    rest = (inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, shape.kv_len)
+    configs = [{"backend": "triton_decode", "block_n": 64, "num_kv_splits": 16, "num_warps": 4, "num_stages": 2},
+               {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 16, "num_warps": 4, "num_stages": 2,
+                "tokens_per_split": 512}]
+    if not get_op("fa3").unavailable():
+        configs.append({"backend": "fa3", "num_splits": 8, "pack_gqa": True})
+    for config in configs:
+        torch.testing.assert_close(decode_attention(strided, *rest, config=config),
+                                   decode_attention(inputs.q, *rest, config=config), atol=0, rtol=0)
+
+
 def test_decode_attention_wave_fit_caps_fa3_on_a_spilling_batch_and_matches_the_reference():
     """A batch whose FA3 tiles spill past one wave (3 sequences of 8.2k-11k keys, 8 kv heads:
     136 tiles on 132 SMs): the wave_fit config runs FA3 capped at 5 splits, with the same output."""

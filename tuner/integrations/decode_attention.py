@@ -329,8 +329,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      cache_seqlens: torch.Tensor, max_kv_len: int, causal: bool = True,
                      window_size: Any = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
                      seq_lens_host: Any = None, *, config: Config, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Paged decode attention (layouts as tuner.workload.paged_decode_reference) on the backend
-    and config the DB holds for this shape. max_kv_len is a host-side upper bound of
+    """Paged decode attention (layouts as tuner.workload.paged_decode_reference; q may be
+    strided over its batch, as a slice of a qkv projection is) on the backend and config the
+    DB holds for this shape. max_kv_len is a host-side upper bound of
     cache_seqlens (never read from the device). seq_lens_host (cache_seqlens on the host,
     a CPU tensor or array) lets FlashInfer run where it won; without it, and under CUDA-graph
     capture, those shapes run the default backend. An empty batch gives an empty output.

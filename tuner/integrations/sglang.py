@@ -205,8 +205,8 @@ def tuned_decode(backend: Any, k: torch.Tensor | None, v: torch.Tensor | None, l
                                                layer.v_scale)
     given = getattr(forward_batch, "_attn_output", None)  # SGLang's buffer, which its FA3 writes through out=
     into = None if given is None else given.view(-1, 1, layer.tp_q_head_num, layer.v_head_dim)
-    q = call[0].contiguous()  # (as SGLang's FA3 code makes it: the copy only where tuner's kernel runs)
-    return decode_attention(q, *call[1:], config=config, out=into).view(-1, layer.tp_q_head_num * layer.v_head_dim)
+    # (q as SGLang's layer gives it: decode_attention copies it only for a backend that needs it)
+    return decode_attention(*call, config=config, out=into).view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
 
 def note_graph_call(backend: Any, call: tuple) -> None:

@@ -68,11 +68,12 @@ _capturing = stream_capturing  # (a module name of its own: tests fake a capture
 
 # the backends' calls take the config and Call's fields, positionally (no object per call)
 # (out: where to write the output, or None; a backend that cannot writes a new tensor and the
-# caller copies it there)
+# caller copies it there). q may be strided over its batch (a server's slice of its qkv
+# projection): Triton reads its strides; FA3 and FlashInfer get a copy, as SGLang gives FA3 one
 def _fa3_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
               sinks, seq_lens_host, out=None):
     return fa3_op.kernel()(
-        q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
+        q.contiguous(), k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
         window_size=window_size, softcap=softcap or 0.0, sinks=sinks,
         num_splits=config["num_splits"], pack_gqa=config["pack_gqa"], **({} if out is None else {"out": out}),
     )
@@ -102,7 +103,7 @@ def _flashinfer_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max
     # plain host values: numpy ones would keep FlashInfer from reusing its plan
     (window_left, _), softcap, causal = host_flags(window_size, softcap, causal)
     lens = host_seq_lens(seq_lens_host, None, None, k_cache.shape[1])
-    return paged_attention(q, k_cache, v_cache, page_table, lens, _rest(config), causal=bool(causal),
+    return paged_attention(q.contiguous(), k_cache, v_cache, page_table, lens, _rest(config), causal=bool(causal),
                            window_left=int(window_left), softcap=float(softcap) if softcap else None)
 
 
