@@ -738,30 +738,38 @@ def test_a_decode_steps_timing_line_comes_when_the_next_step_starts_and_splits_h
     assert lines == ["tuner-e2e step: bs=8 load_us=30.0 host_us=80.0 gpu_us=7000.0"]
     timer.flush()
     assert lines[1] == "tuner-e2e step: bs=1 load_us=30.0 host_us=80.0 gpu_us=7000.0"
-    quiet = timing.StepTimer(emit=lambda line, flush: lines.append(line), rank=lambda: 1)  # another TP rank
+    group_up = [True]  # another TP rank, whose rank reads 0 once bench_one_batch has ended the group
+    quiet = timing.StepTimer(emit=lambda line, flush: lines.append(line), rank=lambda: 1 if group_up[0] else 0)
     quiet.wrap(Runner)
     Runner().execute(_ForwardBatch(8))
-    quiet.flush()
+    group_up[0] = False
+    quiet.flush()  # (at exit)
     assert len(lines) == 2
 
 
 def test_step_timings_keep_each_batch_sizes_measured_steps_only():
+    """A step's line comes at the next step's launch: the warm-up's last one after the marker,
+    before the first measured step's own line; a run's last one at the next run's launch."""
     timing = benchmark_module("common.sglang_step_timing")
+    step = "Decode {}. Batch size: {}, latency: 0.01000 s, throughput: 100.00 token/s"
     log = "\n".join([
-        "tuner-e2e step: bs=1 load_us=1.0 host_us=2.0 gpu_us=3.0",
-        "Decode 0. Batch size: 1, latency: 0.01000 s, throughput: 100.00 token/s",
+        step.format(0, 1), "tuner-e2e step: bs=1 load_us=1.0 host_us=2.0 gpu_us=3.0", step.format(1, 1),
         "Benchmark ...",
-        "tuner-e2e step: bs=1 load_us=9.0 host_us=9.0 gpu_us=9.0",  # the warm-up's last step, printed late
-        "Decode 0. Batch size: 1, latency: 0.01000 s, throughput: 100.00 token/s",
-        "tuner-e2e step: bs=1 load_us=3.0 host_us=4.0 gpu_us=5.0",
-        "Decode 1. Batch size: 1, latency: 0.01000 s, throughput: 100.00 token/s",
-        "tuner-e2e step: bs=1 load_us=3.5 host_us=4.5 gpu_us=5.5",  # b1's last, printed at b8's first
-        "Decode 0. Batch size: 8, latency: 0.01000 s, throughput: 800.00 token/s",
-        "tuner-e2e step: bs=8 load_us=6.0 host_us=7.0",  # at exit; no GPU
+        "tuner-e2e step: bs=1 load_us=9.0 host_us=9.0 gpu_us=9.0",  # the warm-up's last step
+        step.format(0, 1), "tuner-e2e step: bs=1 load_us=3.0 host_us=4.0 gpu_us=5.0",
+        step.format(1, 1), "tuner-e2e step: bs=1 load_us=3.5 host_us=4.5 gpu_us=5.5",  # at b8's launch
+        step.format(0, 8), "tuner-e2e step: bs=8 load_us=6.0 host_us=7.0",  # at exit; no GPU
     ])
-    assert timing.step_timings(log) == {"1": dict(load_us=[3.0, 3.5], host_us=[4.0, 4.5], gpu_us=[5.0, 5.5]),
-                                        "8": dict(load_us=[6.0], host_us=[7.0])}
-    assert timing.medians_text(dict(load_us=[3.0, 3.5], host_us=[4.0, 5.0])) == "load 3 us, host 4 us (medians of 2 steps)"
+    expected = {"1": dict(load_us=[3.0, 3.5], host_us=[4.0, 4.5], gpu_us=[5.0, 5.5]),
+                "8": dict(load_us=[6.0], host_us=[7.0])}
+    assert timing.step_timings(log) == expected
+    eager_warm_up = log.replace("tuner-e2e step: bs=1 load_us=1.0 host_us=2.0 gpu_us=3.0\n", "").replace(
+        "tuner-e2e step: bs=1 load_us=9.0 host_us=9.0 gpu_us=9.0\n", "")  # no warm-up step timed
+    assert timing.step_timings(eager_warm_up) == expected
+    killed = log.rsplit("\n", 1)[0] + "\n" + step.format(1, 8)  # the worker killed before its exit
+    assert timing.step_timings(killed)["8"] == dict(load_us=[], host_us=[], missing=2)
+    assert timing.medians_text(dict(load_us=[3.0, 3.5], host_us=[4.0, 5.0], missing=1)) == (
+        "load 3 us, host 4 us (medians of 2 steps, 1 not timed)")
 
 
 def test_sglang_e2e_times_each_decode_graph_step_of_every_backend(tmp_path):

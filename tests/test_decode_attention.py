@@ -563,8 +563,15 @@ def test_a_q_strided_over_its_batch_reaches_triton_as_it_is_and_the_others_conti
     assert handed[0] is strided
     lens = inputs.cache_seqlens.numpy()
     config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
-    torch.testing.assert_close(decode_attention(strided, *rest, seq_lens_host=lens, config=config),
-                               decode_attention(inputs.q, *rest, seq_lens_host=lens, config=config))
+    planned = fi.paged_attention
+
+    def flashinfer_seen(q, *args, **kwargs):
+        handed.append(q)
+        return planned(q, *args, **kwargs)
+    monkeypatch.setattr("tuner.ops.decode_attention.paged_attention", flashinfer_seen)
+    from_strided = decode_attention(strided, *rest, seq_lens_host=lens, config=config)
+    assert handed[-1].is_contiguous() and torch.equal(handed[-1], strided)
+    torch.testing.assert_close(from_strided, decode_attention(inputs.q, *rest, seq_lens_host=lens, config=config))
 
     def fa3_kernel(q, k_cache, v_cache, **kwargs):
         handed.append(q)

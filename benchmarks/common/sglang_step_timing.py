@@ -5,11 +5,11 @@ Wrapped around SGLang's DecodeCudaGraphRunner, outside tuner's own hooks where t
 runs: the host time of load_batch (the host step before a replay: SGLang's copies of the step's
 inputs, tuner's graph pick and judge) and of execute (load_batch, then the replay's launch),
 and on a GPU the time between two CUDA events around execute (the GPU's time for the step's
-graph, with any wait for the host inside it). A step's line is printed when the next step
-starts, or at exit, so that no step waits for its own events: bench_one_batch waits for each
-step's tokens, so they are done by then. The last line of one run so lands after the next
-run's marker; `step_timings` keeps, per batch size, as many of the last lines as the run
-logged decode steps.
+graph, with any wait for the host inside it). A step's line is printed once the next step's
+graph is launched (while it runs), or at exit, so that no step waits for its own events:
+bench_one_batch waits for each step's tokens, so they are done by then. The warm-up's last
+line so lands after bench_one_batch's "Benchmark ..." marker, and `step_timings` drops it.
+TP rank 0 alone times its steps.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class StepTimer:
 
         @functools.wraps(execute)
         def timed_execute(runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-            self.flush()
+            if self.rank() != 0:  # (asked while the TP group is up: bench_one_batch ends it before exit)
+                return execute(runner, forward_batch, *args, **kwargs)
             self._load_ns = 0
             events = (self.event(), self.event()) if self.event is not None else None
             start = self.clock()
@@ -62,7 +63,9 @@ class StepTimer:
             output = execute(runner, forward_batch, *args, **kwargs)
             if events is not None:
                 events[1].record()
-            self._pending = (getattr(forward_batch, "batch_size", 0), self._load_ns, self.clock() - start, events)
+            step = (getattr(forward_batch, "batch_size", 0), self._load_ns, self.clock() - start, events)
+            self.flush()  # the last step's line, printed while this step's graph runs
+            self._pending = step
             return output
 
         runner_class.load_batch, runner_class.execute = timed_load_batch, timed_execute
@@ -70,7 +73,7 @@ class StepTimer:
     def flush(self) -> None:
         """Print the last step's line (its end event waited for, if not yet done)."""
         pending, self._pending = self._pending, None
-        if pending is None or self.rank() != 0:
+        if pending is None:
             return
         batch, load_ns, host_ns, events = pending
         gpu = ""
@@ -98,29 +101,40 @@ def install() -> StepTimer:
     return timer
 
 
-def step_timings(log_text: str) -> dict[str, dict[str, list[float]]]:
-    """Per batch size, the measured decode steps' times (after bench_one_batch's "Benchmark ..."):
-    load_us, host_us and, on a GPU, gpu_us, in step order; as many as the batch size's decode
-    steps logged there (with --log-decode-step 1: all), the last ones (the first may be the
-    warm-up's last step, printed late)."""
-    measured = log_text.split("Benchmark ...", 1)[-1] if "Benchmark ..." in log_text else ""
+def step_timings(log_text: str) -> dict[str, dict[str, Any]]:
+    """Per batch size, the measured decode steps' times (after bench_one_batch's "Benchmark ..."),
+    in step order: load_us, host_us and, on a GPU, gpu_us; missing: how many of the decode
+    steps logged there (with --log-decode-step 1: all) have no line (a worker killed before
+    its exit printed the last one, say), extra: lines past them. A line between the marker and
+    the first measured step's own is the warm-up's last step, printed at that step's launch."""
+    _, marker, measured = log_text.partition("Benchmark ...")
+    if not marker:
+        return {}
     steps: dict[str, int] = {}
     for m in STEP_LINE.finditer(measured):
         steps[m["batch"]] = steps.get(m["batch"], 0) + 1
-    lines: dict[str, list[re.Match]] = {}
-    for m in LINE.finditer(measured):
-        lines.setdefault(m["batch"], []).append(m)
-    found = {}
+    first = STEP_LINE.search(measured)
+    # (a line before the first measured step's own: the warm-up's last, printed at its launch)
+    timed = [m for m in LINE.finditer(measured) if first is not None and m.start() > first.start()]
+    found: dict[str, dict[str, Any]] = {}
     for batch, count in steps.items():
-        kept = lines.get(batch, [])[-count:]
-        timing = {"load_us": [float(m["load"]) for m in kept], "host_us": [float(m["host"]) for m in kept]}
+        kept = [m for m in timed if m["batch"] == batch]
+        timing: dict[str, Any] = {"load_us": [float(m["load"]) for m in kept],
+                                  "host_us": [float(m["host"]) for m in kept]}
         if kept and all(m["gpu"] is not None for m in kept):
             timing["gpu_us"] = [float(m["gpu"]) for m in kept]
+        if count > len(kept):
+            timing["missing"] = count - len(kept)
+        elif count < len(kept):
+            timing["extra"] = len(kept) - count
         found[batch] = timing
     return found
 
 
 def medians_text(timing: dict[str, list[float]]) -> str:
     """One batch size's step times as medians, in words."""
-    parts = [f"{name[:-3]} {statistics.median(values):.0f} us" for name, values in timing.items() if values]
-    return ", ".join(parts) + f" (medians of {len(timing.get('host_us', []))} steps)" if parts else "no steps timed"
+    parts = [f"{name[:-3]} {statistics.median(values):.0f} us" for name, values in timing.items()
+             if name.endswith("_us") and values]
+    missing = f", {timing['missing']} not timed" if timing.get("missing") else ""
+    return ", ".join(parts) + f" (medians of {len(timing.get('host_us', []))} steps{missing})" if parts else \
+        "no steps timed"
