@@ -615,8 +615,8 @@ def main() -> None:
                     "results (steps), not only the median: where in a run a backend's steps differ")
     ap.add_argument("--step-timing", action="store_true", help="each measured decode graph step's host time "
                     "(SGLang's load_batch with tuner's hooks, and execute: load_batch and the replay's launch) and GPU "
-                    "time (CUDA events around execute) in the results (step_timing), medians printed per batch size; each "
-                    "step's line is printed while the next step's graph runs, yet compare such runs with each other")
+                    "time (CUDA events around execute) in the results (step_timing), medians printed per batch size (each "
+                    "step's line is printed while the next step's graph runs; compare such runs with each other)")
     ap.add_argument("--profile-steps", type=int, default=0, metavar="N", help="a torch profiler trace of N decode "
                     "steps halfway through each worker, summarized per batch size in the results (profile: GPU busy "
                     "and idle time per step, its top kernels, graph launches); those steps run slower")

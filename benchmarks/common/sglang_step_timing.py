@@ -135,6 +135,7 @@ def medians_text(timing: dict[str, list[float]]) -> str:
     """One batch size's step times as medians, in words."""
     parts = [f"{name[:-3]} {statistics.median(values):.0f} us" for name, values in timing.items()
              if name.endswith("_us") and values]
+    if not parts:
+        return "no steps timed"
     missing = f", {timing['missing']} not timed" if timing.get("missing") else ""
-    return ", ".join(parts) + f" (medians of {len(timing.get('host_us', []))} steps{missing})" if parts else \
-        "no steps timed"
+    return ", ".join(parts) + f" (medians of {len(timing['host_us'])} steps{missing})"
