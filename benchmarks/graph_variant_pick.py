@@ -3,7 +3,8 @@ pays once per decode step before the replay (tuner.integrations.graph_variants):
 1, 64 and 256, the lengths as a CPU int32 tensor (as SGLang's seq_lens_cpu), a NumPy array and
 a list, a step that picks a variant and one that keeps the base graph, and a batch padded up
 to the captured size; and a step of a class whose record is FA3's wave_fit, whose cap the pick
-computes from the lengths (batch 3 and 8 with 8 kv heads, batch 128 with one). With the
+computes from the lengths (batch 3 and 8 with 8 kv heads, batch 128 with one), on one batch of
+lengths again and again and as a decode run's steps make them (each a token longer). With the
 replay judge (tuner.integrations.replay_judge), what SGLang's host step adds once the step's
 class has its verdict: the judge's tick, and its look-ups of the step's pick.
 
@@ -17,6 +18,7 @@ from common.host_cost import arguments, ns_per_call, report
 
 CALLS = 20_000
 REPEATS = 9
+DECODING_STEPS = 4_000  # per repeat: a decode run's steps, each timed once
 
 
 def _judged_step(judge, variants, batch, lengths):
@@ -60,7 +62,20 @@ def main() -> None:
         fn = lambda b=batch, t=lengths: variants.label(b, t)  # noqa: E731
         fn()
         results[f"batch_{batch}_kv_heads_{kv_heads}_wave_fit_cpu_int32_tensor"] = ns_per_call(fn, CALLS, REPEATS)
-    report(args, "graph_variant_pick.py", {"calls": CALLS, "repeats": REPEATS, **results})
+        results[f"batch_{batch}_kv_heads_{kv_heads}_wave_fit_decoding"] = _decoding(variants, batch, lengths)
+    report(args, "graph_variant_pick.py", {"calls": CALLS, "repeats": REPEATS, "decoding_steps": DECODING_STEPS,
+                                           **results})
+
+
+def _decoding(variants, batch: int, lengths: torch.Tensor) -> dict[str, float]:
+    """The pick over a decode run's steps, each sequence a token longer at every step (the
+    wave_fit model's results are kept per batch of kv blocks, which such steps cross now and
+    then), none of them timed twice."""
+    from tuner.ops import fa3_waves
+
+    getattr(fa3_waves, "_caps_by_blocks", {}).clear()  # (a checkout before it kept none)
+    steps = iter((lengths + torch.arange(DECODING_STEPS * REPEATS, dtype=torch.int32)[:, None]).unbind(0))
+    return ns_per_call(lambda: variants.label(batch, next(steps)), DECODING_STEPS, REPEATS)
 
 
 if __name__ == "__main__":

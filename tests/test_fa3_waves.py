@@ -183,3 +183,53 @@ def test_graph_variants_capture_fa3_at_the_caps_steps_need_and_a_step_replays_it
     assert variants.pick(3, [11049, 10500, 8200]) is None
     variants.plan(3, [call])  # captured again: nothing dropped
     assert variants.pick(3, [11049, 10500, 8200]) == picked
+
+
+def _counting_models(monkeypatch) -> list:
+    """Each time the wave model runs (FA3's splits for a batch), an entry."""
+    modelled, model = [], fa3_waves.fa3_splits
+    monkeypatch.setattr(fa3_waves, "fa3_splits", lambda *a, **k: modelled.append(1) or model(*a, **k))
+    return modelled
+
+
+def test_a_decode_steps_cap_is_modelled_again_only_when_a_sequence_enters_a_new_kv_block(monkeypatch):
+    """A server asks for the cap at every step, each sequence a token longer: the model runs
+    again only where a sequence's blocks of keys changed (they alone decide the cap)."""
+    fa3_waves._caps_by_blocks.clear()
+    modelled = _counting_models(monkeypatch)
+    args = dict(table_keys=16384, **HEADS)
+    assert wave_cap([11049, 10500, 8200], **args) == 5
+    assert wave_cap([8201, 11050, 10501], **args) == 5  # a step later, in another order: the same blocks
+    assert len(modelled) == 1
+    assert wave_cap([11049, 10500, 8200 + 128], **args) == 5  # one sequence in its next block
+    assert len(modelled) == 2
+
+
+def test_a_kept_cap_is_the_one_the_model_gives_for_any_batch_of_the_same_kv_blocks():
+    """The cap kept for a batch of kv blocks is what the model gives any batch of the same
+    blocks (in any order, each length anywhere in its block). Batches of 1-12 sequences of
+    like lengths, where a cap is often taken (90 of these 300)."""
+    rng = np.random.default_rng(0)
+    args = dict(table_keys=65536, **HEADS)
+    for _ in range(300):
+        blocks = int(rng.integers(20, 300)) + rng.integers(-15, 16, size=int(rng.integers(1, 13)))
+        first = (blocks - 1) * 128 + rng.integers(1, 129, size=blocks.size)  # lengths in those blocks
+        other = rng.permutation((blocks - 1) * 128 + rng.integers(1, 129, size=blocks.size))
+        fa3_waves._caps_by_blocks.clear()
+        modelled = wave_cap(other.tolist(), **args)
+        fa3_waves._caps_by_blocks.clear()
+        wave_cap(first.tolist(), **args)
+        assert wave_cap(other.tolist(), **args) == modelled, blocks
+
+
+def test_the_caps_kept_are_bounded_and_large_batches_are_modelled_each_time(monkeypatch):
+    fa3_waves._caps_by_blocks.clear()
+    monkeypatch.setattr(fa3_waves, "CAPS_KEPT", 2)
+    modelled = _counting_models(monkeypatch)
+    args = dict(table_keys=16384, **HEADS)
+    for lengths in ([1000], [2000], [3000], [1000]):  # the third fills the store: it starts again
+        wave_cap(lengths, **args)
+    assert len(modelled) == 4
+    wide = [1000] * (fa3_waves.KEPT_BATCH + 1)
+    wave_cap(wide, **args), wave_cap(wide, **args)
+    assert len(modelled) == 6

@@ -52,7 +52,10 @@ def records(db_path):
     return db_path
 
 
-def test_each_config_set_the_records_name_up_to_the_bound_gets_a_graph_and_each_step_its_own(records, monkeypatch):
+@pytest.mark.parametrize("few_lengths", [32, 0])  # (0: every batch read as a large one is, with NumPy)
+def test_each_config_set_the_records_name_up_to_the_bound_gets_a_graph_and_each_step_its_own(records, monkeypatch,
+                                                                                             few_lengths):
+    monkeypatch.setattr(graph_variants, "FEW_LENGTHS", few_lengths)
     ran = recording_triton(monkeypatch)
     variants = GraphVariants(max_variants=8)
     plan = variants.plan(4, [_call()])

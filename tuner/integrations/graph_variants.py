@@ -54,6 +54,7 @@ LABEL_PREFIX = "tuner-"
 # fits a batch of like sequences in one wave (SMs // (batch x tiles)) and the next, which were
 # 66% and 13% of the H200's held-out capped batches (docs/decisions.md, "FA3's wave overflow")
 WAVE_CAPS_PER_BATCH = 2
+FEW_LENGTHS = 32  # pick() reads a batch of up to this many lengths as Python ints, a larger one with NumPy
 
 
 class StepLengths(DeclaredLengths):
@@ -235,28 +236,52 @@ class GraphVariants:
         labels = self._labels.get(batch)
         if (not labels and batch not in self._waves) or seq_lens_host is None:
             return None
-        if isinstance(seq_lens_host, torch.Tensor):
-            if not seq_lens_host.is_cpu:
-                return None
-            seq_lens_host = seq_lens_host.numpy()
-        lengths = np.asarray(seq_lens_host)
-        if raw_batch is not None:
-            lengths = lengths[:raw_batch]
-        if lengths.size == 0:
+        if isinstance(seq_lens_host, torch.Tensor) and not seq_lens_host.is_cpu:
             return None
-        longest = int(lengths.max())
-        total = int(lengths.sum()) + (batch - lengths.size)
+        lengths, longest, total = _real_lengths(seq_lens_host, raw_batch)
+        if not len(lengths):
+            return None
+        total += batch - len(lengths)
         step_class = (kv_len_bucket(max(longest, 1)), is_dense(total, batch, longest))
         dropped = self._dropped.get(batch, ())
         waves = self._waves.get(batch)
         if waves is not None and waves.labels and step_class in waves.classes:
             # the padding too: FA3 gives each padded sequence a tile of its own
-            padded = lengths if lengths.size == batch else np.concatenate(
-                (lengths, np.ones(batch - lengths.size, dtype=lengths.dtype)))
-            cap = wave_cap(padded, **waves.shape)
+            cap = wave_cap(_padded(lengths, batch), **waves.shape)
             if cap in waves.labels and (*step_class, cap) not in dropped:
                 return Pick(waves.labels[cap], (*step_class, cap))
         label = labels.get(step_class) if labels else None
         return None if label is None or step_class in dropped else Pick(label, step_class)
+
+
+
+def _real_lengths(seq_lens_host: Any, raw_batch: int | None) -> tuple[list[int] | np.ndarray, int, int]:
+    """The step's real sequences' lengths (the first raw_batch), their longest and their sum:
+    Python ints for a batch of up to FEW_LENGTHS, where NumPy's reductions cost more than
+    Python's (every step pays), else a NumPy array."""
+    array = isinstance(seq_lens_host, (torch.Tensor, np.ndarray))
+    given = seq_lens_host.shape[0] if array else len(seq_lens_host)  # (a tensor's len() costs 2 us)
+    size = given if raw_batch is None else min(raw_batch, given)
+    if size <= FEW_LENGTHS:
+        if array:
+            lengths = (seq_lens_host if given <= FEW_LENGTHS else seq_lens_host[:size]).tolist()
+            del lengths[size:]
+        else:
+            lengths = [int(n) for n in seq_lens_host[:size]]
+        return lengths, max(lengths, default=0), sum(lengths)
+    as_array = seq_lens_host.numpy() if isinstance(seq_lens_host, torch.Tensor) else np.asarray(seq_lens_host)
+    lengths = as_array[:size]
+    return lengths, int(lengths.max()), int(lengths.sum())
+
+
+def _padded(lengths: list[int] | np.ndarray, batch: int) -> list[int] | np.ndarray:
+    """The lengths with the batch's padding (length 1) after them."""
+    pads = batch - len(lengths)
+    if not pads:
+        return lengths
+    if isinstance(lengths, list):
+        return lengths + [1] * pads
+    return np.concatenate((lengths, np.ones(pads, dtype=lengths.dtype)))
+
 
 __all__ = ["GraphVariants", "Pick", "StepLengths", "Variant", "captured_configs"]

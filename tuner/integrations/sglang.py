@@ -113,6 +113,7 @@ def backend_class() -> type:
             super().__init__(*args, **kwargs)
             self.tuner_on_cuda = torch.cuda.is_available()
             self.tuner_variants = GraphVariants()
+            self.tuner_variant_keys: dict[tuple, Any] = {}  # (ShapeKey, variant label) -> the variant's ShapeKey
             # (CUDA events time the replays: no judge without CUDA)
             self.tuner_judge = ReplayJudge.for_variants(self.tuner_variants) if self.tuner_on_cuda else None
             # per captured batch size, one decode_attention call of each static key its graph holds
@@ -341,7 +342,7 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     pick = backend.tuner_variants.pick(key.size, getattr(forward_batch, "seq_lens_cpu", None), raw_batch=raw_batch)
     if pick is None:
         return result
-    variant_key = dataclasses.replace(key, variant_label=_joined(key.variant_label, pick.label))
+    variant_key = _variant_key(backend, key, pick.label)
     graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
     if graphs is not None and hasattr(graphs, "can_run") and not graphs.can_run(forward_batch, variant_key):
         return result
@@ -354,6 +355,16 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
             return result
     runner._replay_graph_key = variant_key
     return result
+
+
+def _variant_key(backend: Any, key: Any, label: str) -> Any:
+    """SGLang's ShapeKey of a variant's graph, made once per graph (a dataclass copy cost
+    ~5 us of every step's host time)."""
+    made = backend.tuner_variant_keys.get((key, label))
+    if made is None:
+        made = backend.tuner_variant_keys[key, label] = dataclasses.replace(
+            key, variant_label=_joined(key.variant_label, label))
+    return made
 
 
 def time_judged_replay(original: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:

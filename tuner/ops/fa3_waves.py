@@ -139,9 +139,43 @@ def fa3_splits(lengths: Any, *, num_kv_heads: int, q_per_kv: int, q_len: int, he
 
 def wave_cap(lengths: Any, *, sms: int, **shape: int) -> int:
     """The num_splits a wave_fit config passes FA3 for a batch of these kv lengths (a list,
-    an array or a CPU tensor's NumPy view; shape: fa3_splits's): 0 (FA3's own choice) unless
-    FA3's tiles would spill past one wave and a cap that fits them in one makes the modelled
-    kernel at least settings.FA3_WAVE_MIN_GAIN faster."""
+    an array or a CPU tensor; shape: fa3_splits's): 0 (FA3's own choice) unless FA3's tiles
+    would spill past one wave and a cap that fits them in one makes the modelled kernel at
+    least settings.FA3_WAVE_MIN_GAIN faster.
+
+    Kept per batch of kv blocks: the cap depends on the lengths only through each
+    sequence's blocks, in any order, and a server asks at every decode step, whose sequences
+    each cross into a new block once in block_n steps (the model took 30-60 us a step, which
+    inside SGLang's host step lengthened a 4k decode step by about 1%). A batch of more than
+    KEPT_BATCH sequences crosses a block at most steps: it is computed each time."""
+    if len(lengths) > KEPT_BATCH:
+        return _wave_cap(lengths, sms=sms, **shape)
+    bn = block_n(shape["head_dim"])
+    blocks = tuple(sorted([(n + bn - 1) // bn for n in _host_list(lengths)]))
+    key = (blocks, sms, shape["num_kv_heads"], shape["q_per_kv"], shape["q_len"], shape["head_dim"],
+           shape["table_keys"])
+    cap = _caps_by_blocks.get(key)
+    if cap is None:
+        if len(_caps_by_blocks) >= CAPS_KEPT:
+            _caps_by_blocks.clear()  # (a server's batches revisit few block sets; a sweep's do not)
+        cap = _caps_by_blocks[key] = _wave_cap(lengths, sms=sms, **shape)
+    return cap
+
+
+CAPS_KEPT = 4096  # wave_cap's batches of kv blocks kept
+KEPT_BATCH = 32  # wave_cap keeps the caps of batches of up to this many sequences
+_caps_by_blocks: dict[tuple, int] = {}
+
+
+def _host_list(lengths: Any) -> list[int]:
+    """The lengths as Python ints (tolist(): faster than NumPy's ops on a batch's few)."""
+    if isinstance(lengths, (torch.Tensor, np.ndarray)):
+        return lengths.tolist()
+    return [int(n) for n in lengths]
+
+
+def _wave_cap(lengths: Any, *, sms: int, **shape: int) -> int:
+    """wave_cap, computed."""
     own_splits = fa3_splits(lengths, sms=sms, **shape)
     if own_splits is None:
         return 0
