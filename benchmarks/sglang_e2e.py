@@ -143,6 +143,22 @@ def latency_points(model: str, batches: list[int], input_lens: list[int], output
     return [(n, list(batches)) for n in input_lens if n <= MAX_PREFILL_TOKENS and n + output_len <= context]
 
 
+def unfit_input_lens(model: str, input_lens: list[int], output_len: int) -> str | None:
+    """Why latency_points leaves out an input length the command asked for (one line), or None."""
+    kept = {n for n, _ in latency_points(model, [1], input_lens, output_len)}
+    for n in input_lens:
+        if n in kept:
+            continue
+        if n > MAX_PREFILL_TOKENS:
+            return f"--input-lens {n}: one request past one prefill ({MAX_PREFILL_TOKENS} tokens)"
+        context = CONFIGS[model]["max_position_embeddings"]
+        longer = [name for name, c in CONFIGS.items() if c["max_position_embeddings"] >= n + output_len
+                  and name.startswith(model)]
+        return (f"--input-lens {n}: with --output-len {output_len} past {model}'s context of {context} tokens"
+                + (f" (--model {longer[0]} has the same heads and a longer one)" if longer else ""))
+    return None
+
+
 def prefill_parts(input_lens: list[int], max_tokens: int) -> list[range]:
     """Consecutive runs of requests, each of at most max_tokens input tokens (a longer request
     alone), in order."""
@@ -638,6 +654,12 @@ def main() -> None:
         ap.error("--out is required")
     if args.lengths == "spread" and not args.merge and max(int(b) for b in args.batches.split(",")) > SPREAD_DRAWS:
         ap.error(f"--lengths spread draws {SPREAD_DRAWS} prompts: --batches {args.batches} goes past that")
+    if not args.merge:
+        unfit = unfit_input_lens(args.model, [int(n) for n in args.input_lens.split(",")], args.output_len)
+        if unfit and args.input_lens != ap.get_default("input_lens"):
+            ap.error(unfit)
+        if unfit:  # the default lengths: the model's own are run
+            print(f"left out: {unfit}", flush=True)
     if args.mem_fraction is None and not args.merge:
         args.mem_fraction = mem_fraction(gpu_memory_gb(), CONFIGS[args.model])
     out = Path(args.out)

@@ -1113,9 +1113,25 @@ def test_sglang_e2e_summary_takes_the_median_of_the_rounds_and_pairs_tuner_with_
         "spread": {"fa3": 1100.0 / 950.0, "triton": 1200.0 / 980.0, "tuner": 1210.0 / 1080.0}}]
 
 
+def test_sglang_e2e_refuses_an_input_length_the_model_cannot_hold_in_one_line(tmp_path):
+    out = tmp_path / "run.json"
+    result = subprocess.run([sys.executable, "benchmarks/sglang_e2e.py", "--model", "qwen2.5-7b", "--input-lens",
+                             "4096,32768", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and not out.exists() and not list(tmp_path.iterdir())
+    assert result.stderr.strip().splitlines()[-1] == (
+        "sglang_e2e.py: error: --input-lens 32768: with --output-len 128 past qwen2.5-7b's context of 32768 "
+        "tokens (--model qwen2.5-7b-128k has the same heads and a longer one)")
+
+
 def test_sglang_e2e_runs_only_what_fits_the_model_and_a_prefill():
     e2e = benchmark_module("sglang_e2e")
     assert e2e.latency_points("qwen2.5-7b", [1, 8], [16384, 32768], 32) == [(16384, [1, 8])]  # context 32768
+    # a command that asks for it is told why, before any GPU time
+    assert e2e.unfit_input_lens("qwen2.5-7b", [16384, 32768], 32) == (
+        "--input-lens 32768: with --output-len 32 past qwen2.5-7b's context of 32768 tokens "
+        "(--model qwen2.5-7b-128k has the same heads and a longer one)")
+    assert e2e.unfit_input_lens("qwen2.5-7b", [16384], 32) is None
+    assert e2e.unfit_input_lens("llama-3.1-8b", [262144], 32).startswith("--input-lens 262144: one request past")
     # its model card's YaRN context: the same heads, 128k
     assert e2e.latency_points("qwen2.5-7b-128k", [8], [32768, 65536], 32) == [(32768, [8]), (65536, [8])]
     long, short = e2e.CONFIGS["qwen2.5-7b-128k"], e2e.CONFIGS["qwen2.5-7b"]
