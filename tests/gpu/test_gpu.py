@@ -120,8 +120,8 @@ def test_decode_attention_writes_into_a_given_out_on_fa3_and_triton():
 
 
 def test_decode_attention_on_a_q_strided_over_its_batch_matches_its_contiguous_copy():
-    """SGLang's q is a slice of its qkv projection's rows: the Triton kernel reads it in place
-    (the split kernel and the length-adaptive one), FA3 gets a copy; outputs as over the copy."""
+    """SGLang's q is a slice of its qkv projection's rows: the Triton kernel (the split kernel
+    and the length-adaptive one) and FA3 read it in place; outputs as over a contiguous copy."""
     from tuner.integrations.decode_attention import decode_attention
 
     shape = DecodeShape(batch=8, kv_len=4096, num_q_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
@@ -134,7 +134,9 @@ def test_decode_attention_on_a_q_strided_over_its_batch_matches_its_contiguous_c
                {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 16, "num_warps": 4, "num_stages": 2,
                 "tokens_per_split": 512}]
     if not get_op("fa3").unavailable():
-        configs.append({"backend": "fa3", "num_splits": 8, "pack_gqa": True})
+        configs += [{"backend": "fa3", "num_splits": 8, "pack_gqa": True},
+                    {"backend": "fa3", "num_splits": 0, "pack_gqa": None}, {"backend": "fa3", "num_splits": 1,
+                                                                          "pack_gqa": False}]
     for config in configs:
         torch.testing.assert_close(decode_attention(strided, *rest, config=config),
                                    decode_attention(inputs.q, *rest, config=config), atol=0, rtol=0)

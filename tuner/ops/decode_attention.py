@@ -72,8 +72,10 @@ _capturing = stream_capturing  # (a module name of its own: tests fake a capture
 # projection): Triton reads its strides; FA3 and FlashInfer get a copy, as SGLang gives FA3 one
 def _fa3_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
               sinks, seq_lens_host, out=None):
+    # (q as it is: sgl-kernel's FA3 reads its strides and copies only a q whose last dim is
+    # strided, so a server's slice of its qkv rows costs no copy kernel)
     return fa3_op.kernel()(
-        q.contiguous(), k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
         window_size=window_size, softcap=softcap or 0.0, sinks=sinks,
         num_splits=config["num_splits"], pack_gqa=config["pack_gqa"], **({} if out is None else {"out": out}),
     )
