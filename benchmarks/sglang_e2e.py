@@ -69,6 +69,7 @@ from common.sglang_models import (CONFIGS, MAX_PREFILL_TOKENS, PREFILL_MARGIN, g
                                   write_model_dir)
 from common.sglang_step_timing import ENV as STEP_TIMING_ENV
 from common.sglang_step_timing import install as install_step_timing
+from common.sglang_step_timing import install_own as install_own_step_timing
 from common.sglang_step_timing import medians_text, step_timings
 
 BUILT_IN = ("fa3", "flashinfer", "triton")
@@ -335,6 +336,8 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
 def prepare_rank(backend: str) -> None:
     """What a latency worker's process needs before SGLang runs in it: the tuner backend
     registered (backend "tuner"), and bench_one_batch's prefill in parts."""
+    # (SGLang's own load_batch timed inside tuner's hooks, the whole step outside them)
+    timer = install_own_step_timing() if os.environ.get(STEP_TIMING_ENV) else None
     if attention_backend(backend) == "tuner":
         from tuner.integrations.sglang import register
 
@@ -343,8 +346,8 @@ def prepare_rank(backend: str) -> None:
 
     if not getattr(one_batch.extend, "in_parts", False):
         one_batch.extend = prefill_in_parts(one_batch.extend)  # its runner calls the module's extend
-    if os.environ.get(STEP_TIMING_ENV):  # (after tuner's hooks: its host work is timed with SGLang's)
-        install_step_timing()
+    if timer is not None:
+        install_step_timing(timer)
 
 
 def _graph_label(key) -> str | None:

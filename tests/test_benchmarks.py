@@ -747,6 +747,35 @@ def test_a_decode_steps_timing_line_comes_when_the_next_step_starts_and_splits_h
     assert len(lines) == 2
 
 
+def test_sglangs_own_load_batch_is_timed_apart_from_tuners_hooks_around_it():
+    """Wrapped before tuner's hooks go on (wrap_own), SGLang's load_batch is timed alone: the
+    rest of load_us is the hooks'."""
+    timing = benchmark_module("common.sglang_step_timing")
+    events, host_ns, lines = EventClock(), [0], []
+
+    class Runner:
+        def load_batch(self, forward_batch, pp_proxy_tensors=None):
+            host_ns[0] += 30_000
+
+        def execute(self, forward_batch, pp_proxy_tensors=None):
+            self.load_batch(forward_batch)
+            host_ns[0] += 50_000
+            events.now += 7.0
+    timer = timing.StepTimer(event=events, clock=lambda: host_ns[0], emit=lambda line, flush: lines.append(line))
+    timer.wrap_own(Runner)
+    sglang_load = Runner.load_batch
+
+    def tuners_hook(runner, forward_batch, pp_proxy_tensors=None):
+        sglang_load(runner, forward_batch)
+        host_ns[0] += 12_000  # tuner's pick and judge
+    Runner.load_batch = tuners_hook
+    timer.wrap(Runner)
+    Runner().execute(_ForwardBatch(8))
+    Runner().execute(_ForwardBatch(8))
+    timer.flush()
+    assert lines == ["tuner-e2e step: bs=8 load_us=42.0 sglang_us=30.0 host_us=92.0 gpu_us=7000.0"] * 2
+
+
 def test_step_timings_keep_each_batch_sizes_measured_steps_only():
     """A step's line comes at the next step's launch: the warm-up's last one after the marker,
     before the first measured step's own line; a run's last one at the next run's launch."""
@@ -758,10 +787,10 @@ def test_step_timings_keep_each_batch_sizes_measured_steps_only():
         "tuner-e2e step: bs=1 load_us=9.0 host_us=9.0 gpu_us=9.0",  # the warm-up's last step
         step.format(0, 1), "tuner-e2e step: bs=1 load_us=3.0 host_us=4.0 gpu_us=5.0",
         step.format(1, 1), "tuner-e2e step: bs=1 load_us=3.5 host_us=4.5 gpu_us=5.5",  # at b8's launch
-        step.format(0, 8), "tuner-e2e step: bs=8 load_us=6.0 host_us=7.0",  # at exit; no GPU
+        step.format(0, 8), "tuner-e2e step: bs=8 load_us=6.0 sglang_us=5.0 host_us=7.0",  # at exit; no GPU
     ])
     expected = {"1": dict(load_us=[3.0, 3.5], host_us=[4.0, 4.5], gpu_us=[5.0, 5.5]),
-                "8": dict(load_us=[6.0], host_us=[7.0])}
+                "8": dict(load_us=[6.0], host_us=[7.0], sglang_us=[5.0])}
     assert timing.step_timings(log) == expected
     eager_warm_up = log.replace("tuner-e2e step: bs=1 load_us=1.0 host_us=2.0 gpu_us=3.0\n", "").replace(
         "tuner-e2e step: bs=1 load_us=9.0 host_us=9.0 gpu_us=9.0\n", "")  # no warm-up step timed
@@ -779,9 +808,10 @@ def test_sglang_e2e_times_each_decode_graph_step_of_every_backend(tmp_path):
         timed = doc["results"][backend]["latency"]["step_timing"]["1024"]
         assert set(timed) == {"1", "8"}
         for t in timed.values():
-            assert set(t) == {"load_us", "host_us"}  # (no GPU here)
+            assert set(t) == {"load_us", "sglang_us", "host_us"}  # (no GPU here)
             assert len(t["host_us"]) == 3  # every measured decode step (--output-len 4)
-            assert all(0 <= load <= host for load, host in zip(t["load_us"], t["host_us"]))
+            assert all(0 <= own <= load <= host for own, load, host in zip(t["sglang_us"], t["load_us"],
+                                                                          t["host_us"]))
 
 
 def test_a_decode_trace_summary_counts_overlapping_gpu_work_once():

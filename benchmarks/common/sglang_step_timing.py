@@ -5,7 +5,9 @@ Wrapped around SGLang's DecodeCudaGraphRunner, outside tuner's own hooks where t
 runs: the host time of load_batch (the host step before a replay: SGLang's copies of the step's
 inputs, tuner's graph pick and judge) and of execute (load_batch, then the replay's launch),
 and on a GPU the time between two CUDA events around execute (the GPU's time for the step's
-graph, with any wait for the host inside it). A step's line is printed once the next step's
+graph, with any wait for the host inside it). Where SGLang's own load_batch was wrapped before
+tuner's hooks went on (wrap_own), its time alone too (sglang_us): load_us less sglang_us is
+tuner's hooks'. A step's line is printed once the next step's
 graph is launched (while it runs), or at exit, so that no step waits for its own events:
 bench_one_batch waits for each step's tokens, so they are done by then. The warm-up's last
 line so lands after bench_one_batch's "Benchmark ..." marker, and `step_timings` drops it.
@@ -26,8 +28,8 @@ from common.sglang_logs import STEP_LINE
 
 ENV = "TUNER_E2E_STEP_TIMING"
 RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
-LINE = re.compile(r"tuner-e2e step: bs=(?P<batch>\d+) load_us=(?P<load>[\d.]+) host_us=(?P<host>[\d.]+)"
-                  r"(?: gpu_us=(?P<gpu>[\d.]+))?")
+LINE = re.compile(r"tuner-e2e step: bs=(?P<batch>\d+) load_us=(?P<load>[\d.]+)(?: sglang_us=(?P<sglang>[\d.]+))? "
+                  r"host_us=(?P<host>[\d.]+)(?: gpu_us=(?P<gpu>[\d.]+))?")
 
 
 class StepTimer:
@@ -38,7 +40,23 @@ class StepTimer:
                  emit: Callable[..., None] = print, rank: Callable[[], int] = lambda: 0) -> None:
         self.event, self.clock, self.emit, self.rank = event, clock, emit, rank
         self._load_ns = 0
-        self._pending: tuple[int, int, int, tuple[Any, Any] | None] | None = None
+        self._own_ns: int | None = None  # SGLang's own load_batch's, where wrap_own wrapped it
+        self._pending: tuple[int, int, int | None, int, tuple[Any, Any] | None] | None = None
+
+    def wrap_own(self, runner_class: type) -> None:
+        """Time SGLang's own load_batch: before tuner's hooks wrap it, so inside them."""
+        load_batch = runner_class.load_batch
+        self._own_ns = 0
+
+        @functools.wraps(load_batch)
+        def own_load_batch(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            start = self.clock()
+            try:
+                return load_batch(runner, *args, **kwargs)
+            finally:
+                self._own_ns += self.clock() - start
+
+        runner_class.load_batch = own_load_batch
 
     def wrap(self, runner_class: type) -> None:
         load_batch, execute = runner_class.load_batch, runner_class.execute
@@ -56,6 +74,8 @@ class StepTimer:
             if self.rank() != 0:  # (asked while the TP group is up: bench_one_batch ends it before exit)
                 return execute(runner, forward_batch, *args, **kwargs)
             self._load_ns = 0
+            if self._own_ns is not None:
+                self._own_ns = 0
             events = (self.event(), self.event()) if self.event is not None else None
             start = self.clock()
             if events is not None:
@@ -63,7 +83,7 @@ class StepTimer:
             output = execute(runner, forward_batch, *args, **kwargs)
             if events is not None:
                 events[1].record()
-            step = (getattr(forward_batch, "batch_size", 0), self._load_ns, self.clock() - start, events)
+            step = (getattr(forward_batch, "batch_size", 0), self._load_ns, self._own_ns, self.clock() - start, events)
             self.flush()  # the last step's line, printed while this step's graph runs
             self._pending = step
             return output
@@ -75,18 +95,19 @@ class StepTimer:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        batch, load_ns, host_ns, events = pending
+        batch, load_ns, own_ns, host_ns, events = pending
+        own = "" if own_ns is None else f" sglang_us={own_ns / 1e3:.1f}"
         gpu = ""
         if events is not None:
             events[1].synchronize()
             gpu = f" gpu_us={events[0].elapsed_time(events[1]) * 1e3:.1f}"
-        self.emit(f"tuner-e2e step: bs={batch} load_us={load_ns / 1e3:.1f} host_us={host_ns / 1e3:.1f}{gpu}",
+        self.emit(f"tuner-e2e step: bs={batch} load_us={load_ns / 1e3:.1f}{own} host_us={host_ns / 1e3:.1f}{gpu}",
                   flush=True)
 
 
-def install() -> StepTimer:
-    """Time this process's SGLang decode graph runner (after tuner's hooks are on it), its
-    lines printed by TP rank 0 alone."""
+def install_own() -> StepTimer:
+    """A timer of this process's SGLang decode graph runner, its own load_batch wrapped: call
+    it before tuner's hooks go on, then install(timer) after."""
     import pkgutil
 
     import torch
@@ -96,6 +117,14 @@ def install() -> StepTimer:
 
     event = functools.partial(torch.cuda.Event, enable_timing=True) if torch.cuda.is_available() else None
     timer = StepTimer(event=event, rank=rank)
+    timer.wrap_own(pkgutil.resolve_name(RUNNER))
+    return timer
+
+
+def install(timer: StepTimer) -> StepTimer:
+    """Time the runner's steps (after tuner's hooks are on it), lines printed by TP rank 0 alone."""
+    import pkgutil
+
     timer.wrap(pkgutil.resolve_name(RUNNER))
     atexit.register(timer.flush)
     return timer
@@ -103,7 +132,8 @@ def install() -> StepTimer:
 
 def step_timings(log_text: str) -> dict[str, dict[str, Any]]:
     """Per batch size, the measured decode steps' times (after bench_one_batch's "Benchmark ..."),
-    in step order: load_us, host_us and, on a GPU, gpu_us; missing: how many of the decode
+    in step order: load_us, host_us, where timed sglang_us (SGLang's own load_batch) and, on a
+    GPU, gpu_us; missing: how many of the decode
     steps logged there (with --log-decode-step 1: all) have no line (a worker killed before
     its exit printed the last one, say), extra: lines past them. A line between the marker and
     the first measured step's own is the warm-up's last step, printed at that step's launch."""
@@ -121,6 +151,8 @@ def step_timings(log_text: str) -> dict[str, dict[str, Any]]:
         kept = [m for m in timed if m["batch"] == batch]
         timing: dict[str, Any] = {"load_us": [float(m["load"]) for m in kept],
                                   "host_us": [float(m["host"]) for m in kept]}
+        if kept and all(m["sglang"] is not None for m in kept):
+            timing["sglang_us"] = [float(m["sglang"]) for m in kept]
         if kept and all(m["gpu"] is not None for m in kept):
             timing["gpu_us"] = [float(m["gpu"]) for m in kept]
         if count > len(kept):
