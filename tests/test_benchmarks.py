@@ -1290,3 +1290,20 @@ def test_page_layout_summary_counts_only_the_cases_whose_pick_is_not_the_default
     by_kind = summary["contiguous/as_called"]["by_kind"]
     assert by_kind["equal"] == dict(cases=1, geomean=pytest.approx(0.9), slower_by_2pct=1, worst=0.9)
     assert by_kind["uniform"]["slower_by_2pct"] == 0 and by_kind["few_long"]["cases"] == 0
+
+
+TRACKED_TREE_MAX_MIB = 17  # a GPU call carries at most 64 MiB: the tree beside one 47 MiB staging part
+
+
+def test_the_tracked_tree_leaves_room_for_a_gpu_staging_part():
+    """Every GPU call carries the working tree, and the staging calls one ~47 MiB part of the
+    GPU packages beside it (../shared/gpu/README.md): results that push the tree past the
+    rest stop every staging call. Compress large result files with xz."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    paths = [ROOT / p for p in listed.stdout.decode().split("\0") if p]
+    size = sum(p.stat().st_size for p in paths if p.is_file())
+    largest = sorted(paths, key=lambda p: p.stat().st_size if p.is_file() else 0)[-3:]
+    assert size <= TRACKED_TREE_MAX_MIB * 2**20, (
+        f"the tracked tree holds {size / 2**20:.1f} MiB; largest: {[str(p.relative_to(ROOT)) for p in largest]}")
