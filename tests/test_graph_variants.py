@@ -78,6 +78,7 @@ def test_each_config_set_the_records_name_up_to_the_bound_gets_a_graph_and_each_
     for lengths, label in steps.items():
         assert variants.label(4, torch.tensor(lengths, dtype=torch.int32)) == label, lengths
         assert variants.label(4, np.array(lengths)) == variants.label(4, list(lengths)) == label
+        assert variants.label(4, np.array(lengths, dtype=np.float64)) == label  # (read as integers)
     # a step padded up to the captured batch: the pads count as length 1
     assert variants.label(4, [500, 500, 500, 0], raw_batch=3) == "tuner-3"  # 1501 of 4 x 500: dense
     assert variants.label(4, [500, 450, 0, 0], raw_batch=2) == "tuner-4"  # 952: not

@@ -268,7 +268,7 @@ def _real_lengths(seq_lens_host: Any, raw_batch: int | None) -> tuple[list[int] 
             del lengths[size:]
         else:
             lengths = [int(n) for n in seq_lens_host[:size]]
-        return lengths, max(lengths, default=0), sum(lengths)
+        return lengths, int(max(lengths, default=0)), int(sum(lengths))
     as_array = seq_lens_host.numpy() if isinstance(seq_lens_host, torch.Tensor) else np.asarray(seq_lens_host)
     lengths = as_array[:size]
     return lengths, int(lengths.max()), int(lengths.sum())

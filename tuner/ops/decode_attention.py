@@ -69,11 +69,11 @@ _capturing = stream_capturing  # (a module name of its own: tests fake a capture
 # the backends' calls take the config and Call's fields, positionally (no object per call)
 # (out: where to write the output, or None; a backend that cannot writes a new tensor and the
 # caller copies it there). q may be strided over its batch (a server's slice of its qkv
-# projection): Triton reads its strides; FA3 and FlashInfer get a copy, as SGLang gives FA3 one
+# projection): Triton and FA3 read its strides; FlashInfer gets a copy
 def _fa3_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
               sinks, seq_lens_host, out=None):
-    # (q as it is: sgl-kernel's FA3 reads its strides and copies only a q whose last dim is
-    # strided, so a server's slice of its qkv rows costs no copy kernel)
+    # (sgl-kernel's FA3 copies only a q whose last dim is strided: a server's slice of its qkv
+    # rows costs no copy kernel)
     return fa3_op.kernel()(
         q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, causal=causal,
         window_size=window_size, softcap=softcap or 0.0, sinks=sinks,

@@ -153,7 +153,7 @@ def wave_cap(lengths: Any, *, sms: int, **shape: int) -> int:
     bn = block_n(shape["head_dim"])
     blocks = tuple(sorted([(n + bn - 1) // bn for n in _host_list(lengths)]))
     key = (blocks, sms, shape["num_kv_heads"], shape["q_per_kv"], shape["q_len"], shape["head_dim"],
-           shape["table_keys"])
+           shape["table_keys"], settings.FA3_WAVE_MIN_GAIN, settings.FA3_WAVE_TILE_OVERHEAD_BLOCKS)
     cap = _caps_by_blocks.get(key)
     if cap is None:
         if len(_caps_by_blocks) >= CAPS_KEPT:
