@@ -716,9 +716,9 @@ class _ForwardBatch:
         self.batch_size = batch_size
 
 
-def test_a_decode_steps_timing_line_comes_when_the_next_step_starts_and_splits_host_from_gpu():
-    """--step-timing: no step waits for its own CUDA events; load_batch's host time (SGLang's
-    copies, tuner's hooks) is told apart from execute's (with the replay's launch)."""
+def _timed_runner():
+    """A decode graph runner whose load_batch takes 30 us of the host's clock, and execute 50 us
+    more and 7 ms of the GPU's; and a StepTimer on those clocks, its lines collected."""
     timing = benchmark_module("common.sglang_step_timing")
     events, host_ns, lines = EventClock(), [0], []
 
@@ -731,6 +731,13 @@ def test_a_decode_steps_timing_line_comes_when_the_next_step_starts_and_splits_h
             host_ns[0] += 50_000
             events.now += 7.0  # the replay's GPU time, ms
     timer = timing.StepTimer(event=events, clock=lambda: host_ns[0], emit=lambda line, flush: lines.append(line))
+    return timing, Runner, timer, host_ns, lines
+
+
+def test_a_decode_steps_timing_line_comes_when_the_next_step_starts_and_splits_host_from_gpu():
+    """--step-timing: no step waits for its own CUDA events; load_batch's host time (SGLang's
+    copies, tuner's hooks) is told apart from execute's (with the replay's launch)."""
+    timing, Runner, timer, _, lines = _timed_runner()
     timer.wrap(Runner)
     Runner().execute(_ForwardBatch(8))
     assert lines == []
@@ -750,18 +757,7 @@ def test_a_decode_steps_timing_line_comes_when_the_next_step_starts_and_splits_h
 def test_sglangs_own_load_batch_is_timed_apart_from_tuners_hooks_around_it():
     """Wrapped before tuner's hooks go on (wrap_own), SGLang's load_batch is timed alone: the
     rest of load_us is the hooks'."""
-    timing = benchmark_module("common.sglang_step_timing")
-    events, host_ns, lines = EventClock(), [0], []
-
-    class Runner:
-        def load_batch(self, forward_batch, pp_proxy_tensors=None):
-            host_ns[0] += 30_000
-
-        def execute(self, forward_batch, pp_proxy_tensors=None):
-            self.load_batch(forward_batch)
-            host_ns[0] += 50_000
-            events.now += 7.0
-    timer = timing.StepTimer(event=events, clock=lambda: host_ns[0], emit=lambda line, flush: lines.append(line))
+    _, Runner, timer, host_ns, lines = _timed_runner()
     timer.wrap_own(Runner)
     sglang_load = Runner.load_batch
 

@@ -43,31 +43,25 @@ class StepTimer:
         self._own_ns: int | None = None  # SGLang's own load_batch's, where wrap_own wrapped it
         self._pending: tuple[int, int, int | None, int, tuple[Any, Any] | None] | None = None
 
-    def wrap_own(self, runner_class: type) -> None:
-        """Time SGLang's own load_batch: before tuner's hooks wrap it, so inside them."""
-        load_batch = runner_class.load_batch
-        self._own_ns = 0
-
-        @functools.wraps(load_batch)
-        def own_load_batch(runner: Any, *args: Any, **kwargs: Any) -> Any:
-            start = self.clock()
-            try:
-                return load_batch(runner, *args, **kwargs)
-            finally:
-                self._own_ns += self.clock() - start
-
-        runner_class.load_batch = own_load_batch
-
-    def wrap(self, runner_class: type) -> None:
-        load_batch, execute = runner_class.load_batch, runner_class.execute
-
+    def _timed(self, load_batch: Callable[..., Any], total: str) -> Callable[..., Any]:
+        """load_batch, its host time added to the attribute named total."""
         @functools.wraps(load_batch)
         def timed_load_batch(runner: Any, *args: Any, **kwargs: Any) -> Any:
             start = self.clock()
             try:
                 return load_batch(runner, *args, **kwargs)
             finally:
-                self._load_ns += self.clock() - start
+                setattr(self, total, getattr(self, total) + self.clock() - start)
+        return timed_load_batch
+
+    def wrap_own(self, runner_class: type) -> None:
+        """Time SGLang's own load_batch: before tuner's hooks wrap it, so inside them."""
+        self._own_ns = 0
+        runner_class.load_batch = self._timed(runner_class.load_batch, "_own_ns")
+
+    def wrap(self, runner_class: type) -> None:
+        load_batch, execute = runner_class.load_batch, runner_class.execute
+        timed_load_batch = self._timed(load_batch, "_load_ns")
 
         @functools.wraps(execute)
         def timed_execute(runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
