@@ -254,7 +254,6 @@ class GraphVariants:
         return None if label is None or step_class in dropped else Pick(label, step_class)
 
 
-
 def _real_lengths(seq_lens_host: Any, raw_batch: int | None) -> tuple[list[int] | np.ndarray, int, int]:
     """The step's real sequences' lengths (the first raw_batch), their longest and their sum:
     Python ints for a batch of up to FEW_LENGTHS, where NumPy's reductions cost more than

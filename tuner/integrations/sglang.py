@@ -358,8 +358,8 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
 
 
 def _variant_key(backend: Any, key: Any, label: str) -> Any:
-    """SGLang's ShapeKey of a variant's graph, made once per graph (a dataclass copy cost
-    ~5 us of every step's host time)."""
+    """SGLang's ShapeKey of a variant's graph, made once per graph (a dataclass copy at every
+    step cost the host step a few us)."""
     made = backend.tuner_variant_keys.get((key, label))
     if made is None:
         made = backend.tuner_variant_keys[key, label] = dataclasses.replace(

@@ -137,17 +137,21 @@ def fa3_splits(lengths: Any, *, num_kv_heads: int, q_per_kv: int, q_len: int, he
     return n_blocks, dynamic_splits(n_blocks, tiles // num_kv_heads, num_kv_heads, cap, sms), tiles
 
 
+CAPS_KEPT = 4096  # wave_cap's batches of kv blocks kept
+KEPT_BATCH = 32  # wave_cap keeps the caps of batches of up to this many sequences
+_caps_by_blocks: dict[tuple, int] = {}
+
+
 def wave_cap(lengths: Any, *, sms: int, **shape: int) -> int:
     """The num_splits a wave_fit config passes FA3 for a batch of these kv lengths (a list,
     an array or a CPU tensor; shape: fa3_splits's): 0 (FA3's own choice) unless FA3's tiles
     would spill past one wave and a cap that fits them in one makes the modelled kernel at
     least settings.FA3_WAVE_MIN_GAIN faster.
 
-    Kept per batch of kv blocks: the cap depends on the lengths only through each
-    sequence's blocks, in any order, and a server asks at every decode step, whose sequences
-    each cross into a new block once in block_n steps (the model took 30-60 us a step, which
-    inside SGLang's host step lengthened a 4k decode step by about 1%). A batch of more than
-    KEPT_BATCH sequences crosses a block at most steps: it is computed each time."""
+    Kept per batch of kv blocks: a server asks at every decode step, on its host step's clock,
+    and the model costs tens of us; the cap depends on the lengths only through each
+    sequence's blocks, in any order, which a decoding sequence changes once in block_n steps.
+    A batch of more than KEPT_BATCH sequences crosses a block at most steps: computed each time."""
     if len(lengths) > KEPT_BATCH:
         return _wave_cap(lengths, sms=sms, **shape)
     bn = block_n(shape["head_dim"])
@@ -160,11 +164,6 @@ def wave_cap(lengths: Any, *, sms: int, **shape: int) -> int:
             _caps_by_blocks.clear()  # (a server's batches revisit few block sets; a sweep's do not)
         cap = _caps_by_blocks[key] = _wave_cap(lengths, sms=sms, **shape)
     return cap
-
-
-CAPS_KEPT = 4096  # wave_cap's batches of kv blocks kept
-KEPT_BATCH = 32  # wave_cap keeps the caps of batches of up to this many sequences
-_caps_by_blocks: dict[tuple, int] = {}
 
 
 def _host_list(lengths: Any) -> list[int]:
