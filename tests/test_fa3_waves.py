@@ -233,3 +233,78 @@ def test_the_caps_kept_are_bounded_and_large_batches_are_modelled_each_time(monk
     wide = [1000] * (fa3_waves.KEPT_BATCH + 1)
     wave_cap(wide, **args), wave_cap(wide, **args)
     assert len(modelled) == 6
+
+
+def _default_cap_call(batch=3, dtype="bfloat16", window=(-1, -1)):
+    """A graph's decode call at a 16k bound (48/8 heads), with no record: FA3's default runs."""
+    shape = DecodeShape(batch=batch, kv_len=64, num_q_heads=48, num_kv_heads=8, head_dim=16, dtype=dtype)
+    inputs = make_decode_inputs(shape, seq_lens=[17] * batch, table_width=16384)
+    return (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 16384, True, window)
+
+
+@pytest.fixture
+def modelled_fa3(monkeypatch, fake_fa3):
+    """FA3 installed in a release whose scheduler the wave model follows; no record anywhere."""
+    import tuner
+    from tuner.integrations import graph_variants
+
+    monkeypatch.setattr(graph_variants, "_modelled_fa3_installed", lambda: True)
+    tuner.configure(mode="off")  # FA3's default for every call
+    return fake_fa3
+
+
+def test_a_graph_that_runs_fa3s_default_gets_cap_graphs_and_a_step_replays_the_one_its_lengths_need(
+        modelled_fa3):
+    """FA3 spills past one wave on some batches of any kv bucket, and a record that keeps the
+    default (or no record) never asked whether a cap pays: where the base graph runs FA3's
+    default, graph variants capture FA3 at the caps such steps mostly need (8 kv heads at
+    batch 3: 5 and 6), and a step whose lengths need one replays it."""
+    import tuner
+    from tuner.integrations.graph_variants import GraphVariants
+
+    call = _default_cap_call()
+    variants = GraphVariants(max_variants=8)
+    plan = variants.plan(3, [call])
+    assert [(v.label, v.lengths.fa3_cap) for v in plan] == [("tuner-1", 5), ("tuner-2", 6)]
+    for variant in plan:
+        with tuner.graph_capture(variant.lengths):
+            decode_attention(*call)
+    with tuner.graph_capture():  # the base graph: FA3's own choice
+        decode_attention(*call)
+    decode_attention(*call)  # eager, outside any capture: FA3's own choice (no record asks for a cap)
+    assert modelled_fa3 == [5, 6, 0, 0]
+    assert variants.label(3, [11049, 10500, 8200]) == "tuner-1"
+    assert variants.label(3, [11049, 11000, 11000]) is None  # one wave already: the base graph
+    assert variants.label(3, [15000, 300, 300]) is None  # a cap would not pay
+
+
+@pytest.mark.parametrize("why_not", ["another sgl-kernel", "switched off", "a window", "32-bit", "batch 1"])
+def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_can_spill(
+        modelled_fa3, monkeypatch, why_not):
+    """A release whose FA3 the model was not read from, $TUNER_GRAPH_WAVE_CAPS=0, a window (its
+    keys are not its lengths), 32-bit elements, or a batch size whose tiles fit one wave at
+    FA3's most splits (batch 1 with 8 kv heads: 15 x 8 = 120 tiles on 132 SMs) plan none."""
+    from tuner.integrations import graph_variants
+
+    batch, args = 3, {}
+    if why_not == "another sgl-kernel":
+        monkeypatch.setattr(graph_variants, "_modelled_fa3_installed", lambda: False)
+    elif why_not == "switched off":
+        monkeypatch.setenv("TUNER_GRAPH_WAVE_CAPS", "0")
+    elif why_not == "a window":
+        args = dict(window=(4095, 0))
+    elif why_not == "32-bit":
+        args = dict(dtype="float32")
+    else:
+        batch = 1
+    assert graph_variants.GraphVariants(max_variants=8).plan(batch, [_default_cap_call(batch, **args)]) == []
+
+
+def test_the_modelled_sgl_kernel_is_read_from_the_installed_release(monkeypatch):
+    from tuner.integrations import graph_variants
+
+    for version, modelled in (("0.4.5", True), ("0.4.6.post1", False), (None, False)):
+        monkeypatch.setattr(graph_variants, "library_version", lambda names, module, v=version: v)
+        graph_variants._modelled_fa3_installed.cache_clear()
+        assert graph_variants._modelled_fa3_installed() is modelled
+    graph_variants._modelled_fa3_installed.cache_clear()

@@ -148,6 +148,38 @@ def test_a_call_resolved_to_fa3s_default_runs_sglangs_fa3_code(sgl, monkeypatch)
     assert not calls and not pool.writes and len(backend.fa3_decodes) == 1
 
 
+def test_fa3_at_a_cap_runs_through_decode_attention_where_sglangs_fa3_code_would_drop_it(sgl, monkeypatch):
+    """SGLang's FA3 code passes no cap. A cap graph (tuner.integrations.graph_variants) of FA3's
+    default, and an eager call of a wave_fit record whose step needs a cap, run FA3 at that
+    cap through decode_attention; the base graph and a step that needs none keep SGLang's code."""
+    import tuner
+    import tuner.integrations.decode_attention as entry
+    from tuner.integrations.graph_variants import StepLengths
+
+    backend, pool, batch = _backend([12, 7])
+    fa3_default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    calls = _recorded(monkeypatch, config=fa3_default)
+    step = _step(backend, batch)
+    backend.decode_cuda_graph_metadata = {2: backend.forward_metadata}  # a warm-up on the graph's buffers
+    with tuner.graph_capture(StepLengths(16384, True, fa3_cap=5, default_capped=True)):
+        backend.forward_decode(*step, batch)
+    with tuner.graph_capture(StepLengths(16384, True, fa3_cap=5)):  # a cap graph of wave_fit records only
+        backend.forward_decode(*step, batch)
+    with tuner.graph_capture():  # the base graph
+        backend.forward_decode(*step, batch)
+    assert [config for _, config in calls] == [dict(fa3_default, num_splits=5)]
+    assert len(backend.fa3_decodes) == 2
+    backend.decode_cuda_graph_metadata = {}
+    monkeypatch.setattr(integration, "resolve_config", lambda call: dict(fa3_default, wave_fit=True))
+    monkeypatch.setattr(entry, "wave_cap", lambda lengths, **shape: 4)  # the step's lengths need cap 4
+    backend.forward_decode(*step, batch)
+    monkeypatch.setattr(entry, "wave_cap", lambda lengths, **shape: 0)
+    batch.seq_lens_cpu = batch.seq_lens_cpu.clone()  # the next step's lengths
+    backend.forward_decode(*step, batch)
+    assert [config for _, config in calls[1:]] == [dict(fa3_default, num_splits=4)]
+    assert len(backend.fa3_decodes) == 3
+
+
 def _strided_q(rows: int) -> torch.Tensor:
     """q as SGLang's layers give it: the first columns of the qkv projection's rows (a view
     whose rows are further apart than its width)."""

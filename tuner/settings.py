@@ -106,6 +106,17 @@ def graph_variants_max() -> int:
     return int(value) if value.isdigit() else GRAPH_VARIANTS
 
 
+# where a batch size's graph runs FA3's plain default, graph variants add graphs of FA3 at the
+# caps that fit its tiles in one wave, replayed on the steps whose lengths need one
+# (tuner.integrations.graph_variants; $TUNER_GRAPH_WAVE_CAPS=0: none)
+ENV_GRAPH_WAVE_CAPS = "TUNER_GRAPH_WAVE_CAPS"
+
+
+def graph_wave_caps() -> bool:
+    """Whether graph variants add FA3 cap graphs where FA3's default runs ($TUNER_GRAPH_WAVE_CAPS)."""
+    return os.environ.get(ENV_GRAPH_WAVE_CAPS, "").strip() != "0"
+
+
 # a server's first replays of each graph variant alternate with its batch size's base graph,
 # and a variant slower than the base graph by more than REPLAY_JUDGE_TOLERANCE (the median of
 # this many pairs) is dropped ($TUNER_REPLAY_JUDGE; 0: every variant replays as planned):

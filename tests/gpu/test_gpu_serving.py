@@ -444,17 +444,21 @@ def test_a_plain_capture_runs_its_graph_record_and_replays_right_over_tables_upd
         torch.testing.assert_close(out, _reference(q, k, v, table, lens_dev), **TOL, msg=lambda m: f"step {step}: {m}")
 
 
-def test_graph_variants_of_a_wave_fit_record_replay_fa3_at_the_steps_cap_right(tmp_path):
-    """A wave_fit record (FA3 capping its own splits from the host lengths) in CUDA graphs:
-    graph variants capture FA3 at the caps steps mostly need (32/8 heads at batch 3: 5 and 6)
-    beside the base graph, at a 16k bound; steps whose lengths spill FA3's tiles past one wave
-    replay the cap graph, the others the base graph, and every replay over the persistent
-    table and lengths, updated in place, matches the reference."""
+@pytest.mark.parametrize("record", ["wave_fit", "none"])
+def test_graph_variants_of_a_wave_fit_record_replay_fa3_at_the_steps_cap_right(tmp_path, record):
+    """A wave_fit record (FA3 capping its own splits from the host lengths), or no record (FA3's
+    default), in CUDA graphs: graph variants capture FA3 at the caps steps mostly need (32/8
+    heads at batch 3: 5 and 6) beside the base graph, at a 16k bound; steps whose lengths spill
+    FA3's tiles past one wave replay the cap graph, the others the base graph, and every replay
+    over the persistent table and lengths, updated in place, matches the reference."""
+    from tuner.integrations import graph_variants
     from tuner.integrations.graph_variants import GraphVariants
     from tuner.keys import static_key_from_parts
 
     if fa3_op.FA3.unavailable():
         pytest.skip(fa3_op.FA3.unavailable())
+    if record == "none" and not graph_variants._modelled_fa3_installed():
+        pytest.skip("an sgl-kernel whose FA3 scheduler the wave model was not read from")
     batch, bound, pool = 3, 16384, 3 * 16384
     wave = {"backend": "fa3", "num_splits": 0, "pack_gqa": None, "wave_fit": True}
     key = static_key_from_parts(
@@ -462,10 +466,11 @@ def test_graph_variants_of_a_wave_fit_record_replay_fa3_at_the_steps_cap_right(t
         head_dim_qk=DIM, head_dim_v=DIM, page_size=1, causal=True, window_size=None, softcap=None, sinks=False,
         k_descale=False, v_descale=False)
     with TuningDB(tmp_path / "t.db") as db:
-        db.save_record(Problem("decode_attention", key.to_json(), attention_run_key(batch, 1, bound)),
-                       (current_fingerprint_id(), current_fingerprint()), wave, median_us=1.0, spread_us=0.0,
-                       samples=3, default_config=dict(fa3_op.DEFAULT, backend="fa3"), default_median_us=1.2,
-                       default_spread_us=0.0, method={})
+        if record == "wave_fit":
+            db.save_record(Problem("decode_attention", key.to_json(), attention_run_key(batch, 1, bound)),
+                           (current_fingerprint_id(), current_fingerprint()), wave, median_us=1.0, spread_us=0.0,
+                           samples=3, default_config=dict(fa3_op.DEFAULT, backend="fa3"), default_median_us=1.2,
+                           default_spread_us=0.0, method={})
     tuner.configure(db=tmp_path / "t.db", shipped="off", mode="lookup")
     k, v = _cache(pool)
     q = _query(batch)

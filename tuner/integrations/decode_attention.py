@@ -133,9 +133,10 @@ def run_call(config: Config, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 def graph_runs(config: Config, args: tuple) -> Config:
     """The plain config a call with these positional arguments runs when captured into a CUDA
-    graph: its own, or where its backend cannot run captured or without host lengths (a
+    graph: its own (a wave_fit config, or FA3's default in a cap graph of it, at the cap its
+    declaration names), or where its backend cannot run captured or without host lengths (a
     FlashInfer plan), the default backend's (run_call's fallback)."""
-    if WAVE_FIT in config:
+    if WAVE_FIT in config or is_fa3_default(config):
         return _as_captured(config)
     backend = BACKENDS.get(config.get("backend"))
     if backend is not None and backend.runs_any_call:
@@ -200,15 +201,31 @@ def _captured(config: Config) -> Config:
 
 def _as_captured(config: Config) -> Config:
     """A wave_fit config as a capture runs it (no host lengths at replay): FA3's own choice,
-    or the cap the active declaration names (a graph variant's, tuner.integrations.graph_variants)."""
-    if WAVE_FIT not in config:
-        return config
-    return dict({k: v for k, v in config.items() if k != WAVE_FIT}, num_splits=_declared_cap())
+    or the cap the active declaration names (a graph variant's, tuner.integrations.graph_variants);
+    FA3's plain default at that cap where the declaration caps the default too."""
+    if WAVE_FIT in config:
+        return dict({k: v for k, v in config.items() if k != WAVE_FIT}, num_splits=_declared_cap())
+    if is_fa3_default(config):
+        cap = _declared_default_cap()
+        return dict(config, num_splits=cap) if cap else config
+    return config
+
+
+def is_fa3_default(config: Config) -> bool:
+    """Whether a config is FA3's plain default (the library's own choice of splits and packing)."""
+    return config.get("backend") == "fa3" and config.get("num_splits") == 0 and config.get("pack_gqa") is None \
+        and WAVE_FIT not in config
 
 
 def _declared_cap() -> int:
     declared = runtime.declared_lengths
     return 0 if declared is None else declared.fa3_cap
+
+
+def _declared_default_cap() -> int:
+    """The cap FA3's plain default runs at under the active declaration (0: its own choice)."""
+    declared = runtime.declared_lengths
+    return declared.fa3_cap if declared is not None and declared.default_capped else 0
 
 
 # the last CPU tensor of host lengths a wave_fit config was resolved for, its version
@@ -349,6 +366,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         config = _fill_config(config, q.shape[0], max_kv_len, seq_lens_host)
     if WAVE_FIT in config:
         config = _wave_config(config, q, k_cache, page_table, seq_lens_host)
+    elif config["backend"] == "fa3" and runtime.declared_lengths is not None:  # (a cap graph's capture)
+        config = _as_captured(config)
     return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                     sinks, seq_lens_host, out)
 

@@ -28,11 +28,17 @@ where a step's time goes; every other class runs the base graph, as before.
 Where a class's record is FA3's wave_fit config (tuner.ops.fa3_waves), which caps FA3's splits
 from each call's own lengths, the cap a step needs is known only from its lengths: up to
 WAVE_CAPS_PER_BATCH more graphs hold FA3 at the caps such steps mostly need, and label()
-picks one where the step's lengths need exactly that cap.
+picks one where the step's lengths need exactly that cap. So do classes that run FA3's plain
+default, where every call of the graph may be capped alike (default_cap_call): a record that
+keeps the default was not beaten over its trials' batches, but FA3 spills past one wave on
+some batches of any bucket, and a record swept before wave_fit existed (the shipped ones)
+never asked. Each such graph is judged against the base graph per class of steps, as every
+variant is (tuner.integrations.replay_judge).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -41,10 +47,11 @@ import numpy as np
 import torch
 
 from tuner import settings
+from tuner.db.fingerprint import library_version
 from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
 from tuner.keys import kv_len_bucket
 from tuner.ops.base import sm_count
-from tuner.ops.fa3_waves import WAVE_FIT, block_m, wave_args, wave_cap
+from tuner.ops.fa3_waves import MODELLED_SGL_KERNEL, WAVE_FIT, block_m, static_splits, wave_args, wave_cap
 from tuner.runtime.capture import DeclaredLengths, graph_capture
 from tuner.workload.traffic import is_dense
 
@@ -63,10 +70,10 @@ class StepLengths(DeclaredLengths):
 
     records_misses = False  # a class of lengths tuner made up, not a deployment's traffic
 
-    def __init__(self, kv_len: int, dense: bool, fa3_cap: int = 0) -> None:
+    def __init__(self, kv_len: int, dense: bool, fa3_cap: int = 0, default_capped: bool = False) -> None:
         super().__init__(None)
         self.known = self.per_sequence = True
-        self.top, self.dense, self.fa3_cap = kv_len, dense, fa3_cap
+        self.top, self.dense, self.fa3_cap, self.default_capped = kv_len, dense, fa3_cap, default_capped
 
     def kv_len(self, batch: int) -> int:
         return self.top
@@ -99,6 +106,13 @@ class Pick(NamedTuple):
     step_class: tuple
 
 
+def _canonical(config: Config) -> str:
+    return repr(sorted(config.items()))
+
+
+_FA3_DEFAULT_TEXT = _canonical({"backend": "fa3", "num_splits": 0, "pack_gqa": None})
+
+
 def captured_configs(calls: Sequence[tuple], batch: int) -> tuple[str, ...]:
     """What each decode_attention call (its positional arguments, as a graph captures it: no
     host lengths) runs under the active declaration, as canonical text: of a by_fill record
@@ -106,7 +120,7 @@ def captured_configs(calls: Sequence[tuple], batch: int) -> tuple[str, ...]:
     out = []
     for call in calls:
         config = declared_branch(decode_attention.tuner.config_for(*call), batch)
-        out.append(repr(sorted(graph_runs(config, call).items())))
+        out.append(_canonical(graph_runs(config, call)))
     return tuple(out)
 
 
@@ -128,11 +142,42 @@ class _WaveSteps:
     labels: dict[int, str]
 
 
+@functools.cache
+def _modelled_fa3_installed() -> bool:
+    """Whether the installed sgl-kernel's FA3 scheduler is one the wave model was read from."""
+    return library_version(("sglang-kernel", "sgl-kernel"), "sgl_kernel") in MODELLED_SGL_KERNEL
+
+
+def _tiles_per_split(shape: dict[str, int]) -> int:
+    return shape["num_kv_heads"] * -(-(shape["q_len"] * shape["q_per_kv"]) // block_m(shape["head_dim"]))
+
+
+def default_cap_call(calls: Sequence[tuple], batch: int, base: tuple[str, ...]) -> tuple | None:
+    """The call whose shape cap graphs of FA3's default are planned on, where they may be
+    (settings.graph_wave_caps, and an sgl-kernel whose FA3 the model follows): every call
+    of the graph runs FA3's plain default in the base graph, with 16-bit q and cache, no
+    window and one shape (a cap graph caps every such call alike), and FA3's tiles at this
+    batch size can spill past one wave but fit two; else None."""
+    if not calls or not settings.graph_wave_caps() or not _modelled_fa3_installed():
+        return None
+    if set(base) != {_FA3_DEFAULT_TEXT}:
+        return None
+    q, k_cache, page_table = calls[0][0], calls[0][1], calls[0][3]
+    shape = wave_args(q, k_cache, page_table, sm_count(q.device.index))
+    for call in calls:
+        if (call[0].dtype not in (torch.bfloat16, torch.float16) or call[1].dtype != call[0].dtype
+                or tuple(call[7]) != (-1, -1) or wave_args(call[0], call[1], call[3], shape["sms"]) != shape):
+            return None
+    tiles = _tiles_per_split(shape)
+    most_splits = static_splits(tiles, shape["table_keys"], shape["head_dim"], shape["sms"])
+    can_spill = batch * tiles * most_splits > shape["sms"] and batch * tiles <= 2 * shape["sms"]
+    return calls[0] if can_spill else None
+
+
 def _planned_caps(batch: int, shape: dict[str, int]) -> list[int]:
     """The caps given graphs at this batch size (WAVE_CAPS_PER_BATCH, from the one that fits a
     batch of like sequences in one wave)."""
-    tiles = shape["num_kv_heads"] * -(-(shape["q_len"] * shape["q_per_kv"]) // block_m(shape["head_dim"]))
-    fits = max(shape["sms"] // (batch * tiles), 1)
+    fits = max(shape["sms"] // (batch * _tiles_per_split(shape)), 1)
     return list(range(fits, fits + WAVE_CAPS_PER_BATCH))
 
 
@@ -166,6 +211,7 @@ class GraphVariants:
         bound = max(int(c[5]) for c in calls)
         with graph_capture():  # what the base graph runs: lengths unknown
             base = captured_configs(calls, batch)
+        default_call = default_cap_call(calls, batch, base)
         groups: dict[tuple[str, ...], list[tuple[int, bool]]] = {}
         wave_classes: dict[tuple[str, ...], list[tuple[int, bool]]] = {}  # by what they run, uncapped
         wave_call = None
@@ -176,6 +222,8 @@ class GraphVariants:
                 with graph_capture(StepLengths(1 << exponent, dense)):
                     configs = captured_configs(calls, batch)
                     found = _wave_fit_call(calls, batch)
+                if found is None and default_call is not None and configs == base:
+                    found = default_call  # (a class that runs FA3's default)
                 if found is not None:
                     wave_classes.setdefault(configs, []).append((1 << exponent, dense))
                     wave_call = wave_call or found
@@ -187,17 +235,19 @@ class GraphVariants:
             variants.append(Variant(label, StepLengths(*classes[0]), configs))
             self._labels[batch].update(dict.fromkeys(classes, label))
         if wave_call is not None:  # the longest classes' set: a cap graph runs their configs for every call
-            variants += self._plan_caps(batch, calls, wave_call, next(iter(wave_classes.values())), len(variants))
+            variants += self._plan_caps(batch, calls, wave_call, next(iter(wave_classes.values())), len(variants),
+                                        default_capped=default_call is not None)
         return variants
 
     def _plan_caps(self, batch: int, calls: list[tuple], wave_call: tuple, classes: list[tuple[int, bool]],
-                   taken: int) -> list[Variant]:
+                   taken: int, default_capped: bool = False) -> list[Variant]:
         """The graphs of FA3 at the caps _planned_caps names, for classes whose record is wave_fit
-        and whose other calls run alike (so a step of any of them may replay the graph)."""
+        (or, default_capped, FA3's plain default) and whose other calls run alike (so a step of
+        any of them may replay the graph)."""
         q, k_cache, page_table = wave_call[0], wave_call[1], wave_call[3]
         shape, variants, labels = wave_args(q, k_cache, page_table, sm_count(q.device.index)), [], {}
         for cap in _planned_caps(batch, shape):
-            lengths = StepLengths(*classes[0], fa3_cap=cap)
+            lengths = StepLengths(*classes[0], fa3_cap=cap, default_capped=default_capped)
             with graph_capture(lengths):
                 configs = captured_configs(calls, batch)
             label = f"{LABEL_PREFIX}{taken + len(variants) + 1}"

@@ -43,9 +43,10 @@ from typing import Any
 import torch
 
 from tuner import settings
-from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
+from tuner.integrations.decode_attention import declared_branch, decode_attention, eager_config, graph_runs
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.integrations.replay_judge import ReplayJudge
+from tuner.ops.fa3_waves import WAVE_FIT
 from tuner.runtime.capture import graph_capture
 from tuner.runtime.state import runtime, stream_capturing
 
@@ -125,7 +126,7 @@ def backend_class() -> type:
                 call = decode_call(self, q, layer, forward_batch, kwargs.get("sinks"), in_graph)
                 if in_graph:
                     note_graph_call(self, call)
-                config = resolve_config(call)
+                config = runs_of(resolve_config(call), call, in_graph)
                 if not is_fa3_default(config):
                     return tuned_decode(self, k, v, layer, forward_batch, save_kv_cache, call, config)
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
@@ -191,6 +192,18 @@ def decode_call(backend: Any, q: torch.Tensor, layer: Any, forward_batch: Any, s
 def resolve_config(call: tuple) -> dict[str, Any]:
     """The config decode_attention runs for the call (its DB record, graph record, or default)."""
     return decode_attention.tuner.config_for(*call)
+
+
+def runs_of(config: dict[str, Any], call: tuple, in_graph: bool) -> dict[str, Any]:
+    """The FA3 config a covered call runs: a wave_fit config at the cap of the step's host
+    lengths (eager) or of the graph variant being captured (a cap graph, which caps FA3's
+    default too: tuner.integrations.graph_variants), FA3's own choice elsewhere; any other
+    config as resolved (decode_attention runs it)."""
+    if config.get("backend") != "fa3":
+        return config
+    if in_graph:
+        return graph_runs(config, call)
+    return eager_config(config, *call) if WAVE_FIT in config else config
 
 
 def is_fa3_default(config: dict[str, Any]) -> bool:

@@ -32,6 +32,9 @@ from tuner.workload.inputs import DecodeInputs
 from tuner.workload.shapes import DecodeShape
 
 WAVE_FIT = "wave_fit"  # the knob: {"num_splits": 0, "pack_gqa": None, "wave_fit": True}
+# the sgl-kernel releases whose FA3 scheduler this models (read in its source; timed on the H200
+# and H100): where FA3's default runs, graph variants add cap graphs only with one of these
+MODELLED_SGL_KERNEL = frozenset({"0.4.5"})
 MAX_BATCH = 992  # past this FA3's scheduler gives every sequence one split
 # FA3's blocks_per_sm margin (flash_prepare_scheduler.cu), in float32 as it computes it
 _F32 = struct.Struct("f")

@@ -72,6 +72,9 @@ class DeclaredLengths:
     # the num_splits a wave_fit FA3 config runs in a graph captured under it (0: FA3's own
     # choice); set by a graph variant made for the steps whose FA3 tiles fit that cap
     fa3_cap = 0
+    # whether FA3's plain default runs at fa3_cap too (a cap graph of a batch size whose steps
+    # run FA3's default: tuner.integrations.graph_variants)
+    default_capped = False
 
     def __init__(self, lengths: int | Iterable[int] | None) -> None:
         self.known = lengths is not None
