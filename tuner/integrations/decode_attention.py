@@ -366,7 +366,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         config = _fill_config(config, q.shape[0], max_kv_len, seq_lens_host)
     if WAVE_FIT in config:
         config = _wave_config(config, q, k_cache, page_table, seq_lens_host)
-    elif config["backend"] == "fa3" and runtime.declared_lengths is not None:  # (a cap graph's capture)
+    elif runtime.declared_lengths is not None and config["backend"] == "fa3":  # (a cap graph's capture)
         config = _as_captured(config)
     return run_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                     sinks, seq_lens_host, out)
