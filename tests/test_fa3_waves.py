@@ -235,11 +235,15 @@ def test_the_caps_kept_are_bounded_and_large_batches_are_modelled_each_time(monk
     assert len(modelled) == 6
 
 
-def _default_cap_call(batch=3, dtype="bfloat16", window=(-1, -1)):
-    """A graph's decode call at a 16k bound (48/8 heads), with no record: FA3's default runs."""
-    shape = DecodeShape(batch=batch, kv_len=64, num_q_heads=48, num_kv_heads=8, head_dim=16, dtype=dtype)
+def _default_cap_call(batch=3, dtype="bfloat16", window=None, kv_heads=8):
+    """A graph's decode call at a 16k bound (6 q heads a kv head), with no record: FA3's
+    default runs. Its positional arguments up to max_kv_len, as the README's example passes
+    them, or up to the window where one is given."""
+    shape = DecodeShape(batch=batch, kv_len=64, num_q_heads=6 * kv_heads, num_kv_heads=kv_heads, head_dim=16,
+                        dtype=dtype)
     inputs = make_decode_inputs(shape, seq_lens=[17] * batch, table_width=16384)
-    return (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 16384, True, window)
+    call = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 16384)
+    return call if window is None else (*call, True, window)
 
 
 @pytest.fixture
@@ -278,12 +282,15 @@ def test_a_graph_that_runs_fa3s_default_gets_cap_graphs_and_a_step_replays_the_o
     assert variants.label(3, [15000, 300, 300]) is None  # a cap would not pay
 
 
-@pytest.mark.parametrize("why_not", ["another sgl-kernel", "switched off", "a window", "32-bit", "batch 1"])
+@pytest.mark.parametrize("why_not", ["another sgl-kernel", "switched off", "a window", "32-bit", "batch 1",
+                                     "batch 40"])
 def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_can_spill(
         modelled_fa3, monkeypatch, why_not):
     """A release whose FA3 the model was not read from, $TUNER_GRAPH_WAVE_CAPS=0, a window (its
     keys are not its lengths), 32-bit elements, or a batch size whose tiles fit one wave at
-    FA3's most splits (batch 1 with 8 kv heads: 15 x 8 = 120 tiles on 132 SMs) plan none."""
+    FA3's most splits (batch 1 with 8 kv heads: 15 x 8 = 120 tiles on 132 SMs) plan none;
+    nor a batch past the sizes whose cap the host step keeps (40 sequences of one kv head
+    could spill, but the model would run at every step)."""
     from tuner.integrations import graph_variants
 
     batch, args = 3, {}
@@ -295,8 +302,10 @@ def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_c
         args = dict(window=(4095, 0))
     elif why_not == "32-bit":
         args = dict(dtype="float32")
-    else:
+    elif why_not == "batch 1":
         batch = 1
+    else:
+        batch, args = 40, dict(kv_heads=1)
     assert graph_variants.GraphVariants(max_variants=8).plan(batch, [_default_cap_call(batch, **args)]) == []
 
 

@@ -51,7 +51,7 @@ from tuner.db.fingerprint import library_version
 from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
 from tuner.keys import kv_len_bucket
 from tuner.ops.base import sm_count
-from tuner.ops.fa3_waves import MODELLED_SGL_KERNEL, WAVE_FIT, block_m, static_splits, wave_args, wave_cap
+from tuner.ops.fa3_waves import KEPT_BATCH, MODELLED_SGL_KERNEL, WAVE_FIT, block_m, static_splits, wave_args, wave_cap
 from tuner.runtime.capture import DeclaredLengths, graph_capture
 from tuner.workload.traffic import is_dense
 
@@ -157,16 +157,19 @@ def default_cap_call(calls: Sequence[tuple], batch: int, base: tuple[str, ...]) 
     (settings.graph_wave_caps, and an sgl-kernel whose FA3 the model follows): every call
     of the graph runs FA3's plain default in the base graph, with 16-bit q and cache, no
     window and one shape (a cap graph caps every such call alike), and FA3's tiles at this
-    batch size can spill past one wave but fit two; else None."""
-    if not calls or not settings.graph_wave_caps() or not _modelled_fa3_installed():
+    batch size can spill past one wave but fit two; else None. Not past KEPT_BATCH
+    sequences: there the model would run in every step's host step (tens of us; a smaller
+    batch's cap is kept per batch of kv blocks), for gains no run has measured."""
+    if not calls or batch > KEPT_BATCH or not settings.graph_wave_caps() or not _modelled_fa3_installed():
         return None
     if set(base) != {_FA3_DEFAULT_TEXT}:
         return None
     q, k_cache, page_table = calls[0][0], calls[0][1], calls[0][3]
     shape = wave_args(q, k_cache, page_table, sm_count(q.device.index))
     for call in calls:
+        window = tuple(call[7]) if len(call) > 7 else (-1, -1)  # (decode_attention's default)
         if (call[0].dtype not in (torch.bfloat16, torch.float16) or call[1].dtype != call[0].dtype
-                or tuple(call[7]) != (-1, -1) or wave_args(call[0], call[1], call[3], shape["sms"]) != shape):
+                or window != (-1, -1) or wave_args(call[0], call[1], call[3], shape["sms"]) != shape):
             return None
     tiles = _tiles_per_split(shape)
     most_splits = static_splits(tiles, shape["table_keys"], shape["head_dim"], shape["sms"])
