@@ -235,14 +235,14 @@ def test_the_caps_kept_are_bounded_and_large_batches_are_modelled_each_time(monk
     assert len(modelled) == 6
 
 
-def _default_cap_call(batch=3, dtype="bfloat16", window=None, kv_heads=8):
+def _default_cap_call(batch=3, dtype="bfloat16", window=None, kv_heads=8, bound=16384):
     """A graph's decode call at a 16k bound (6 q heads a kv head), with no record: FA3's
     default runs. Its positional arguments up to max_kv_len, as the README's example passes
     them, or up to the window where one is given."""
     shape = DecodeShape(batch=batch, kv_len=64, num_q_heads=6 * kv_heads, num_kv_heads=kv_heads, head_dim=16,
                         dtype=dtype)
-    inputs = make_decode_inputs(shape, seq_lens=[17] * batch, table_width=16384)
-    call = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 16384)
+    inputs = make_decode_inputs(shape, seq_lens=[17] * batch, table_width=bound)
+    call = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, bound)
     return call if window is None else (*call, True, window)
 
 
@@ -278,19 +278,53 @@ def test_a_graph_that_runs_fa3s_default_gets_cap_graphs_and_a_step_replays_the_o
     decode_attention(*call)  # eager, outside any capture: FA3's own choice (no record asks for a cap)
     assert modelled_fa3 == [5, 6, 0, 0]
     assert variants.label(3, [11049, 10500, 8200]) == "tuner-1"
+    assert variants.label(3, [7219, 5871, 7554]) == "tuner-1"  # a shorter bucket's step, the same cap
     assert variants.label(3, [11049, 11000, 11000]) is None  # one wave already: the base graph
     assert variants.label(3, [15000, 300, 300]) is None  # a cap would not pay
 
 
+def test_a_wave_fit_records_classes_keep_the_cap_graphs_where_fa3s_default_runs_longer_ones(
+        modelled_fa3, db_path):
+    """Cap graphs hold one set of configs. Two keys of one shape in a graph at a 32k bound: at
+    kv 16k one key's record is wave_fit and the other's Triton, and at 32k both keep FA3's
+    default. The record's classes keep the cap graphs (as without caps of the default), not
+    the longer default ones, which would run the 16k steps' wave_fit call uncapped."""
+    import tuner
+    from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
+    from tuner.integrations.graph_variants import GraphVariants
+
+    triton = {"backend": "triton_decode", "block_n": 64, "num_kv_splits": 8, "num_warps": 4, "num_stages": 2}
+    default = {"backend": "fa3", "num_splits": 0, "pack_gqa": None}
+    with TuningDB(db_path) as db:
+        for softcap, kv_len, config in ((0.0, 16384, WAVE), (30.0, 16384, triton), (0.0, 32768, default),
+                                        (30.0, 32768, default)):
+            shape = DecodeShape(batch=3, kv_len=kv_len, num_q_heads=48, num_kv_heads=8, head_dim=16,
+                                dtype="bfloat16", softcap=softcap, lengths="serving")
+            db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
+                           (current_fingerprint_id(), current_fingerprint()), config, median_us=1.0,
+                           spread_us=0.0, samples=3, default_config=default, default_median_us=1.2,
+                           default_spread_us=0.0, method={})
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    inputs = make_decode_inputs(DecodeShape(batch=3, kv_len=64, num_q_heads=48, num_kv_heads=8, head_dim=16,
+                                            dtype="bfloat16"), seq_lens=[17] * 3, table_width=32768)
+    plain = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, 32768, True, (-1, -1))
+    variants = GraphVariants(max_variants=8)
+    plan = variants.plan(3, [(*plain, 0.0), (*plain, 30.0)])
+    capped = [v for v in plan if v.lengths.fa3_cap]
+    assert [(v.lengths.top, v.lengths.fa3_cap) for v in capped] == [(16384, 5), (16384, 6)]
+    assert variants.label(3, [11049, 10500, 8200]) == capped[0].label
+
+
 @pytest.mark.parametrize("why_not", ["another sgl-kernel", "switched off", "a window", "32-bit", "batch 1",
-                                     "batch 40"])
+                                     "batch 40", "a short table"])
 def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_can_spill(
         modelled_fa3, monkeypatch, why_not):
     """A release whose FA3 the model was not read from, $TUNER_GRAPH_WAVE_CAPS=0, a window (its
     keys are not its lengths), 32-bit elements, or a batch size whose tiles fit one wave at
     FA3's most splits (batch 1 with 8 kv heads: 15 x 8 = 120 tiles on 132 SMs) plan none;
     nor a batch past the sizes whose cap the host step keeps (40 sequences of one kv head
-    could spill, but the model would run at every step)."""
+    could spill, but the model would run at every step); nor a table FA3 never splits (at
+    most 4 kv blocks: a 512-key bound)."""
     from tuner.integrations import graph_variants
 
     batch, args = 3, {}
@@ -304,8 +338,10 @@ def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_c
         args = dict(dtype="float32")
     elif why_not == "batch 1":
         batch = 1
-    else:
+    elif why_not == "batch 40":
         batch, args = 40, dict(kv_heads=1)
+    else:  # (20 x 8 tiles without splits spill, but FA3 splits no sequence of a 512-key table)
+        batch, args = 20, dict(bound=512)
     assert graph_variants.GraphVariants(max_variants=8).plan(batch, [_default_cap_call(batch, **args)]) == []
 
 

@@ -308,6 +308,14 @@ def _wave_config(config: Config, q: torch.Tensor, k_cache: torch.Tensor, page_ta
     return plain
 
 
+def wave_resolved(config: Config, call: tuple) -> Config:
+    """The plain FA3 config a wave_fit config runs for a call with these positional arguments,
+    as decode_attention runs it (_wave_splits: its host lengths' cap, kept while the same CPU
+    tensor comes again unchanged; FA3's own choice without them)."""
+    c = _call(*call)
+    return _wave_config(config, c.q, c.k_cache, c.page_table, c.seq_lens_host)
+
+
 def declared_branch(config: Config, batch: int) -> Config:
     """The config a call runs inside tuner.graph_capture(lengths): a by_fill config's dense
     one where at least settings.DECLARED_DENSE_SHARE of the time of the declared lengths'

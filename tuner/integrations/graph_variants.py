@@ -81,9 +81,10 @@ class StepLengths(DeclaredLengths):
     def fill_share(self, batch: int, fill: float) -> float | None:
         return 1.0 if self.dense else 0.0
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # (also what tensor-parallel ranks compare of their plans)
         cap = f", FA3 cap {self.fa3_cap}" if self.fa3_cap else ""
-        return f"StepLengths({self.top}, {'dense' if self.dense else 'not dense'}{cap})"
+        default = ", FA3's default capped" if self.default_capped else ""
+        return f"StepLengths({self.top}, {'dense' if self.dense else 'not dense'}{cap}{default})"
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,8 @@ def default_cap_call(calls: Sequence[tuple], batch: int, base: tuple[str, ...]) 
             return None
     tiles = _tiles_per_split(shape)
     most_splits = static_splits(tiles, shape["table_keys"], shape["head_dim"], shape["sms"])
-    can_spill = batch * tiles * most_splits > shape["sms"] and batch * tiles <= 2 * shape["sms"]
+    # (FA3 does not split a table of at most 4 kv blocks: no step of it would need a cap)
+    can_spill = most_splits > 1 and batch * tiles * most_splits > shape["sms"] and batch * tiles <= 2 * shape["sms"]
     return calls[0] if can_spill else None
 
 
@@ -217,6 +219,7 @@ class GraphVariants:
         default_call = default_cap_call(calls, batch, base)
         groups: dict[tuple[str, ...], list[tuple[int, bool]]] = {}
         wave_classes: dict[tuple[str, ...], list[tuple[int, bool]]] = {}  # by what they run, uncapped
+        recorded: set[tuple[str, ...]] = set()  # the groups of wave_classes a wave_fit record is in
         wave_call = None
         for exponent in range(kv_len_bucket(bound).bit_length() - 1, -1, -1):  # longest first
             for dense in (True, False):
@@ -225,11 +228,13 @@ class GraphVariants:
                 with graph_capture(StepLengths(1 << exponent, dense)):
                     configs = captured_configs(calls, batch)
                     found = _wave_fit_call(calls, batch)
-                if found is None and default_call is not None and configs == base:
+                if found is not None:
+                    recorded.add(configs)
+                    wave_call = wave_call or found
+                elif default_call is not None and configs == base:
                     found = default_call  # (a class that runs FA3's default)
                 if found is not None:
                     wave_classes.setdefault(configs, []).append((1 << exponent, dense))
-                    wave_call = wave_call or found
                 if configs != base:
                     groups.setdefault(configs, []).append((1 << exponent, dense))
         variants = []
@@ -237,8 +242,9 @@ class GraphVariants:
             label = f"{LABEL_PREFIX}{len(variants) + 1}"
             variants.append(Variant(label, StepLengths(*classes[0]), configs))
             self._labels[batch].update(dict.fromkeys(classes, label))
-        if wave_call is not None:  # the longest classes' set: a cap graph runs their configs for every call
-            variants += self._plan_caps(batch, calls, wave_call, next(iter(wave_classes.values())), len(variants),
+        if wave_classes:  # a cap graph runs one set's configs for every call: a record's first, then the longest
+            capped = next((c for c in wave_classes if c in recorded), next(iter(wave_classes)))
+            variants += self._plan_caps(batch, calls, wave_call or default_call, wave_classes[capped], len(variants),
                                         default_capped=default_call is not None)
         return variants
 

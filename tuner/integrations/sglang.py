@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from tuner import settings
-from tuner.integrations.decode_attention import declared_branch, decode_attention, eager_config, graph_runs
+from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs, wave_resolved
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.integrations.replay_judge import ReplayJudge
 from tuner.ops.fa3_waves import WAVE_FIT
@@ -203,7 +203,7 @@ def runs_of(config: dict[str, Any], call: tuple, in_graph: bool) -> dict[str, An
         return config
     if in_graph:
         return graph_runs(config, call)
-    return eager_config(config, *call) if WAVE_FIT in config else config
+    return wave_resolved(config, call) if WAVE_FIT in config else config
 
 
 def is_fa3_default(config: dict[str, Any]) -> bool:

@@ -73,7 +73,8 @@ class DeclaredLengths:
     # choice); set by a graph variant made for the steps whose FA3 tiles fit that cap
     fa3_cap = 0
     # whether FA3's plain default runs at fa3_cap too (a cap graph of a batch size whose steps
-    # run FA3's default: tuner.integrations.graph_variants)
+    # run FA3's default: tuner.integrations.graph_variants, which checks the graph's calls
+    # first); every FA3-default call under it is capped, a caller's explicit config= too
     default_capped = False
 
     def __init__(self, lengths: int | Iterable[int] | None) -> None:
