@@ -316,7 +316,7 @@ def test_a_wave_fit_records_classes_keep_the_cap_graphs_where_fa3s_default_runs_
 
 
 @pytest.mark.parametrize("why_not", ["another sgl-kernel", "switched off", "a window", "32-bit", "batch 1",
-                                     "batch 40", "a short table"])
+                                     "batch 40", "a short table", "two shapes"])
 def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_can_spill(
         modelled_fa3, monkeypatch, why_not):
     """A release whose FA3 the model was not read from, $TUNER_GRAPH_WAVE_CAPS=0, a window (its
@@ -324,7 +324,7 @@ def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_c
     FA3's most splits (batch 1 with 8 kv heads: 15 x 8 = 120 tiles on 132 SMs) plan none;
     nor a batch past the sizes whose cap the host step keeps (40 sequences of one kv head
     could spill, but the model would run at every step); nor a table FA3 never splits (at
-    most 4 kv blocks: a 512-key bound)."""
+    most 4 kv blocks: a 512-key bound); nor a graph whose calls differ in shape."""
     from tuner.integrations import graph_variants
 
     batch, args = 3, {}
@@ -340,9 +340,12 @@ def test_no_cap_graph_of_fa3s_default_where_the_model_does_not_hold_or_no_step_c
         batch = 1
     elif why_not == "batch 40":
         batch, args = 40, dict(kv_heads=1)
-    else:  # (20 x 8 tiles without splits spill, but FA3 splits no sequence of a 512-key table)
+    elif why_not == "a short table":  # (20 x 8 tiles without splits spill, but FA3 splits no 512-key table)
         batch, args = 20, dict(bound=512)
-    assert graph_variants.GraphVariants(max_variants=8).plan(batch, [_default_cap_call(batch, **args)]) == []
+    calls = [_default_cap_call(batch, **args)]
+    if why_not == "two shapes":  # (a cap graph caps every call alike: one shape's cap would not fit the other)
+        calls.append(_default_cap_call(batch, kv_heads=4))
+    assert graph_variants.GraphVariants(max_variants=8).plan(batch, calls) == []
 
 
 def test_the_modelled_sgl_kernel_is_read_from_the_installed_release(monkeypatch):
