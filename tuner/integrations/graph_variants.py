@@ -51,7 +51,8 @@ from tuner.db.fingerprint import library_version
 from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs
 from tuner.keys import kv_len_bucket
 from tuner.ops.base import sm_count
-from tuner.ops.fa3_waves import KEPT_BATCH, MODELLED_SGL_KERNEL, WAVE_FIT, block_m, static_splits, wave_args, wave_cap
+from tuner.ops.fa3_waves import (KEPT_BATCH, MODELLED_SGL_KERNEL, WAVE_FIT, static_splits, tiles_per_split, wave_args,
+                                 wave_cap)
 from tuner.runtime.capture import DeclaredLengths, graph_capture
 from tuner.workload.traffic import is_dense
 
@@ -149,10 +150,6 @@ def _modelled_fa3_installed() -> bool:
     return library_version(("sglang-kernel", "sgl-kernel"), "sgl_kernel") in MODELLED_SGL_KERNEL
 
 
-def _tiles_per_split(shape: dict[str, int]) -> int:
-    return shape["num_kv_heads"] * -(-(shape["q_len"] * shape["q_per_kv"]) // block_m(shape["head_dim"]))
-
-
 def default_cap_call(calls: Sequence[tuple], batch: int, base: tuple[str, ...]) -> tuple | None:
     """The call whose shape cap graphs of FA3's default are planned on, where they may be
     (settings.graph_wave_caps, and an sgl-kernel whose FA3 the model follows): every call
@@ -172,7 +169,7 @@ def default_cap_call(calls: Sequence[tuple], batch: int, base: tuple[str, ...]) 
         if (call[0].dtype not in (torch.bfloat16, torch.float16) or call[1].dtype != call[0].dtype
                 or window != (-1, -1) or wave_args(call[0], call[1], call[3], shape["sms"]) != shape):
             return None
-    tiles = _tiles_per_split(shape)
+    tiles = tiles_per_split(**shape)
     most_splits = static_splits(tiles, shape["table_keys"], shape["head_dim"], shape["sms"])
     # (FA3 does not split a table of at most 4 kv blocks: no step of it would need a cap)
     can_spill = most_splits > 1 and batch * tiles * most_splits > shape["sms"] and batch * tiles <= 2 * shape["sms"]
@@ -182,7 +179,7 @@ def default_cap_call(calls: Sequence[tuple], batch: int, base: tuple[str, ...]) 
 def _planned_caps(batch: int, shape: dict[str, int]) -> list[int]:
     """The caps given graphs at this batch size (WAVE_CAPS_PER_BATCH, from the one that fits a
     batch of like sequences in one wave)."""
-    fits = max(shape["sms"] // (batch * _tiles_per_split(shape)), 1)
+    fits = max(shape["sms"] // (batch * tiles_per_split(**shape)), 1)
     return list(range(fits, fits + WAVE_CAPS_PER_BATCH))
 
 

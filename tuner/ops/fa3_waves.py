@@ -55,6 +55,12 @@ def block_m(head_dim: int) -> int:
     return 192 if head_dim <= 96 else 128
 
 
+def tiles_per_split(num_kv_heads: int, q_per_kv: int, q_len: int, head_dim: int, **_: int) -> int:
+    """FA3's work tiles for one split of one sequence: its kv heads x the blocks of their
+    packed queries (takes wave_args' dict, whose other keys it ignores)."""
+    return num_kv_heads * -(-(q_len * q_per_kv) // block_m(head_dim))
+
+
 def static_splits(tiles: int, table_keys: int, head_dim: int, sms: int) -> int:
     """FA3's host cap on each sequence's splits when the caller passes num_splits=0
     (num_splits_heuristic with the varlen scheduler's batch of 1): tiles is kv heads x the
@@ -128,7 +134,7 @@ def fa3_splits(lengths: Any, *, num_kv_heads: int, q_per_kv: int, q_len: int, he
     these lengths with num_splits=0; None where no cap could make one wave of it (past two
     waves of tiles without splits, or more than FA3's varlen scheduler takes) or FA3 would
     not split it at all."""
-    tiles = num_kv_heads * -(-(q_len * q_per_kv) // block_m(head_dim))  # tiles per split of a sequence
+    tiles = tiles_per_split(num_kv_heads, q_per_kv, q_len, head_dim)
     batch = len(lengths)
     if not batch or batch > MAX_BATCH or batch * tiles > 2 * sms:
         return None
@@ -203,8 +209,7 @@ def fits_shape(shape: DecodeShape) -> bool:
     """Whether a wave_fit config can differ from FA3's default for the shape: 16-bit
     elements, no sliding window (its keys per sequence are not its length), a batch whose
     tiles without splits fit two waves."""
-    q_rows = shape.q_len * (shape.num_q_heads // shape.num_kv_heads)  # a kv head's queries, packed
-    tiles = shape.num_kv_heads * -(-q_rows // block_m(shape.head_dim))
+    tiles = tiles_per_split(shape.num_kv_heads, shape.num_q_heads // shape.num_kv_heads, shape.q_len, shape.head_dim)
     return (shape.dtype in ("bfloat16", "float16") and tuple(shape.window) == (-1, -1)
             and shape.batch * tiles <= 2 * sm_count())
 
