@@ -71,6 +71,7 @@ from common.sglang_step_timing import ENV as STEP_TIMING_ENV
 from common.sglang_step_timing import install as install_step_timing
 from common.sglang_step_timing import install_own as install_own_step_timing
 from common.sglang_step_timing import medians_text, step_timings
+from common.step_floor import step_floor
 
 BUILT_IN = ("fa3", "flashinfer", "triton")
 # tuner's workers under other settings, beside the plain one in the same run (a diagnosis of
@@ -489,7 +490,7 @@ def agreements(logits_files: dict[str, Path]) -> dict[str, float]:
 def document(args: argparse.Namespace, started: float, results: dict, logits_files: dict[str, Path],
              out: Path) -> dict:
     config = dict(CONFIGS[args.model], **({"num_hidden_layers": args.layers} if args.layers else {}))
-    return dict(header("sglang_e2e", started), model=args.model, config=config,
+    doc = dict(header("sglang_e2e", started), model=args.model, config=config,
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len, rounds=args.rounds,
                 capture_bs=getattr(args, "capture_bs", "run"), lengths=getattr(args, "lengths", "equal"),
                 max_prefill_tokens=MAX_PREFILL_TOKENS, mem_fraction=getattr(args, "mem_fraction", None),
@@ -501,6 +502,25 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
                 skipped=skipped_points(results),
                 capture_seconds_median={b: statistics.median(c["seconds"] for c in r["latency"]["capture"].values())
                                         for b, r in results.items() if r.get("latency", {}).get("capture")})
+    return with_step_floors(doc, args)
+
+
+def with_step_floors(doc: dict, args: argparse.Namespace) -> dict:
+    """Each summary entry with its decode step's floor (common.step_floor, at the card's nominal
+    bandwidth, the median measured step's lengths: the prompts plus half the output, each rank's
+    share under tensor parallelism) and each backend's floor over its median step (of_floor):
+    how far from the card a step runs, and how much of it attention is."""
+    equal = getattr(args, "lengths", "equal") == "equal"
+    ranks = getattr(args, "tp", 1) or 1
+    for entry in doc["summary"]:
+        batch, input_len = entry["batch"], entry["input_len"]
+        prompts = [input_len] * batch if equal else spread_lengths(batch, input_len)
+        floor = step_floor(doc["config"], [n + doc["output_len"] // 2 for n in prompts],
+                           doc["environment"].get("device", ""), ranks)
+        if floor is not None:
+            entry["step_floor"] = dict(floor, of_floor={
+                b: floor["floor_ms"] / (1e3 * batch / entry[b]) for b in (*BUILT_IN, *TUNER_SETTINGS) if entry.get(b)})
+    return doc
 
 
 def with_tuner_graphs(summary: list[dict], results: dict) -> list[dict]:

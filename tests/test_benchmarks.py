@@ -1303,3 +1303,40 @@ def test_the_tracked_tree_leaves_room_for_a_gpu_staging_part():
     largest = sorted(paths, key=lambda p: p.stat().st_size if p.is_file() else 0)[-3:]
     assert size <= TRACKED_TREE_MAX_MIB * 2**20, (
         f"the tracked tree holds {size / 2**20:.1f} MiB; largest: {[str(p.relative_to(ROOT)) for p in largest]}")
+
+
+def test_a_decode_steps_floor_counts_llama_8bs_published_weights_and_its_kv_per_token():
+    """The floor's bytes: Llama 3.1 8B's 8,030,261,248 parameters less its embedding table
+    (only the batch's rows are read) and its 65 norms; 128 KiB of KV a token (32 layers x 8
+    kv heads x 128 x K and V x 2 bytes)."""
+    floor = benchmark_module("common.step_floor")
+    llama = benchmark_module("common.sglang_models").CONFIGS["llama-3.1-8b"]
+    assert floor.weight_bytes(llama) == 2 * (8_030_261_248 - 128256 * 4096 - 65 * 4096)
+    assert floor.kv_bytes(llama, [1000, 24]) == 1024 * 128 * 1024
+    at = floor.step_floor(llama, [65536] * 8, "NVIDIA H200")
+    assert at["floor_ms"] == pytest.approx((floor.weight_bytes(llama) + 8 * 65536 * 131072) / 4.8e12 * 1e3)
+    assert 0.5 < at["attention_share"] < 1
+    assert floor.step_floor(llama, [65536] * 8, "NVIDIA H200", ranks=2)["floor_ms"] == pytest.approx(at["floor_ms"] / 2)
+    assert floor.step_floor(llama, [65536] * 8, "NVIDIA A100-SXM4-80GB") is None  # no nominal bandwidth: no floor
+
+
+def test_sglang_e2e_gives_each_point_its_steps_floor_and_each_backends_share_of_it():
+    """Each summary entry: the floor of the median measured step (the prompts plus half the
+    output) and each backend's floor over its median step, from its decode throughput."""
+    e2e = benchmark_module("sglang_e2e")
+    floor = benchmark_module("common.step_floor")
+    config = e2e.CONFIGS["qwen2.5-7b-128k"]
+    doc = {"config": config, "output_len": 128, "environment": {"device": "NVIDIA H100 80GB HBM3"},
+           "summary": [{"batch": 8, "input_len": 65536, "fa3": 500.0, "tuner": 600.0, "flashinfer": None}]}
+    args = argparse.Namespace(lengths="spread", tp=1)
+    entry = e2e.with_step_floors(doc, args)["summary"][0]["step_floor"]
+    lens = [n + 64 for n in e2e.spread_lengths(8, 65536)]
+    assert entry["floor_ms"] == pytest.approx(floor.step_floor(config, lens, "H100 80GB HBM3")["floor_ms"])
+    assert set(entry["of_floor"]) == {"fa3", "tuner"}
+    assert entry["of_floor"]["fa3"] == pytest.approx(entry["floor_ms"] / 16.0)  # 8 tokens at 500/s: 16 ms a step
+    assert entry["of_floor"]["tuner"] / entry["of_floor"]["fa3"] == pytest.approx(1.2)
+    equal = e2e.with_step_floors(dict(doc, summary=[{"batch": 8, "input_len": 65536, "fa3": 500.0}]),
+                                 argparse.Namespace(lengths="equal", tp=1))
+    assert equal["summary"][0]["step_floor"]["kv_gb"] == pytest.approx(floor.kv_bytes(config, [65536 + 64] * 8) / 1e9)
+    cpu = e2e.with_step_floors(dict(doc, environment={"device": "cpu"}, summary=[{"batch": 8, "input_len": 1024}]), args)
+    assert "step_floor" not in cpu["summary"][0]
