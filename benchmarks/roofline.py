@@ -100,6 +100,20 @@ def serving_set(smoke: bool, heads: dict[str, dict]) -> list[tuple[dict, DecodeS
     return out
 
 
+def only_sizes(ap: argparse.ArgumentParser, chosen: list, batches: str | None, caps: str | None) -> list:
+    """The serving set's cases of these batch sizes and caps (each a comma-separated list, or
+    None: all), each keeping its lengths; none left, or a value that is not a number, is a
+    usage error."""
+    try:
+        wanted = [None if v is None else {int(x) for x in v.split(",")} for v in (batches, caps)]
+    except ValueError:
+        ap.error(f"--batches and --caps take comma-separated numbers, got {batches!r} and {caps!r}")
+    kept = [c for c in chosen if all(w is None or c[0][k] in w for w, k in zip(wanted, ("batch", "cap")))]
+    if not kept:
+        ap.error(f"--batches {batches} --caps {caps}: no case of the set")
+    return kept
+
+
 def grid_set(tunings: Path) -> list[tuple[dict, DecodeShape, list[int]]]:
     """Every shape of the shipped decode_attention records, full lengths, in a stride through
     them (a run cut short still spans the head configurations and sizes)."""
@@ -198,6 +212,8 @@ def main() -> None:
                          "others (shipped)")
     ap.add_argument("--models", help="only the head configurations whose name holds this text")
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
+    ap.add_argument("--batches", help="serving set: only these batch sizes, comma-separated (of serving.py's)")
+    ap.add_argument("--caps", help="serving set: only these length caps, comma-separated (of serving.py's)")
     ap.add_argument("--before", type=Path, help="an earlier tuner/ops/triton_decode.py, timed beside ours")
     args = ap.parse_args()
     wanted = set(args.backends.split(","))
@@ -217,6 +233,7 @@ def main() -> None:
         chosen = [c for c in chosen if args.models in c[0]["model"]]
         if not chosen:
             ap.error(f"--models {args.models!r} names no case")
+    chosen = only_sizes(ap, chosen, args.batches, args.caps) if args.set == "serving" or args.smoke else chosen
     todo = cases_of_this_run(ap, args, chosen)
     started = time.perf_counter()
 

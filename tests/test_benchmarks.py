@@ -1340,3 +1340,18 @@ def test_sglang_e2e_gives_each_point_its_steps_floor_and_each_backends_share_of_
     assert equal["summary"][0]["step_floor"]["kv_gb"] == pytest.approx(floor.kv_bytes(config, [65536 + 64] * 8) / 1e9)
     cpu = e2e.with_step_floors(dict(doc, environment={"device": "cpu"}, summary=[{"batch": 8, "input_len": 1024}]), args)
     assert "step_floor" not in cpu["summary"][0]
+
+
+def test_roofline_keeps_only_the_serving_cases_of_the_batch_sizes_and_caps_asked_for():
+    roofline = benchmark_module("roofline")
+    ap = argparse.ArgumentParser()
+    chosen = roofline.serving_set(False, {"llama": dict(num_q_heads=32, num_kv_heads=8)})
+    kept = roofline.only_sizes(ap, chosen, "8,24", "65536")
+    assert {(c[0]["batch"], c[0]["cap"]) for c in kept} == {(8, 65536), (24, 65536)}
+    assert len(kept) == 2 * 3  # every distribution
+    assert all(max(c[2]) <= 65536 for c in kept) and kept[0] in chosen  # each with its own lengths
+    assert roofline.only_sizes(ap, chosen, None, None) == chosen
+    for batches, caps in (("8,x", None), ("5", None)):  # not a number; no such case
+        with pytest.raises(SystemExit) as e:
+            roofline.only_sizes(ap, chosen, batches, caps)
+        assert e.value.code == 2
