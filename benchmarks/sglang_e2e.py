@@ -75,9 +75,10 @@ from common.step_floor import step_floor
 
 BUILT_IN = ("fa3", "flashinfer", "triton")
 # tuner's workers under other settings, beside the plain one in the same run (a diagnosis of
-# what a step costs: its graph variants, its replay judge): backend label -> the worker's environment
+# what a step costs: its graph variants, its replay judge), or with its FlashInfer graph variant
+# (off by default until measured): backend label -> the worker's environment
 TUNER_SETTINGS = {"tuner": {}, "tuner-novariants": {"TUNER_GRAPH_VARIANTS": "0"},
-                  "tuner-nojudge": {"TUNER_REPLAY_JUDGE": "0"}}
+                  "tuner-nojudge": {"TUNER_REPLAY_JUDGE": "0"}, "tuner-flashinfer": {"TUNER_SGLANG_FLASHINFER": "1"}}
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # a latency worker's backend, for the TP ranks bench_one_batch spawns (prepare_rank)
 RANK_SETUP = "TUNER_E2E_RANK_SETUP"
@@ -629,7 +630,8 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(CONFIGS))
     ap.add_argument("--backends", default="tuner,fa3,flashinfer,triton",
                     help="comma-separated: SGLang's fa3, flashinfer, triton, and tuner; tuner-novariants and "
-                         "tuner-nojudge run tuner without its graph variants or without its replay judge")
+                         "tuner-nojudge run tuner without its graph variants or without its replay judge, "
+                         "tuner-flashinfer with its FlashInfer graph variant (TUNER_SGLANG_FLASHINFER=1)")
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--input-lens", default="1024,4096,16384,32768")
     ap.add_argument("--output-len", type=int, default=128, help="decode steps per worker (its startup takes "

@@ -440,7 +440,7 @@ def test_a_variant_that_cannot_be_captured_leaves_its_steps_to_the_batch_sizes_g
 
 def test_a_plan_that_fails_leaves_the_batch_size_one_graph(sgl, db_path, monkeypatch):
     runner, step = _variant_runner(sgl, db_path)
-    monkeypatch.setattr(integration.GraphVariants, "plan", lambda *a: 1 / 0)
+    monkeypatch.setattr(integration.GraphVariants, "plan", lambda *a, **k: 1 / 0)
     with pytest.warns(RuntimeWarning, match="no graph variants for batch size 4 .ZeroDivisionError"):
         runner.capture_one_shape(4, step)
     assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
@@ -917,3 +917,132 @@ def test_a_judge_of_no_pairs_leaves_every_variant_as_planned(judged, monkeypatch
     monkeypatch.setenv("TUNER_REPLAY_JUDGE", "0")
     runner, clock = judged({None: 1.0, "tuner-1": 1.5})
     assert _labels(runner, 20) == ["tuner-1"] * 20 and clock.events == []
+
+
+@pytest.fixture
+def flashinfer_runner(sgl, db_path, monkeypatch):
+    """A batch-4 runner of tuner's backend with its FlashInfer variant asked for, the default's
+    classes and one record's (Triton at kv 2048), unjudged, on a CUDA machine as the runner
+    sees it; and the FlashInfer backends SGLang made."""
+    import tuner
+
+    _store(db_path, 2048, _triton(64, 8))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    monkeypatch.setenv("TUNER_REPLAY_JUDGE", "0")
+    monkeypatch.setenv("TUNER_SGLANG_FLASHINFER", "1")
+    current_fingerprint()
+    installed()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: sgl.capturing[0])
+    CAPTURES[0] += 1
+    integration.register()
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    model_runner = types.SimpleNamespace(token_to_kv_pool=pool, page_size=1)
+    backend = integration.create_backend(model_runner)
+    runner = sgl.runner(backend, capture_bs=[4])
+    yield runner, backend, fake_sglang.FlashInferAttnBackend.made
+    CAPTURES[0] -= 1
+
+
+def test_a_flashinfer_variant_runs_sglangs_flashinfer_on_the_classes_the_base_graph_would_replay(
+        flashinfer_runner, caplog):
+    """TUNER_SGLANG_FLASHINFER=1: SGLang's FlashInfer backend beside tuner's (over its model
+    runner, decode only, its graph state made for the runner's sizes) is captured as one more
+    variant, for the classes whose graph runs the default; before a replay of it, and only
+    then, it plans on the replay's view; a record's class keeps its own variant."""
+    runner, backend, made = flashinfer_runner
+    [flashinfer] = made
+    assert flashinfer.model_runner is backend.tuner_model_runner and flashinfer.skip_prefill
+    assert flashinfer.calls == [("graph_state", 4, 4)]
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert "2 graph variant(s) beside it, tuner-1, tuner-2 (flashinfer)" in caplog.text
+    assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-1", "tuner-2")}
+    assert runner.graphs[fake_sglang.ShapeKey(4, None, "tuner-2")] == "flashinfer"
+    assert runner.graphs[fake_sglang.ShapeKey(4)] != "flashinfer" != runner.graphs[fake_sglang.ShapeKey(4, None, "tuner-1")]
+    # its metadata made in its own capture only, then its warm-ups and the capture ran it
+    assert [c[0] for c in flashinfer.calls[1:]] == ["capture", "decode", "decode", "decode"]
+    assert flashinfer.calls[1][1].batch_size == 4
+    flashinfer.calls.clear()
+
+    def replay(lengths):
+        batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(len(lengths), dtype=torch.int64),
+                                         seq_lens_cpu=torch.tensor(lengths, dtype=torch.int32))
+        return runner.execute(batch), batch
+    assert replay([2000] * 4)[0] != "flashinfer" and not flashinfer.calls  # the record's class: no plan
+    out, batch = replay([100, 100, 90])  # 3 padded to 4
+    assert out == "flashinfer" and runner._replay_graph_key.variant_label == "tuner-2"
+    [(kind, view)] = flashinfer.calls
+    assert kind == "plan" and view.step is batch and view.batch_size == 4
+
+
+def test_without_the_setting_no_flashinfer_backend_is_made_nor_captured(flashinfer_runner, monkeypatch, sgl):
+    monkeypatch.delenv("TUNER_SGLANG_FLASHINFER")
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    runner = sgl.runner(backend, capture_bs=[4])
+    assert backend.tuner_flashinfer is None and len(fake_sglang.FlashInferAttnBackend.made) == 1  # the fixture's
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-1")}
+    assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4)
+
+
+def test_a_flashinfer_backend_that_cannot_be_made_leaves_the_other_variants(flashinfer_runner, monkeypatch, sgl):
+    def unavailable(*args, **kwargs):
+        raise ImportError("No module named 'flashinfer'")
+    monkeypatch.setattr(fake_sglang.FlashInferAttnBackend, "__init__", unavailable)
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    with pytest.warns(RuntimeWarning, match="no FlashInfer graph variant .ImportError"):
+        runner = sgl.runner(backend, capture_bs=[4])
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-1")}
+
+
+def test_a_failed_flashinfer_plan_replays_the_batch_sizes_graph_from_then_on(flashinfer_runner):
+    """A stale plan must never replay: where FlashInfer's plan fails, the step and its class's
+    later steps replay the base graph."""
+    runner, backend, [flashinfer] = flashinfer_runner
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    fake_sglang.FlashInferAttnBackend.fail_plans = True
+    with pytest.warns(RuntimeWarning, match="FlashInfer's plan failed .RuntimeError: plan failed"):
+        assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4)
+    fake_sglang.FlashInferAttnBackend.fail_plans = False
+    assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4)  # its class: dropped
+    assert _replayed_key(runner, [200] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")  # another class: kept
+
+
+@pytest.mark.parametrize("change, runs", [({}, True), ({"sinks": torch.zeros(HEADS)}, False),
+                                          ({"window": 127}, False)])
+def test_only_calls_sglangs_flashinfer_decode_takes_as_they_are_run_it(sgl, change, runs):
+    """FlashInfer's forward_decode takes no sinks, and its backend keeps windowed layers on
+    wrappers of their own: such calls, like every call decode_attention does not cover, run
+    as in the base graph."""
+    backend, _, batch = _backend([5, 9])
+    kwargs = {"sinks": change["sinks"]} if "sinks" in change else {}
+    layer = fake_sglang.Layer(tp_q_head_num=HEADS, tp_k_head_num=KV_HEADS, head_dim=DIM,
+                              sliding_window_size=change.get("window", -1))
+    assert integration.runs_flashinfer(backend, layer, batch, kwargs) == runs
+
+
+def test_no_flashinfer_variant_over_pages_of_more_than_one_token(flashinfer_runner, sgl):
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=16))
+    sgl.runner(backend, capture_bs=[4])
+    assert backend.tuner_flashinfer is None
+
+
+def test_a_step_sglang_gave_no_replay_view_replays_the_batch_sizes_graph(flashinfer_runner):
+    """A step whose metadata SGLang made ahead (no metadata step in its load_batch) has no view
+    of its own: FlashInfer would plan on another step's lengths, so it replays the base graph,
+    and its class keeps the variant for later steps."""
+    runner, backend, [flashinfer] = flashinfer_runner
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")  # a view: planned
+    flashinfer.calls.clear()
+    backend.init_forward_metadata_out_graph = lambda *a, **k: None  # this step's metadata were made ahead
+    assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4)
+    assert not flashinfer.calls
+    del backend.init_forward_metadata_out_graph  # (the class's again)
+    assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")
+    assert [c[0] for c in flashinfer.calls] == ["plan"]

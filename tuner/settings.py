@@ -117,6 +117,18 @@ def graph_wave_caps() -> bool:
     return os.environ.get(ENV_GRAPH_WAVE_CAPS, "").strip() != "0"
 
 
+# inside SGLang, one more graph variant per batch size that runs SGLang's own FlashInfer
+# backend (its capture and its plan before each replay) on the classes of lengths whose graph
+# runs FA3's default, judged per class like any variant; off until measured on a GPU
+# ($TUNER_SGLANG_FLASHINFER=1: on; docs/decisions.md, "SGLang (issue 38)")
+ENV_SGLANG_FLASHINFER = "TUNER_SGLANG_FLASHINFER"
+
+
+def sglang_flashinfer_variant() -> bool:
+    """Whether tuner's SGLang backend captures a FlashInfer graph variant ($TUNER_SGLANG_FLASHINFER=1)."""
+    return os.environ.get(ENV_SGLANG_FLASHINFER, "").strip() == "1"
+
+
 # a server's first replays of each graph variant alternate with its batch size's base graph,
 # and a variant slower than the base graph by more than REPLAY_JUDGE_TOLERANCE (the median of
 # this many pairs) is dropped ($TUNER_REPLAY_JUDGE; 0: every variant replays as planned):

@@ -41,6 +41,27 @@ def test_sglang_decodes_through_tuners_backend_with_fa3s_logits(tmp_path):
     assert not any(label for _, label in doc["results"]["fa3"]["decode_graphs"]["captured"]), doc["results"]["fa3"]
 
 
+def test_sglangs_flashinfer_as_a_graph_variant_gives_fa3s_logits(tmp_path):
+    """TUNER_SGLANG_FLASHINFER=1 (the tuner-flashinfer worker) with no tunings at all: every
+    class of lengths runs FA3's default in the base graph, so the FlashInfer variant serves
+    them all, and the decode steps replay it (SGLang's FlashInfer backend planned before each
+    replay, over tuner's KV pool) with fa3's logits."""
+    out = tmp_path / "fi.json"
+    result = subprocess.run(
+        [sys.executable, "sglang_e2e.py", "--out", str(out), "--backends", "fa3,tuner-flashinfer", "--layers", "2",
+         "--no-latency", "--timeout", "300", "--mem-fraction", "0.5"],
+        cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TUNER_SHIPPED="off", TUNER_REPLAY_JUDGE="0"))
+    logs = "".join(p.read_text()[-3000:] for p in tmp_path.glob("fi.*.log"))
+    assert result.returncode == 0, result.stderr[-3000:] + logs
+    doc = json.loads(out.read_text())
+    assert doc["results"]["tuner-flashinfer"]["logits_exit_code"] == 0, logs
+    assert doc["logits_vs_fa3_relative_max_error"]["tuner-flashinfer"] < 0.02
+    graphs = doc["results"]["tuner-flashinfer"]["decode_graphs"]
+    plan = (tmp_path / "fi.tuner-flashinfer.log").read_text()
+    assert "(flashinfer)" in plan and any(str(label).startswith("tuner-") for label in graphs["replayed"]), graphs
+
+
 def test_tensor_parallel_ranks_plan_and_judge_alike(tmp_path):
     """Two GPUs: SGLang's bench_one_batch with --tp 2 (a process per rank, each with tuner's
     backend registered by the harness) decodes through tuner's backend without a hang; both

@@ -2,8 +2,9 @@
 tuner's SGLang backend on the CPU: the backend registry and command-line choices, an FA3
 backend whose forward_decode records that it ran, a KV pool of per-layer token buffers
 (page size 1, SGLang's MHATokenToKVPool layout: (slots, kv heads, head dim)), the
-metadata, layer and batch objects forward_decode reads, the plugins' HookRegistry, and a
-decode CUDA-graph runner that captures and picks graphs by ShapeKey as 0.5.17's does."""
+metadata, layer and batch objects forward_decode reads, the plugins' HookRegistry, a
+FlashInfer backend that records its calls, and a decode CUDA-graph runner that captures and
+picks graphs by ShapeKey and calls its backend's graph metadata steps as 0.5.17's does."""
 
 from __future__ import annotations
 
@@ -32,6 +33,37 @@ class FlashAttentionBackend:
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self.fa3_decodes.append(kwargs)
         return "fa3"
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        pass
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        pass
+
+
+class FlashInferAttnBackend:
+    """SGLang's FlashInfer backend as its graph runner sees it: each call recorded, and its
+    decode returning "flashinfer"; `fail_plans` makes its replay metadata step raise."""
+
+    made: list["FlashInferAttnBackend"] = []
+    fail_plans = False
+
+    def __init__(self, model_runner: Any, skip_prefill: bool = False) -> None:
+        self.model_runner, self.skip_prefill = model_runner, skip_prefill
+        self.calls: list[tuple] = []
+        FlashInferAttnBackend.made.append(self)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.calls.append(("graph_state", max_bs, max_num_tokens))
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if not in_capture and self.fail_plans:
+            raise RuntimeError("plan failed")
+        self.calls.append(("capture" if in_capture else "plan", forward_batch))
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        self.calls.append(("decode", forward_batch))
+        return "flashinfer"
 
 
 class KVPool:
@@ -133,6 +165,7 @@ def runner_class(capturing: list[bool]) -> type:
     class DecodeCudaGraphRunner:
         def __init__(self, attn_backend: Any, capture_bs: list[int]) -> None:
             self.attn_backend, self.capture_bs = attn_backend, sorted(capture_bs)
+            attn_backend.init_cuda_graph_state(self.capture_bs[-1], self.capture_bs[-1])
             self.graphs: dict[ShapeKey, Any] = {}
             # SGLang's graph store: which graphs it holds, and a replay of one (here: its capture's result)
             self.backend = types.SimpleNamespace(can_run=lambda forward_batch, key: key in self.graphs,
@@ -141,6 +174,7 @@ def runner_class(capturing: list[bool]) -> type:
             self.tp_size = 1
 
         def capture_one_shape(self, size, forward, stream_idx=None, variant_label=None):
+            self.attn_backend.init_forward_metadata_out_graph(types.SimpleNamespace(batch_size=size), in_capture=True)
             for _ in range(2):
                 forward()
             capturing[0] = True
@@ -151,6 +185,9 @@ def runner_class(capturing: list[bool]) -> type:
 
         def load_batch(self, forward_batch, pp_proxy_tensors=None):
             self.bs = next(b for b in self.capture_bs if b >= forward_batch.batch_size)
+            # the replay's view of the batch (0.5.17's build_replay_fb_view): the padded size, the step's batch
+            self.attn_backend.init_forward_metadata_out_graph(types.SimpleNamespace(batch_size=self.bs,
+                                                                                    step=forward_batch))
             self._replay_graph_key = ShapeKey(self.bs, None, getattr(forward_batch, "lora", None))
 
         def execute(self, forward_batch, pp_proxy_tensors=None):
@@ -178,6 +215,7 @@ def install(monkeypatch, with_choices: bool = True) -> types.SimpleNamespace:
         "sglang.srt.layers.attention": types.ModuleType("sglang.srt.layers.attention"),
         "sglang.srt.layers.attention.attention_registry": types.ModuleType("attention_registry"),
         "sglang.srt.layers.attention.flashattention_backend": types.ModuleType("flashattention_backend"),
+        "sglang.srt.layers.attention.flashinfer_backend": types.ModuleType("flashinfer_backend"),
         "sglang.srt.server_args": types.ModuleType("server_args"),
         "sglang.srt.plugins": types.ModuleType("plugins"),
         "sglang.srt.plugins.hook_registry": types.ModuleType("hook_registry"),
@@ -195,6 +233,8 @@ def install(monkeypatch, with_choices: bool = True) -> types.SimpleNamespace:
     modules["sglang.srt.layers.attention.attention_registry"].register_attention_backend = register_attention_backend
     modules["sglang.srt.layers.attention.attention_registry"].ATTENTION_BACKENDS = registry
     modules["sglang.srt.layers.attention.flashattention_backend"].FlashAttentionBackend = FlashAttentionBackend
+    FlashInferAttnBackend.made, FlashInferAttnBackend.fail_plans = [], False
+    modules["sglang.srt.layers.attention.flashinfer_backend"].FlashInferAttnBackend = FlashInferAttnBackend
     if with_choices:
         modules["sglang.srt.server_args"].ATTENTION_BACKEND_CHOICES = choices
         modules["sglang.srt.server_args"].add_attention_backend_choices = choices.extend

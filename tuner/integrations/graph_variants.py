@@ -96,6 +96,7 @@ class Variant:
     label: str
     lengths: StepLengths
     configs: tuple[str, ...]
+    alternative: str | None = None  # a server backend its calls run instead (plan's `alternative`)
 
 
 class Pick(NamedTuple):
@@ -200,10 +201,14 @@ class GraphVariants:
         self._waves: dict[int, _WaveSteps] = {}  # batch -> its FA3 cap graphs, where a record is wave_fit
         self._dropped: dict[int, set[tuple]] = {}  # batch -> the step classes (drop_pick) that replay the base graph
 
-    def plan(self, batch: int, calls: Iterable[tuple]) -> list[Variant]:
+    def plan(self, batch: int, calls: Iterable[tuple], alternative: str | None = None) -> list[Variant]:
         """The variants worth capturing beside the base graph of `batch`, whose decode_attention
         calls are `calls` (their positional arguments; one per static key suffices, each with
-        the graph's bound as max_kv_len). Call it outside any graph_capture."""
+        the graph's bound as max_kv_len). alternative: the name of another attention backend
+        the server can capture (SGLang's FlashInfer): one more variant, whose calls run it,
+        for every class of lengths the base graph would replay (a cap graph still comes first
+        where a step's lengths need its cap), for the replay judge to keep where it wins. Call
+        it outside any graph_capture."""
         calls = [tuple(c) for c in calls]
         self._labels[batch] = {}
         self._waves.pop(batch, None)
@@ -217,6 +222,7 @@ class GraphVariants:
         groups: dict[tuple[str, ...], list[tuple[int, bool]]] = {}
         wave_classes: dict[tuple[str, ...], list[tuple[int, bool]]] = {}  # by what they run, uncapped
         recorded: set[tuple[str, ...]] = set()  # the groups of wave_classes a wave_fit record is in
+        base_classes: list[tuple[int, bool]] = []  # the classes the base graph would replay
         wave_call = None
         for exponent in range(kv_len_bucket(bound).bit_length() - 1, -1, -1):  # longest first
             for dense in (True, False):
@@ -234,11 +240,17 @@ class GraphVariants:
                     wave_classes.setdefault(configs, []).append((1 << exponent, dense))
                 if configs != base:
                     groups.setdefault(configs, []).append((1 << exponent, dense))
+                else:
+                    base_classes.append((1 << exponent, dense))
         variants = []
         for configs, classes in list(groups.items())[:self.max_variants]:
             label = f"{LABEL_PREFIX}{len(variants) + 1}"
             variants.append(Variant(label, StepLengths(*classes[0]), configs))
             self._labels[batch].update(dict.fromkeys(classes, label))
+        if alternative is not None and base_classes:
+            label = f"{LABEL_PREFIX}{len(variants) + 1}"
+            variants.append(Variant(label, StepLengths(*base_classes[0]), (alternative,), alternative=alternative))
+            self._labels[batch].update(dict.fromkeys(base_classes, label))
         if wave_classes:  # a cap graph runs one set's configs for every call: a record's first, then the longest
             capped = next((c for c in wave_classes if c in recorded), next(iter(wave_classes)))
             variants += self._plan_caps(batch, calls, wave_call or default_call, wave_classes[capped], len(variants),

@@ -23,7 +23,10 @@ first replays of each class of lengths alternate with the base graph, and a clas
 it runs slower than that graph replays the base graph from then on
 (tuner.integrations.replay_judge); tensor-parallel ranks act on their slowest rank's ratio
 (one all-reduce over SGLang's TP CPU group per verdict), and under pipeline parallelism
-variants are not judged. Three
+variants are not judged. With $TUNER_SGLANG_FLASHINFER=1 one more variant per batch size runs
+SGLang's own FlashInfer backend (made beside tuner's, over the same KV pool) on the classes
+whose graph runs FA3's default, planned on the replay's view only before its own replays, and
+judged like the others (settings.sglang_flashinfer_variant: off until measured). Three
 hooks of SGLang's plugin HookRegistry, around DecodeCudaGraphRunner.capture_one_shape,
 load_batch and execute, which act only where the runner's decode backend is tuner's. SGLang
 is imported only when the backend is created or the hooks registered; its 0.5.17 source was
@@ -32,12 +35,14 @@ read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import warnings
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -51,6 +56,7 @@ from tuner.runtime.capture import graph_capture
 from tuner.runtime.state import runtime, stream_capturing
 
 BACKEND_NAME = "tuner"
+FLASHINFER = "flashinfer"  # the graph variant that runs SGLang's FlashInfer backend (flashinfer_beside)
 # forward_decode's keyword arguments decode_attention runs; any other one given runs FA3's code
 _COVERED_KWARGS = frozenset({"sinks"})
 # SGLang 0.5.17's decode CUDA-graph runner, whose capture of a batch size and host step before a
@@ -112,6 +118,7 @@ def backend_class() -> type:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self.tuner_model_runner = args[0] if args else kwargs.get("model_runner")
             self.tuner_on_cuda = torch.cuda.is_available()
             self.tuner_variants = GraphVariants()
             self.tuner_variant_keys: dict[tuple, Any] = {}  # (ShapeKey, variant label) -> the variant's ShapeKey
@@ -119,8 +126,28 @@ def backend_class() -> type:
             self.tuner_judge = ReplayJudge.for_variants(self.tuner_variants) if self.tuner_on_cuda else None
             # per captured batch size, one decode_attention call of each static key its graph holds
             self.tuner_graph_calls: dict[int, dict[Any, tuple]] = {}
+            # SGLang's FlashInfer backend for a graph variant (flashinfer_beside), the label of that
+            # variant per batch size, whether it is being captured, and the last replay's view
+            self.tuner_flashinfer: Any = None
+            self.tuner_flashinfer_labels: dict[int, str] = {}
+            self.tuner_capturing_flashinfer = False
+            self.tuner_replay_view: Any = None
+
+        def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any) -> None:
+            super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+            self.tuner_flashinfer = flashinfer_beside(self, max_bs, max_num_tokens)
+
+        def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
+            super().init_forward_metadata_out_graph(forward_batch, in_capture)
+            if self.tuner_flashinfer is not None and _decodes(forward_batch):
+                if not in_capture:  # a replay's view: FlashInfer plans on it if the step replays its graph
+                    self.tuner_replay_view = forward_batch
+                elif self.tuner_capturing_flashinfer:
+                    self.tuner_flashinfer.init_forward_metadata_out_graph(forward_batch, in_capture=True)
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+            if self.tuner_capturing_flashinfer and runs_flashinfer(self, layer, forward_batch, kwargs):
+                return self.tuner_flashinfer.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
             if covers(self, layer, forward_batch, kwargs):
                 in_graph = _in_graph(self, forward_batch, self.forward_metadata)
                 call = decode_call(self, q, layer, forward_batch, kwargs.get("sinks"), in_graph)
@@ -147,6 +174,48 @@ def covers(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any])
             and getattr(metadata, "max_seq_len_q", 1) == 1
             and math.isclose(layer.scaling, layer.head_dim ** -0.5, rel_tol=1e-6)
             and all(value is None for name, value in kwargs.items() if name not in _COVERED_KWARGS))
+
+
+def runs_flashinfer(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a call in the FlashInfer variant's capture runs SGLang's FlashInfer backend: a
+    covered call with no keyword FlashInfer's forward_decode lacks (sinks) and no window
+    (whose wrappers that backend dispatches apart)."""
+    return (not kwargs and getattr(layer, "sliding_window_size", -1) in (None, -1)
+            and covers(backend, layer, forward_batch, kwargs))
+
+
+def _decodes(forward_batch: Any) -> bool:
+    """Whether a graph's metadata step is a decode's (the prefill graphs' steps come here too)."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    return mode is None or mode.is_decode_or_idle()
+
+
+def flashinfer_beside(backend: Any, max_bs: int, max_num_tokens: int) -> Any:
+    """SGLang's own FlashInfer backend (decode only) over tuner's backend's KV pool, its CUDA-graph
+    state made for the runner's sizes, where settings.sglang_flashinfer_variant() asks for one
+    and the pool is of pages of one token; else None, and None with a warning where it cannot
+    be made (FlashInfer missing, say): graphs then hold no FlashInfer variant."""
+    if not settings.sglang_flashinfer_variant() or backend.use_mla or backend.page_size != 1:
+        return None
+    try:
+        from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+        beside = FlashInferAttnBackend(backend.tuner_model_runner, skip_prefill=True)
+        beside.init_cuda_graph_state(max_bs, max_num_tokens)
+    except Exception as e:  # noqa: BLE001 - the variant is optional; SGLang's start-up goes on
+        warnings.warn(f"tuner: no FlashInfer graph variant ({type(e).__name__}: {e})", RuntimeWarning, stacklevel=2)
+        return None
+    return beside
+
+
+@contextlib.contextmanager
+def capturing(backend: Any, variant: Any) -> Iterator[None]:
+    """Within it, a variant's capture: the FlashInfer one's calls run SGLang's FlashInfer backend."""
+    backend.tuner_capturing_flashinfer = variant.alternative == FLASHINFER
+    try:
+        yield
+    finally:
+        backend.tuner_capturing_flashinfer = False
 
 
 def _is_decoder(layer: Any) -> bool:
@@ -267,7 +336,8 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
         return result
     calls = list(backend.tuner_graph_calls.get(size, {}).values())
     try:
-        planned = backend.tuner_variants.plan(size, calls)
+        alternative = FLASHINFER if backend.tuner_flashinfer is not None else None
+        planned = backend.tuner_variants.plan(size, calls, alternative=alternative)
         if backend.tuner_judge is not None:  # (new graphs: the old ones' verdicts do not hold)
             backend.tuner_judge.forget(size)
     except Exception as e:  # noqa: BLE001 - tuner's planning never fails SGLang's capture
@@ -281,10 +351,13 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
                       "(or cannot compare them); none is captured", RuntimeWarning, stacklevel=2)
         planned = []
     log_plan(size, calls, planned)
+    backend.tuner_flashinfer_labels.pop(size, None)
     for variant in planned:
         try:
-            with graph_capture(variant.lengths):
+            with graph_capture(variant.lengths), capturing(backend, variant):
                 original(runner, size, forward, stream_idx, _joined(variant_label, variant.label))
+            if variant.alternative == FLASHINFER:
+                backend.tuner_flashinfer_labels[size] = variant.label
         except RuntimeError as e:  # out of memory, say: its steps replay the base graph
             if getattr(runner, "tp_size", 1) > 1:  # one rank cannot drop it alone: ranks replay alike
                 raise RuntimeError(f"tuner: graph variant {variant.label} of batch size {size} not captured "
@@ -324,7 +397,7 @@ def log_plan(size: int, calls: list[tuple], planned: list) -> None:
         return
     log.info("tuner: batch size %d: its graph runs %s; %d graph variant(s) beside it%s", size,
              "the default" if base_default else "tuned configs", len(planned),
-             "".join(f", {v.label}" for v in planned))
+             "".join(f", {v.label}" + (f" ({v.alternative})" if v.alternative else "") for v in planned))
 
 
 def runs_default(call: tuple, size: int) -> bool:
@@ -343,8 +416,10 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     replay becomes the variant for the step's host lengths, where one was captured; while
     the variant is judged, every other such step keeps the base graph, and the replay's start
     is marked for the judge."""
-    result = original(runner, forward_batch, *args, **kwargs)
     backend = tuner_backend(runner)
+    if backend is not None:  # (SGLang's step gives this step's view; a step it pre-planned, none)
+        backend.tuner_replay_view = None
+    result = original(runner, forward_batch, *args, **kwargs)
     key = getattr(runner, "_replay_graph_key", None)
     if backend is None or key is None:
         return result
@@ -361,13 +436,36 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
         return result
     if judge is not None and judge.dropped(key.size, pick):  # (GraphVariants.drop_pick did so already)
         return result
+    timed = None
     if judge is not None and judge.judging(key.size, pick):  # (per class of lengths: see replay_judge)
         variant = judge.replays_variant(key.size, pick)
-        runner._tuner_timed = judge.start(key.size, pick, variant, raw_batch, server_label=key.variant_label)
+        timed = judge.start(key.size, pick, variant, raw_batch, server_label=key.variant_label)
         if not variant:
+            runner._tuner_timed = timed
             return result
+    if backend.tuner_flashinfer_labels.get(key.size) == pick.label and not planned_flashinfer(backend, key.size, pick):
+        return result  # (not timed: no pair without its variant's replay)
+    runner._tuner_timed = timed
     runner._replay_graph_key = variant_key
     return result
+
+
+def planned_flashinfer(backend: Any, size: int, pick: Any) -> bool:
+    """FlashInfer's plan for a step that replays its variant (SGLang's metadata step on the
+    replay's view, as its FlashInfer backend runs before each of its own replays); False, and
+    that class replays the base graph from then on, where it fails; False alone where SGLang
+    gave this step no replay view (its metadata were made ahead: FlashInfer's plan would be
+    another step's)."""
+    if backend.tuner_replay_view is None:
+        return False
+    try:
+        backend.tuner_flashinfer.init_forward_metadata_out_graph(backend.tuner_replay_view)
+    except Exception as e:  # noqa: BLE001 - a stale plan must never replay: the base graph does
+        backend.tuner_variants.drop_pick(size, pick)
+        warnings.warn(f"tuner: FlashInfer's plan failed ({type(e).__name__}: {e}); batch size {size}'s steps of "
+                      f"{pick.step_class} replay its graph", RuntimeWarning, stacklevel=2)
+        return False
+    return True
 
 
 def _variant_key(backend: Any, key: Any, label: str) -> Any:
