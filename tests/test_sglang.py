@@ -1046,3 +1046,16 @@ def test_a_step_sglang_gave_no_replay_view_replays_the_batch_sizes_graph(flashin
     del backend.init_forward_metadata_out_graph  # (the class's again)
     assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")
     assert [c[0] for c in flashinfer.calls] == ["plan"]
+
+
+def test_under_tensor_parallelism_a_failed_flashinfer_plan_stops_the_step(flashinfer_runner, monkeypatch):
+    """One rank dropping the FlashInfer variant's class alone would replay the base graph while
+    its peers replay the variant (their collectives paired with other graphs' buffers)."""
+    runner, backend, [flashinfer] = flashinfer_runner
+    model_runner, _, _, _ = _tp_ranks(monkeypatch, other_rank_ratio=1.0)
+    runner.tp_size, runner.model_runner = 2, model_runner
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert fake_sglang.ShapeKey(4, None, "tuner-2") in runner.graphs
+    fake_sglang.FlashInferAttnBackend.fail_plans = True
+    with pytest.raises(RuntimeError, match="TUNER_SGLANG_FLASHINFER=0"):
+        _replayed_key(runner, [100] * 4)

@@ -443,24 +443,31 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
         if not variant:
             runner._tuner_timed = timed
             return result
-    if backend.tuner_flashinfer_labels.get(key.size) == pick.label and not planned_flashinfer(backend, key.size, pick):
+    if (backend.tuner_flashinfer_labels.get(key.size) == pick.label
+            and not planned_flashinfer(backend, key.size, pick, getattr(runner, "tp_size", 1))):
         return result  # (not timed: no pair without its variant's replay)
     runner._tuner_timed = timed
     runner._replay_graph_key = variant_key
     return result
 
 
-def planned_flashinfer(backend: Any, size: int, pick: Any) -> bool:
+def planned_flashinfer(backend: Any, size: int, pick: Any, tp_size: int = 1) -> bool:
     """FlashInfer's plan for a step that replays its variant (SGLang's metadata step on the
     replay's view, as its FlashInfer backend runs before each of its own replays); False, and
     that class replays the base graph from then on, where it fails; False alone where SGLang
     gave this step no replay view (its metadata were made ahead: FlashInfer's plan would be
-    another step's)."""
+    another step's). Under tensor parallelism a failed plan raises: one rank cannot drop the
+    class alone (its peers would replay the variant beside its base graph, and their judges
+    count other pairs)."""
     if backend.tuner_replay_view is None:
         return False
     try:
         backend.tuner_flashinfer.init_forward_metadata_out_graph(backend.tuner_replay_view)
     except Exception as e:  # noqa: BLE001 - a stale plan must never replay: the base graph does
+        if tp_size > 1:
+            raise RuntimeError(f"tuner: FlashInfer's plan failed on this rank ({type(e).__name__}: {e}) for batch "
+                               f"size {size}, and ranks must replay alike; set "
+                               f"{settings.ENV_SGLANG_FLASHINFER}=0") from e
         backend.tuner_variants.drop_pick(size, pick)
         warnings.warn(f"tuner: FlashInfer's plan failed ({type(e).__name__}: {e}); batch size {size}'s steps of "
                       f"{pick.step_class} replay its graph", RuntimeWarning, stacklevel=2)
