@@ -1059,3 +1059,18 @@ def test_under_tensor_parallelism_a_failed_flashinfer_plan_stops_the_step(flashi
     fake_sglang.FlashInferAttnBackend.fail_plans = True
     with pytest.raises(RuntimeError, match="TUNER_SGLANG_FLASHINFER=0"):
         _replayed_key(runner, [100] * 4)
+
+
+def test_no_flashinfer_variant_where_no_call_of_the_graph_can_run_it(flashinfer_runner):
+    """A model whose every layer has sinks (or a window): FlashInfer's decode would run in no
+    call of the variant, which would then be the base graph's kernels plus FlashInfer's plan
+    before each of its replays, a graph captured for nothing."""
+    runner, backend, [flashinfer] = flashinfer_runner
+    _graph_step(backend, 4, 2048)  # (the graph's buffers)
+    batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4, dtype=torch.int64), seq_lens_cpu=None)
+
+    def with_sinks():
+        q, k, v, layer = _step(backend, batch)
+        return backend.forward_decode(q, k, v, layer, batch, sinks=torch.zeros(HEADS))
+    runner.capture_one_shape(4, with_sinks)
+    assert backend.tuner_flashinfer_labels == {} and not [c for c in flashinfer.calls if c[0] != "graph_state"]

@@ -184,6 +184,14 @@ def runs_flashinfer(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[s
             and covers(backend, layer, forward_batch, kwargs))
 
 
+def _flashinfer_runs(call: tuple) -> bool:
+    """Whether a graph's decode_attention call (decode_call's arguments) is one the FlashInfer
+    variant's capture gives SGLang's FlashInfer backend (runs_flashinfer): no sinks, no window.
+    Where no call of a graph is, no such variant: it would hold the base graph's kernels and
+    add FlashInfer's plan before each of its replays."""
+    return call[9] is None and tuple(call[7]) == (-1, -1)
+
+
 def _decodes(forward_batch: Any) -> bool:
     """Whether a graph's metadata step is a decode's (the prefill graphs' steps come here too)."""
     mode = getattr(forward_batch, "forward_mode", None)
@@ -336,7 +344,7 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
         return result
     calls = list(backend.tuner_graph_calls.get(size, {}).values())
     try:
-        alternative = FLASHINFER if backend.tuner_flashinfer is not None else None
+        alternative = FLASHINFER if backend.tuner_flashinfer is not None and any(map(_flashinfer_runs, calls)) else None
         planned = backend.tuner_variants.plan(size, calls, alternative=alternative)
         if backend.tuner_judge is not None:  # (new graphs: the old ones' verdicts do not hold)
             backend.tuner_judge.forget(size)
