@@ -1074,3 +1074,26 @@ def test_no_flashinfer_variant_where_no_call_of_the_graph_can_run_it(flashinfer_
         return backend.forward_decode(q, k, v, layer, batch, sinks=torch.zeros(HEADS))
     runner.capture_one_shape(4, with_sinks)
     assert backend.tuner_flashinfer_labels == {} and not [c for c in flashinfer.calls if c[0] != "graph_state"]
+
+
+def test_a_judged_flashinfer_variant_plans_only_before_its_own_replays(flashinfer_runner, monkeypatch, sgl):
+    """With the judge on, the FlashInfer variant's first replays alternate with the base graph
+    (base first); FlashInfer plans before each of its replays and no other, and a variant
+    slower than the base graph is dropped for its class like any other."""
+    runner, backend, [flashinfer] = flashinfer_runner
+    monkeypatch.delenv("TUNER_REPLAY_JUDGE")
+    clock = _Clock({None: 1.0, "tuner-1": 1.0, "tuner-2": 1.5})
+    monkeypatch.setattr(torch.cuda, "Event", clock.event)
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    runner = sgl.runner(backend, capture_bs=[4])
+    flashinfer = fake_sglang.FlashInferAttnBackend.made[-1]
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    runner.backend.replay = clock.replay(runner)
+    flashinfer.calls.clear()
+    pairs = integration.settings.replay_judge_pairs()
+    labels = _labels(runner, 2 * pairs, lengths=(100,) * 4)
+    assert labels == [None, "tuner-2"] * pairs
+    assert [c[0] for c in flashinfer.calls] == ["plan"] * pairs
+    assert _labels(runner, 3, lengths=(100,) * 4) == [None] * 3  # dropped: 1.5x
+    assert len(flashinfer.calls) == pairs
