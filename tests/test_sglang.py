@@ -947,15 +947,17 @@ def flashinfer_runner(sgl, db_path, monkeypatch):
 def test_a_flashinfer_variant_runs_sglangs_flashinfer_on_the_classes_the_base_graph_would_replay(
         flashinfer_runner, caplog):
     """TUNER_SGLANG_FLASHINFER=1: SGLang's FlashInfer backend beside tuner's (over its model
-    runner, decode only, its graph state made for the runner's sizes) is captured as one more
-    variant, for the classes whose graph runs the default; before a replay of it, and only
-    then, it plans on the replay's view; a record's class keeps its own variant."""
+    runner, decode only, its graph state made for the runner's sizes, at the first capture
+    that can hold it) is captured as one more variant, for the classes that replay the base
+    graph; before a replay of it, and only then, it plans on the replay's view; a record's
+    class keeps its own variant."""
     runner, backend, made = flashinfer_runner
-    [flashinfer] = made
-    assert flashinfer.model_runner is backend.tuner_model_runner and flashinfer.skip_prefill
-    assert flashinfer.calls == [("graph_state", 4, 4)]
+    assert not made  # (none until a graph can hold it)
     with caplog.at_level(logging.INFO, logger="tuner"):
         runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    [flashinfer] = made
+    assert flashinfer.model_runner is backend.tuner_model_runner and flashinfer.skip_prefill
+    assert flashinfer.calls[0] == ("graph_state", 4, 4)
     assert "2 graph variant(s) beside it, tuner-1, tuner-2 (flashinfer)" in caplog.text
     assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-1", "tuner-2")}
     assert runner.graphs[fake_sglang.ShapeKey(4, None, "tuner-2")] == "flashinfer"
@@ -981,8 +983,8 @@ def test_without_the_setting_no_flashinfer_backend_is_made_nor_captured(flashinf
     pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
     backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
     runner = sgl.runner(backend, capture_bs=[4])
-    assert backend.tuner_flashinfer is None and len(fake_sglang.FlashInferAttnBackend.made) == 1  # the fixture's
     runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert backend.tuner_flashinfer is None and not fake_sglang.FlashInferAttnBackend.made
     assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-1")}
     assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4)
 
@@ -993,16 +995,17 @@ def test_a_flashinfer_backend_that_cannot_be_made_leaves_the_other_variants(flas
     monkeypatch.setattr(fake_sglang.FlashInferAttnBackend, "__init__", unavailable)
     pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
     backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    runner = sgl.runner(backend, capture_bs=[4])
     with pytest.warns(RuntimeWarning, match="no FlashInfer graph variant .ImportError"):
-        runner = sgl.runner(backend, capture_bs=[4])
-    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+        runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
     assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-1")}
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))  # asked once: no second warning, nor try
 
 
 def test_a_failed_flashinfer_plan_replays_the_batch_sizes_graph_from_then_on(flashinfer_runner):
     """A stale plan must never replay: where FlashInfer's plan fails, the step and its class's
     later steps replay the base graph."""
-    runner, backend, [flashinfer] = flashinfer_runner
+    runner, backend, _ = flashinfer_runner
     runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
     fake_sglang.FlashInferAttnBackend.fail_plans = True
     with pytest.warns(RuntimeWarning, match="FlashInfer's plan failed .RuntimeError: plan failed"):
@@ -1028,16 +1031,18 @@ def test_only_calls_sglangs_flashinfer_decode_takes_as_they_are_run_it(sgl, chan
 def test_no_flashinfer_variant_over_pages_of_more_than_one_token(flashinfer_runner, sgl):
     pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
     backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=16))
-    sgl.runner(backend, capture_bs=[4])
-    assert backend.tuner_flashinfer is None
+    runner = sgl.runner(backend, capture_bs=[4])
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert backend.tuner_flashinfer is None and not fake_sglang.FlashInferAttnBackend.made
 
 
 def test_a_step_sglang_gave_no_replay_view_replays_the_batch_sizes_graph(flashinfer_runner):
     """A step whose metadata SGLang made ahead (no metadata step in its load_batch) has no view
     of its own: FlashInfer would plan on another step's lengths, so it replays the base graph,
     and its class keeps the variant for later steps."""
-    runner, backend, [flashinfer] = flashinfer_runner
+    runner, backend, made = flashinfer_runner
     runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    [flashinfer] = made
     assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")  # a view: planned
     flashinfer.calls.clear()
     backend.init_forward_metadata_out_graph = lambda *a, **k: None  # this step's metadata were made ahead
@@ -1051,7 +1056,7 @@ def test_a_step_sglang_gave_no_replay_view_replays_the_batch_sizes_graph(flashin
 def test_under_tensor_parallelism_a_failed_flashinfer_plan_stops_the_step(flashinfer_runner, monkeypatch):
     """One rank dropping the FlashInfer variant's class alone would replay the base graph while
     its peers replay the variant (their collectives paired with other graphs' buffers)."""
-    runner, backend, [flashinfer] = flashinfer_runner
+    runner, backend, _ = flashinfer_runner
     model_runner, _, _, _ = _tp_ranks(monkeypatch, other_rank_ratio=1.0)
     runner.tp_size, runner.model_runner = 2, model_runner
     runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
@@ -1065,7 +1070,7 @@ def test_no_flashinfer_variant_where_no_call_of_the_graph_can_run_it(flashinfer_
     """A model whose every layer has sinks (or a window): FlashInfer's decode would run in no
     call of the variant, which would then be the base graph's kernels plus FlashInfer's plan
     before each of its replays, a graph captured for nothing."""
-    runner, backend, [flashinfer] = flashinfer_runner
+    runner, backend, made = flashinfer_runner
     _graph_step(backend, 4, 2048)  # (the graph's buffers)
     batch = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4, dtype=torch.int64), seq_lens_cpu=None)
 
@@ -1073,22 +1078,21 @@ def test_no_flashinfer_variant_where_no_call_of_the_graph_can_run_it(flashinfer_
         q, k, v, layer = _step(backend, batch)
         return backend.forward_decode(q, k, v, layer, batch, sinks=torch.zeros(HEADS))
     runner.capture_one_shape(4, with_sinks)
-    assert backend.tuner_flashinfer_labels == {} and not [c for c in flashinfer.calls if c[0] != "graph_state"]
+    assert backend.tuner_flashinfer_labels == {} and not made  # (nor is its memory taken)
 
 
 def test_a_judged_flashinfer_variant_plans_only_before_its_own_replays(flashinfer_runner, monkeypatch, sgl):
     """With the judge on, the FlashInfer variant's first replays alternate with the base graph
     (base first); FlashInfer plans before each of its replays and no other, and a variant
     slower than the base graph is dropped for its class like any other."""
-    runner, backend, [flashinfer] = flashinfer_runner
     monkeypatch.delenv("TUNER_REPLAY_JUDGE")
     clock = _Clock({None: 1.0, "tuner-1": 1.0, "tuner-2": 1.5})
     monkeypatch.setattr(torch.cuda, "Event", clock.event)
     pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
     backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
     runner = sgl.runner(backend, capture_bs=[4])
-    flashinfer = fake_sglang.FlashInferAttnBackend.made[-1]
     runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    flashinfer = backend.tuner_flashinfer
     runner.backend.replay = clock.replay(runner)
     flashinfer.calls.clear()
     pairs = integration.settings.replay_judge_pairs()

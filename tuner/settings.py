@@ -118,8 +118,8 @@ def graph_wave_caps() -> bool:
 
 
 # inside SGLang, one more graph variant per batch size that runs SGLang's own FlashInfer
-# backend (its capture and its plan before each replay) on the classes of lengths whose graph
-# runs FA3's default, judged per class like any variant; off until measured on a GPU
+# backend (its capture and its plan before each replay) on the classes of lengths that would
+# replay the base graph, judged per class like any variant; off until measured on a GPU
 # ($TUNER_SGLANG_FLASHINFER=1: on; docs/decisions.md, "SGLang (issue 38)")
 ENV_SGLANG_FLASHINFER = "TUNER_SGLANG_FLASHINFER"
 

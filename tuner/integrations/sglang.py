@@ -24,9 +24,9 @@ it runs slower than that graph replays the base graph from then on
 (tuner.integrations.replay_judge); tensor-parallel ranks act on their slowest rank's ratio
 (one all-reduce over SGLang's TP CPU group per verdict), and under pipeline parallelism
 variants are not judged. With $TUNER_SGLANG_FLASHINFER=1 one more variant per batch size runs
-SGLang's own FlashInfer backend (made beside tuner's, over the same KV pool) on the classes
-whose graph runs FA3's default, planned on the replay's view only before its own replays, and
-judged like the others (settings.sglang_flashinfer_variant: off until measured). Three
+SGLang's own FlashInfer backend (made beside tuner's, over the same KV pool) on the classes of
+lengths that would replay the base graph, planned on the replay's view only before its own
+replays, and judged like the others (settings.sglang_flashinfer_variant: off until measured). Three
 hooks of SGLang's plugin HookRegistry, around DecodeCudaGraphRunner.capture_one_shape,
 load_batch and execute, which act only where the runner's decode backend is tuner's. SGLang
 is imported only when the backend is created or the hooks registered; its 0.5.17 source was
@@ -129,13 +129,15 @@ def backend_class() -> type:
             # SGLang's FlashInfer backend for a graph variant (flashinfer_beside), the label of that
             # variant per batch size, whether it is being captured, and the last replay's view
             self.tuner_flashinfer: Any = None
+            self.tuner_flashinfer_asked = False  # (flashinfer_of: made once, on first need)
+            self.tuner_graph_sizes: tuple[int, int] | None = None  # the runner's (max batch, max tokens)
             self.tuner_flashinfer_labels: dict[int, str] = {}
             self.tuner_capturing_flashinfer = False
             self.tuner_replay_view: Any = None
 
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args: Any, **kwargs: Any) -> None:
             super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-            self.tuner_flashinfer = flashinfer_beside(self, max_bs, max_num_tokens)
+            self.tuner_graph_sizes = (max_bs, max_num_tokens)
 
         def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
             super().init_forward_metadata_out_graph(forward_batch, in_capture)
@@ -196,6 +198,16 @@ def _decodes(forward_batch: Any) -> bool:
     """Whether a graph's metadata step is a decode's (the prefill graphs' steps come here too)."""
     mode = getattr(forward_batch, "forward_mode", None)
     return mode is None or mode.is_decode_or_idle()
+
+
+def flashinfer_of(backend: Any) -> Any:
+    """The backend's FlashInfer backend (flashinfer_beside), made when a graph first could hold
+    a variant of it: a backend whose graphs never get variants (two-batch overlap's children,
+    pdmux, a pool FlashInfer's variant cannot serve) allocates nothing for it."""
+    if not backend.tuner_flashinfer_asked and backend.tuner_graph_sizes is not None:
+        backend.tuner_flashinfer_asked = True
+        backend.tuner_flashinfer = flashinfer_beside(backend, *backend.tuner_graph_sizes)
+    return backend.tuner_flashinfer
 
 
 def flashinfer_beside(backend: Any, max_bs: int, max_num_tokens: int) -> Any:
@@ -344,7 +356,8 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
         return result
     calls = list(backend.tuner_graph_calls.get(size, {}).values())
     try:
-        alternative = FLASHINFER if backend.tuner_flashinfer is not None and any(map(_flashinfer_runs, calls)) else None
+        runs_it = any(map(_flashinfer_runs, calls)) and flashinfer_of(backend) is not None
+        alternative = FLASHINFER if runs_it else None
         planned = backend.tuner_variants.plan(size, calls, alternative=alternative)
         if backend.tuner_judge is not None:  # (new graphs: the old ones' verdicts do not hold)
             backend.tuner_judge.forget(size)
