@@ -1016,13 +1016,14 @@ def test_a_failed_flashinfer_plan_replays_the_batch_sizes_graph_from_then_on(fla
 
 
 @pytest.mark.parametrize("change, runs", [({}, True), ({"sinks": torch.zeros(HEADS)}, False),
-                                          ({"window": 127}, False)])
+                                          ({"window": 127}, False), ({"sinks": None}, True),
+                                          ({"k_rope": None}, True)])
 def test_only_calls_sglangs_flashinfer_decode_takes_as_they_are_run_it(sgl, change, runs):
     """FlashInfer's forward_decode takes no sinks, and its backend keeps windowed layers on
     wrappers of their own: such calls, like every call decode_attention does not cover, run
-    as in the base graph."""
+    as in the base graph; a keyword passed as None is one not passed."""
     backend, _, batch = _backend([5, 9])
-    kwargs = {"sinks": change["sinks"]} if "sinks" in change else {}
+    kwargs = {name: value for name, value in change.items() if name != "window"}
     layer = fake_sglang.Layer(tp_q_head_num=HEADS, tp_k_head_num=KV_HEADS, head_dim=DIM,
                               sliding_window_size=change.get("window", -1))
     assert integration.runs_flashinfer(backend, layer, batch, kwargs) == runs

@@ -181,8 +181,8 @@ def covers(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any])
 def runs_flashinfer(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
     """Whether a call in the FlashInfer variant's capture runs SGLang's FlashInfer backend: a
     covered call with no keyword FlashInfer's forward_decode lacks (sinks) and no window
-    (whose wrappers that backend dispatches apart)."""
-    return (not kwargs and getattr(layer, "sliding_window_size", -1) in (None, -1)
+    (whose wrappers that backend dispatches apart). A keyword passed as None is one not passed."""
+    return (all(value is None for value in kwargs.values()) and getattr(layer, "sliding_window_size", -1) in (None, -1)
             and covers(backend, layer, forward_batch, kwargs))
 
 
