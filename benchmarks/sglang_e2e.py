@@ -28,7 +28,9 @@ r-th, so that neighbours in time alternate. The summary, per (batch, input lengt
 the median over its rounds of its median decode throughput, BACKEND_rounds its values in round
 order, spread their max/min; tuner_over_best is tuner's median over the best built-in backend's
 (by medians), and tuner_over_best_by_round their ratio within each round (neighbours in time, so
-the pairs share the machine's drift). A worker's time is mostly startup, hence 128 decode steps
+the pairs share the machine's drift); step_floor the step's bytes at the card's nominal bandwidth
+and, with --profile-steps, each backend's attention kernels per step and attention_bound: the
+most any attention kernel could raise the best built-in backend's throughput. A worker's time is mostly startup, hence 128 decode steps
 each by default. Logits, after the rounds: per backend, one worker, the first decode steps of
 one small batch (fixed token ids fed at every step, so every backend decodes the same inputs),
 with the dummy weights drawn again, seeded, at scales where attention shows in the logits (the
@@ -432,7 +434,8 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
             if "error" in p:
                 print(f"profile {backend} b{batch} L{input_len}: unreadable ({p['error']})", flush=True)
                 continue
-            print(f"profile {backend} b{batch} L{input_len}: per step GPU busy {p['gpu_busy_us']:.0f} us, idle "
+            print(f"profile {backend} b{batch} L{input_len}: per step GPU busy {p['gpu_busy_us']:.0f} us (attention "
+                  f"{p['attention_us']:.0f} us), idle "
                   f"{p['gpu_idle_us']:.0f} us, {p['gpu_ops']:.0f} GPU ops, {p['graph_launches']:.1f} graph launches "
                   f"({p['graph_launch_host_us']:.0f} us on the host)", flush=True)
     rows = [json.loads(line) for line in result.read_text().splitlines()] if result.exists() else []
@@ -503,7 +506,7 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
                 skipped=skipped_points(results),
                 capture_seconds_median={b: statistics.median(c["seconds"] for c in r["latency"]["capture"].values())
                                         for b, r in results.items() if r.get("latency", {}).get("capture")})
-    return with_step_floors(doc, args)
+    return with_attention_times(with_step_floors(doc, args))
 
 
 def with_step_floors(doc: dict, args: argparse.Namespace) -> dict:
@@ -522,6 +525,40 @@ def with_step_floors(doc: dict, args: argparse.Namespace) -> dict:
             entry["step_floor"] = dict(floor, of_floor={
                 b: floor["floor_ms"] / (1e3 * batch / entry[b]) for b in (*BUILT_IN, *TUNER_SETTINGS) if entry.get(b)})
     return doc
+
+
+def with_attention_times(doc: dict) -> dict:
+    """Where --profile-steps traced a point's steps: each backend's attention kernels per step
+    (the median over its workers' traces; ms, the KV bytes read per second, the share of its
+    median step) beside the step floor, and attention_bound: the most any attention kernel
+    could raise the best built-in backend's throughput, were its attention to read the KV
+    cache at the card's nominal bandwidth and the rest of its step to stay as it is."""
+    for entry in doc["summary"]:
+        floor = entry.get("step_floor")
+        if floor is None:
+            continue
+        times = {b: _attention_ms(doc["results"].get(b, {}), entry["batch"], entry["input_len"])
+                 for b in (*BUILT_IN, *TUNER_SETTINGS) if entry.get(b)}
+        step_ms = {b: 1e3 * entry["batch"] / entry[b] for b in times}
+        attention = {b: dict(ms=ms, kv_tb_per_s=floor["kv_gb"] / ms, of_step=ms / step_ms[b])
+                     for b, ms in times.items() if ms}
+        if not attention:
+            continue
+        floor["attention"] = attention
+        best = entry.get("best_built_in")
+        if best in attention:
+            kv_floor_ms = floor["kv_gb"] / floor["hbm_tb_per_s"]
+            floor["attention_bound"] = step_ms[best] / (step_ms[best] - attention[best]["ms"] + kv_floor_ms)
+    return doc
+
+
+def _attention_ms(result: dict, batch: int, input_len: int) -> float | None:
+    """A backend's decode attention ms per step at a point: the median over its workers'
+    profile summaries (None where none traced it)."""
+    profiles = result.get("latency", {}).get("profile", {})
+    found = [p[str(batch)]["attention_us"] for key, p in profiles.items()
+             if int(key.split("#")[0]) == input_len and "attention_us" in p.get(str(batch), {})]
+    return statistics.median(found) / 1e3 if found else None
 
 
 def with_tuner_graphs(summary: list[dict], results: dict) -> list[dict]:

@@ -820,7 +820,26 @@ def test_a_decode_trace_summary_counts_overlapping_gpu_work_once():
     assert (summary["gpu_busy_us"], summary["gpu_span_us"], summary["gpu_idle_us"], summary["gpu_ops"]) == (
         17.0, 32.0, 15.0, 3.0)
     assert [k["name"] for k in summary["top"]] == ["a", "b", "copy"]
+    assert summary["attention_us"] == 0.0 and summary["attention_kernels"] == []
     assert trace.summarize_trace([], steps=2)["gpu_busy_us"] == 0.0
+
+
+def test_a_decode_trace_summary_times_each_backends_attention_kernels_apart_from_the_rest():
+    """attention_us: the kernels of FA3, FlashInfer, tuner's Triton kernel and SGLang's Triton
+    backend (names as the profiler gives them), over the steps; not the GEMMs, norms or the
+    KV cache's store."""
+    trace = benchmark_module("common.decode_trace")
+    names = ["void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::Collective",
+             "void cutlass::device_kernel<flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>", "_decode_split_kernel",
+             "_decode_merge_kernel", "void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits",
+             "void flashinfer::PersistentVariableLengthMergeStatesKernel<8u, 16u", "_fwd_grouped_kernel_stage1",
+             "_fwd_kernel_stage2", "nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT",
+             "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>",
+             "void (anonymous namespace)::store_kvcache<2048l, 2048l, 4, true, long>"]
+    events = [dict(ph="X", cat="kernel", name=name, ts=100 * i, dur=10 + i) for i, name in enumerate(names)]
+    summary = trace.summarize_trace(events, steps=2)
+    assert summary["attention_us"] == sum(10 + i for i in range(8)) / 2
+    assert len(summary["attention_kernels"]) == 8 and not any("store_kvcache" in n for n in summary["attention_kernels"])
 
 
 def test_a_profile_trace_cut_short_is_reported_and_removed_not_a_crash(tmp_path):
@@ -1340,6 +1359,28 @@ def test_sglang_e2e_gives_each_point_its_steps_floor_and_each_backends_share_of_
     assert equal["summary"][0]["step_floor"]["kv_gb"] == pytest.approx(floor.kv_bytes(config, [65536 + 64] * 8) / 1e9)
     cpu = e2e.with_step_floors(dict(doc, environment={"device": "cpu"}, summary=[{"batch": 8, "input_len": 1024}]), args)
     assert "step_floor" not in cpu["summary"][0]
+
+
+def test_sglang_e2e_says_how_much_any_attention_kernel_could_raise_the_best_built_in_backend():
+    """Where the steps were traced: each backend's attention ms per step (the median over its
+    workers), its KV bytes per second and share of the step; attention_bound: the best
+    built-in backend's step over the same step with its attention at the nominal bandwidth."""
+    e2e = benchmark_module("sglang_e2e")
+    profile = lambda *us: {f"65536{'#' + str(r) if r else ''}": {"8": {"attention_us": a}} for r, a in enumerate(us)}
+    doc = {"summary": [{"batch": 8, "input_len": 65536, "fa3": 500.0, "flashinfer": 400.0, "tuner": 480.0,
+                        "best_built_in": "fa3",
+                        "step_floor": {"kv_gb": 48.0, "hbm_tb_per_s": 4.8}},  # 10 ms of KV at 4.8 TB/s
+                       {"batch": 1, "input_len": 1024, "fa3": 100.0, "best_built_in": "fa3"}],  # no floor: left
+           "results": {"fa3": {"latency": {"profile": profile(12000.0, 13000.0, 15000.0)}},
+                       "flashinfer": {"latency": {"profile": {"65536": {"1": {"attention_us": 1.0}}}}},
+                       "tuner": {"latency": {"profile": profile(11000.0)}}}}
+    floor = e2e.with_attention_times(doc)["summary"][0]["step_floor"]
+    assert set(floor["attention"]) == {"fa3", "tuner"}  # (flashinfer's trace is of another batch size)
+    fa3 = floor["attention"]["fa3"]
+    assert fa3["ms"] == pytest.approx(13.0) and fa3["kv_tb_per_s"] == pytest.approx(48.0 / 13.0)
+    assert fa3["of_step"] == pytest.approx(13.0 / 16.0)  # 8 tokens at 500/s: a 16 ms step
+    assert floor["attention_bound"] == pytest.approx(16.0 / (16.0 - 13.0 + 10.0))
+    assert "step_floor" not in doc["summary"][1]
 
 
 def test_roofline_keeps_only_the_serving_cases_of_the_batch_sizes_and_caps_asked_for():

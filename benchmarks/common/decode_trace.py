@@ -14,6 +14,12 @@ from pathlib import Path
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
 NAME_CHARS = 160  # a kernel's name kept this long (template arguments run to thousands)
+# decode attention's kernels, by a fragment of the name each library gives them: FA3's main and
+# combine kernels and its scheduler's, tuner's Triton kernels, FlashInfer's paged kernels and
+# merges, SGLang's Triton backend's stages (writing the KV cache is not counted)
+ATTENTION_KERNELS = ("FlashAttnFwd", "prepare_varlen_num_blocks", "_decode_split_kernel", "_decode_by_length_kernel",
+                     "_decode_merge_kernel", "WithPagedKVCache", "MergeStates", "_fwd_kernel_stage",
+                     "_fwd_grouped_kernel_stage")
 
 
 def read_trace(path: Path) -> list[dict]:
@@ -34,10 +40,17 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def is_attention(kernel_name: str) -> bool:
+    """Whether a GPU kernel is one of decode attention's (ATTENTION_KERNELS)."""
+    return any(fragment in kernel_name for fragment in ATTENTION_KERNELS)
+
+
 def summarize_trace(events: list[dict], steps: int, top: int = 12) -> dict:
     """Per decode step (the trace holds `steps`): the GPU's busy time (its work's union), the
     span from its first work to its last and the idle time within it, its kernels and graph
-    launches; and the `top` kernels by time, each with its count and time per step."""
+    launches; the `top` kernels by time, each with its count and time per step; and
+    attention_us, the decode attention kernels' time (ATTENTION_KERNELS, their names in
+    attention_kernels): the part of the step an attention backend can change."""
     work = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "dur" in e]
     intervals = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in work]
     span = max(end for _, end in intervals) - min(start for start, _ in intervals) if intervals else 0.0
@@ -47,13 +60,15 @@ def summarize_trace(events: list[dict], steps: int, top: int = 12) -> dict:
         entry = by_name[str(e.get("name", ""))[:NAME_CHARS]]
         entry[0] += 1
         entry[1] += float(e["dur"])
+    attention = {name: us for name, (_, us) in by_name.items() if is_attention(name)}
     launches = [float(e.get("dur", 0.0)) for e in events if e.get("ph") == "X" and e.get("name") in GRAPH_LAUNCHES]
     ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
     per = max(steps, 1)
     return dict(steps=steps, gpu_busy_us=busy / per, gpu_span_us=span / per, gpu_idle_us=(span - busy) / per,
-                gpu_ops=len(work) / per, graph_launches=len(launches) / per,
+                gpu_ops=len(work) / per, attention_us=sum(attention.values()) / per,
+                attention_kernels=sorted(attention), graph_launches=len(launches) / per,
                 graph_launch_host_us=sum(launches) / per,
                 top=[dict(name=name, count=count / per, us=us / per) for name, (count, us) in ranked])
 
 
-__all__ = ["busy_us", "read_trace", "summarize_trace"]
+__all__ = ["busy_us", "is_attention", "read_trace", "summarize_trace"]
