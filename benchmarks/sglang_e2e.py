@@ -332,9 +332,11 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
         replayed.append(_graph_label(getattr(graph_runner, "_replay_graph_key", None)))
     torch.save(torch.stack(steps), logits_out)
     graphs = getattr(getattr(graph_runner, "backend", None), "_graphs", {})  # SGLang's graphs by ShapeKey
+    # tuner's FlashInfer variants by batch size (this worker configures no logging: its plan lines are lost)
+    flashinfer = getattr(getattr(runner.torch_runner, "attn_backend", None), "tuner_flashinfer_labels", {})
     Path(f"{logits_out}.graphs.json").write_text(json.dumps(dict(
         captured=sorted({(key.size, _graph_label(key)) for key in graphs}, key=lambda k: (k[0], str(k[1]))),
-        replayed=replayed)))
+        replayed=replayed, flashinfer_labels=sorted(set(flashinfer.values())))))
 
 
 def prepare_rank(backend: str) -> None:
