@@ -78,7 +78,7 @@ class CudaGraphTimer:
                         graph.capture_end()
             except Exception as e:
                 torch.cuda.synchronize()
-                del graph
+                graph = None  # (the failed capture's graph freed before a retry)
                 if attempt or not _out_of_memory(e):
                     break  # a call that cannot be captured (a host-side plan): timed eagerly
                 # a capture cannot take memory from PyTorch's cache (its allocator frees none
