@@ -94,6 +94,38 @@ def test_the_variants_kept_are_the_longest_lengths_and_the_rest_run_the_base_gra
     assert none.plan(4, [_call()]) == [] and none.label(4, [2000] * 4) is None
 
 
+def test_an_alternative_backend_serves_the_base_graphs_classes_and_those_whose_own_variant_lost(records):
+    """plan(alternative=...) (SGLang's FlashInfer): one more variant, after the records'; a
+    step of a class the base graph would replay picks it, and so does one of a class whose
+    own variant the replay judge dropped, or that no variant was kept for; where it is
+    dropped too, that class replays the base graph. Other classes keep their graphs."""
+    variants = GraphVariants(max_variants=8)
+    plan = variants.plan(4, [_call()], alternative="flashinfer")
+    assert [(v.label, v.alternative) for v in plan] == [
+        ("tuner-1", None), ("tuner-2", None), ("tuner-3", None), ("tuner-4", None), ("tuner-5", "flashinfer")]
+    assert plan[-1].configs == ("flashinfer",)
+    assert variants.label(4, [40, 30, 30, 30]) == "tuner-5"  # no record near: the base graph's class
+    record = variants.pick(4, [1000, 900, 900, 900])
+    assert record.label == "tuner-2"
+    variants.drop_pick(4, record)
+    fallback = variants.pick(4, [1000, 900, 900, 900])
+    assert fallback == ("tuner-5", record.step_class)
+    assert variants.label(4, [2000] * 4) == "tuner-1"
+    variants.drop_pick(4, fallback)
+    assert variants.pick(4, [1000, 900, 900, 900]) is None
+    assert variants.label(4, [40, 30, 30, 30]) == "tuner-5" and variants.label(4, [2000] * 4) == "tuner-1"
+    variants.drop(4, "tuner-5")  # (its capture failed)
+    assert variants.label(4, [40, 30, 30, 30]) is None and variants.label(4, [2000] * 4) == "tuner-1"
+
+    few = GraphVariants(max_variants=2)
+    assert [v.label for v in few.plan(4, [_call()], alternative="flashinfer")] == ["tuner-1", "tuner-2", "tuner-3"]
+    assert few.label(4, [500] * 4) == "tuner-3"  # a record's class no variant was kept for
+    plain = GraphVariants(max_variants=8)
+    plain.plan(4, [_call()])
+    plain.drop_pick(4, plain.pick(4, [1000, 900, 900, 900]))
+    assert plain.pick(4, [1000, 900, 900, 900]) is None and plain.label(4, [2000] * 4) == "tuner-1"
+
+
 def test_a_class_that_runs_what_the_base_graph_runs_needs_no_graph_of_its_own(db_path):
     """With a graph record the base graph runs it; a bucket whose per-call record is that
     config adds no variant. A plan asks about lengths no call had: it records no miss."""

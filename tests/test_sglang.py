@@ -1102,3 +1102,25 @@ def test_a_judged_flashinfer_variant_plans_only_before_its_own_replays(flashinfe
     assert [c[0] for c in flashinfer.calls] == ["plan"] * pairs
     assert _labels(runner, 3, lengths=(100,) * 4) == [None] * 3  # dropped: 1.5x
     assert len(flashinfer.calls) == pairs
+
+
+def test_a_class_whose_record_variant_lost_is_judged_on_flashinfer_next(flashinfer_runner, monkeypatch, sgl):
+    """A record's variant (tuner-1, kv 2048) that its replays find slower than the base graph
+    is dropped for its class, whose steps then try the FlashInfer variant (judged against the
+    base graph in turn, its plan before each of its replays) and keep it where it wins."""
+    monkeypatch.delenv("TUNER_REPLAY_JUDGE")
+    clock = _Clock({None: 1.0, "tuner-1": 1.5, "tuner-2": 0.8})
+    monkeypatch.setattr(torch.cuda, "Event", clock.event)
+    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
+    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
+    runner = sgl.runner(backend, capture_bs=[4])
+    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    flashinfer = backend.tuner_flashinfer
+    runner.backend.replay = clock.replay(runner)
+    flashinfer.calls.clear()
+    pairs = integration.settings.replay_judge_pairs()
+    assert _labels(runner, 2 * pairs) == [None, "tuner-1"] * pairs and not flashinfer.calls
+    assert _labels(runner, 2 * pairs) == [None, "tuner-2"] * pairs  # dropped (1.5x): FlashInfer's turn
+    assert _labels(runner, 3) == ["tuner-2"] * 3  # kept: 0.8x
+    assert [c[0] for c in flashinfer.calls] == ["plan"] * (pairs + 3)
+    assert _labels(runner, 2, lengths=(100,) * 4)[-1] == "tuner-2"  # (the base graph's class: its own verdict)

@@ -199,7 +199,8 @@ class GraphVariants:
         self.max_variants = settings.graph_variants_max() if max_variants is None else max_variants
         self._labels: dict[int, dict[tuple[int, bool], str]] = {}  # batch -> (kv bucket, dense) -> label
         self._waves: dict[int, _WaveSteps] = {}  # batch -> its FA3 cap graphs, where a record is wave_fit
-        self._dropped: dict[int, set[tuple]] = {}  # batch -> the step classes (drop_pick) that replay the base graph
+        self._dropped: dict[int, set[tuple]] = {}  # batch -> the (label, step class) picks drop_pick took off
+        self._alternatives: dict[int, str] = {}  # batch -> the label of its alternative backend's variant
 
     def plan(self, batch: int, calls: Iterable[tuple], alternative: str | None = None) -> list[Variant]:
         """The variants worth capturing beside the base graph of `batch`, whose decode_attention
@@ -207,12 +208,14 @@ class GraphVariants:
         the graph's bound as max_kv_len). alternative: the name of another attention backend
         the server can capture (SGLang's FlashInfer): one more variant, whose calls run it,
         for every class of lengths the base graph would replay (a cap graph still comes first
-        where a step's lengths need its cap), for the replay judge to keep where it wins. Call
-        it outside any graph_capture."""
+        where a step's lengths need its cap) and every class whose own variant the replay
+        judge drops, for the judge to keep where it wins (pick()). Call it outside any
+        graph_capture."""
         calls = [tuple(c) for c in calls]
         self._labels[batch] = {}
         self._waves.pop(batch, None)
         self._dropped.pop(batch, None)
+        self._alternatives.pop(batch, None)
         if not calls or self.max_variants <= 0:
             return []
         bound = max(int(c[5]) for c in calls)
@@ -223,6 +226,7 @@ class GraphVariants:
         wave_classes: dict[tuple[str, ...], list[tuple[int, bool]]] = {}  # by what they run, uncapped
         recorded: set[tuple[str, ...]] = set()  # the groups of wave_classes a wave_fit record is in
         base_classes: list[tuple[int, bool]] = []  # the classes the base graph would replay
+        every_class: list[tuple[int, bool]] = []
         wave_call = None
         for exponent in range(kv_len_bucket(bound).bit_length() - 1, -1, -1):  # longest first
             for dense in (True, False):
@@ -238,6 +242,7 @@ class GraphVariants:
                     found = default_call  # (a class that runs FA3's default)
                 if found is not None:
                     wave_classes.setdefault(configs, []).append((1 << exponent, dense))
+                every_class.append((1 << exponent, dense))
                 if configs != base:
                     groups.setdefault(configs, []).append((1 << exponent, dense))
                 else:
@@ -247,10 +252,10 @@ class GraphVariants:
             label = f"{LABEL_PREFIX}{len(variants) + 1}"
             variants.append(Variant(label, StepLengths(*classes[0]), configs))
             self._labels[batch].update(dict.fromkeys(classes, label))
-        if alternative is not None and base_classes:
-            label = f"{LABEL_PREFIX}{len(variants) + 1}"
-            variants.append(Variant(label, StepLengths(*base_classes[0]), (alternative,), alternative=alternative))
-            self._labels[batch].update(dict.fromkeys(base_classes, label))
+        if alternative is not None:  # (every class it may serve: pick() sends them to it)
+            label = self._alternatives[batch] = f"{LABEL_PREFIX}{len(variants) + 1}"
+            declared = StepLengths(*(base_classes or every_class)[0])  # (for the calls it leaves to tuner)
+            variants.append(Variant(label, declared, (alternative,), alternative=alternative))
         if wave_classes:  # a cap graph runs one set's configs for every call: a record's first, then the longest
             capped = next((c for c in wave_classes if c in recorded), next(iter(wave_classes)))
             variants += self._plan_caps(batch, calls, wave_call or default_call, wave_classes[capped], len(variants),
@@ -279,6 +284,8 @@ class GraphVariants:
         labels = self._labels.get(batch, {})
         for step_class in [c for c, kept in labels.items() if kept == label]:
             del labels[step_class]
+        if self._alternatives.get(batch) == label:
+            del self._alternatives[batch]
         waves = self._waves.get(batch)
         if waves is not None:
             for cap in [c for c, kept in waves.labels.items() if kept == label]:
@@ -286,9 +293,10 @@ class GraphVariants:
 
     def drop_pick(self, batch: int, pick: Pick) -> None:
         """A verdict against one class of steps on its graph (tuner.integrations.replay_judge):
-        those steps replay the base graph from now on, or, where a cap graph was dropped, the
-        graph their class names without a cap; the graph keeps its other classes."""
-        self._dropped.setdefault(batch, set()).add(pick.step_class)
+        those steps replay, from now on, the graph their class names without a cap where a cap
+        graph was dropped, else the alternative backend's variant where there is one and it
+        was not the graph dropped, else the base graph; the graph keeps its other classes."""
+        self._dropped.setdefault(batch, set()).add(pick)
 
     def label(self, batch: int, seq_lens_host: Any, raw_batch: int | None = None) -> str | None:
         """The graph to replay for a step: a variant's label, or None for the base graph (see
@@ -302,7 +310,7 @@ class GraphVariants:
         its first raw_batch sequences (all of them if None); the rest of `batch` are padding
         of length 1, as a server pads a batch up to a captured size."""
         labels = self._labels.get(batch)
-        if (not labels and batch not in self._waves) or seq_lens_host is None:
+        if (not labels and batch not in self._waves and batch not in self._alternatives) or seq_lens_host is None:
             return None
         if isinstance(seq_lens_host, torch.Tensor) and not seq_lens_host.is_cpu:
             return None
@@ -316,10 +324,16 @@ class GraphVariants:
         if waves is not None and waves.labels and step_class in waves.classes:
             # the padding too: FA3 gives each padded sequence a tile of its own
             cap = wave_cap(_padded(lengths, batch), **waves.shape)
-            if cap in waves.labels and (*step_class, cap) not in dropped:
-                return Pick(waves.labels[cap], (*step_class, cap))
+            capped = Pick(waves.labels.get(cap), (*step_class, cap))
+            if capped.label is not None and capped not in dropped:
+                return capped
         label = labels.get(step_class) if labels else None
-        return None if label is None or step_class in dropped else Pick(label, step_class)
+        if label is not None and (label, step_class) not in dropped:
+            return Pick(label, step_class)
+        alternative = self._alternatives.get(batch)
+        if alternative is None or (alternative, step_class) in dropped:
+            return None
+        return Pick(alternative, step_class)
 
 
 def _real_lengths(seq_lens_host: Any, raw_batch: int | None) -> tuple[list[int] | np.ndarray, int, int]:
