@@ -122,6 +122,15 @@ def stop(proc: subprocess.Popen, signals: list[int], grace: float = 20.0) -> Non
             continue
 
 
+def pass_sigint_on() -> None:
+    """A run started in the background (`nohup ... &`) has SIGINT ignored, and its sweeps
+    inherit that, so STOP_SIGNALS' first would not reach them. With Python's own handler here,
+    each sweep gets SIGINT's default again (an exec resets a handled signal), and one stopped
+    at the deadline still prints the shapes it finished."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
@@ -137,6 +146,7 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="print each GPU's sweep commands, run nothing")
     ap.add_argument("--profile", action="store_true", help="each sweep under cProfile, into LOGS/part<N>.<op>.prof")
     args = ap.parse_args()
+    pass_sigint_on()
     sweeps = models.SWEEPS if args.set == "grid" else models.SERVING_SWEEPS
     devices = gpus()
     if not devices:
