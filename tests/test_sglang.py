@@ -1082,21 +1082,27 @@ def test_no_flashinfer_variant_where_no_call_of_the_graph_can_run_it(flashinfer_
     assert backend.tuner_flashinfer_labels == {} and not made  # (nor is its memory taken)
 
 
-def test_a_judged_flashinfer_variant_plans_only_before_its_own_replays(flashinfer_runner, monkeypatch, sgl):
-    """With the judge on, the FlashInfer variant's first replays alternate with the base graph
-    (base first); FlashInfer plans before each of its replays and no other, and a variant
-    slower than the base graph is dropped for its class like any other."""
+def _judged_flashinfer(sgl, monkeypatch, record: float, flashinfer: float):
+    """flashinfer_runner's set-up with the judge on, each replay timed (the base graph 1.0,
+    the record's variant tuner-1 and the FlashInfer variant tuner-2 as given): the runner,
+    SGLang's FlashInfer backend (its calls so far cleared) and the judge's pairs."""
     monkeypatch.delenv("TUNER_REPLAY_JUDGE")
-    clock = _Clock({None: 1.0, "tuner-1": 1.0, "tuner-2": 1.5})
+    clock = _Clock({None: 1.0, "tuner-1": record, "tuner-2": flashinfer})
     monkeypatch.setattr(torch.cuda, "Event", clock.event)
     pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
     backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
     runner = sgl.runner(backend, capture_bs=[4])
     runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
-    flashinfer = backend.tuner_flashinfer
     runner.backend.replay = clock.replay(runner)
-    flashinfer.calls.clear()
-    pairs = integration.settings.replay_judge_pairs()
+    backend.tuner_flashinfer.calls.clear()
+    return runner, backend.tuner_flashinfer, integration.settings.replay_judge_pairs()
+
+
+def test_a_judged_flashinfer_variant_plans_only_before_its_own_replays(flashinfer_runner, monkeypatch, sgl):
+    """With the judge on, the FlashInfer variant's first replays alternate with the base graph
+    (base first); FlashInfer plans before each of its replays and no other, and a variant
+    slower than the base graph is dropped for its class like any other."""
+    runner, flashinfer, pairs = _judged_flashinfer(sgl, monkeypatch, record=1.0, flashinfer=1.5)
     labels = _labels(runner, 2 * pairs, lengths=(100,) * 4)
     assert labels == [None, "tuner-2"] * pairs
     assert [c[0] for c in flashinfer.calls] == ["plan"] * pairs
@@ -1108,17 +1114,7 @@ def test_a_class_whose_record_variant_lost_is_judged_on_flashinfer_next(flashinf
     """A record's variant (tuner-1, kv 2048) that its replays find slower than the base graph
     is dropped for its class, whose steps then try the FlashInfer variant (judged against the
     base graph in turn, its plan before each of its replays) and keep it where it wins."""
-    monkeypatch.delenv("TUNER_REPLAY_JUDGE")
-    clock = _Clock({None: 1.0, "tuner-1": 1.5, "tuner-2": 0.8})
-    monkeypatch.setattr(torch.cuda, "Event", clock.event)
-    pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
-    backend = integration.create_backend(types.SimpleNamespace(token_to_kv_pool=pool, page_size=1))
-    runner = sgl.runner(backend, capture_bs=[4])
-    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
-    flashinfer = backend.tuner_flashinfer
-    runner.backend.replay = clock.replay(runner)
-    flashinfer.calls.clear()
-    pairs = integration.settings.replay_judge_pairs()
+    runner, flashinfer, pairs = _judged_flashinfer(sgl, monkeypatch, record=1.5, flashinfer=0.8)
     assert _labels(runner, 2 * pairs) == [None, "tuner-1"] * pairs and not flashinfer.calls
     assert _labels(runner, 2 * pairs) == [None, "tuner-2"] * pairs  # dropped (1.5x): FlashInfer's turn
     assert _labels(runner, 3) == ["tuner-2"] * 3  # kept: 0.8x
