@@ -328,10 +328,10 @@ class GraphVariants:
             if capped.label is not None and capped not in dropped:
                 return capped
         label = labels.get(step_class) if labels else None
-        if label is not None and (label, step_class) not in dropped:
+        if label is not None and not (dropped and (label, step_class) in dropped):
             return Pick(label, step_class)
         alternative = self._alternatives.get(batch)
-        if alternative is None or (alternative, step_class) in dropped:
+        if alternative is None or (dropped and (alternative, step_class) in dropped):
             return None
         return Pick(alternative, step_class)
 
