@@ -30,15 +30,16 @@ order, spread their max/min; tuner_over_best is tuner's median over the best bui
 (by medians), and tuner_over_best_by_round their ratio within each round (neighbours in time, so
 the pairs share the machine's drift); step_floor the step's bytes at the card's nominal bandwidth
 and, with --profile-steps, each backend's attention kernels per step and attention_bound: the
-most any attention kernel could raise the best built-in backend's throughput. A worker's time
-is mostly startup, hence 128 decode steps each by default. Logits, after the rounds: per
-backend, one worker, the first decode steps of one small batch (fixed token ids fed at every
-step, so every backend decodes the same inputs), with the dummy weights drawn again, seeded, at scales where attention shows in the logits (the
-dummy load format's uniform +-1e-3 makes every attention uniform), each step copied out as it
-comes (SGLang's graphs return views of one shared buffer); compared with the fa3 backend's
-relative to their largest magnitude, the built-in backends' own differences being the noise
-floor. The logits go beside --out (ITS_NAME.BACKEND.logits.pt). The tuner backend is SGLang's
-FA3 backend whose plain decode runs decode_attention (tuner.integrations.sglang), registered in
+most any attention kernel could raise the best built-in backend's throughput. A worker's time is
+mostly startup, hence 128 decode steps each by default. Logits, after the rounds: per backend,
+one worker, the first decode steps of one small batch (fixed token ids fed at every step, so
+every backend decodes the same inputs), with the dummy weights drawn again, seeded, at scales
+where attention shows in the logits (the dummy load format's uniform +-1e-3 makes every attention
+uniform), each step copied out as it comes (SGLang's graphs return views of one shared buffer);
+compared with the fa3 backend's relative to their largest magnitude, the built-in backends' own
+differences being the noise floor. The logits go beside --out (ITS_NAME.BACKEND.logits.pt). The
+tuner backend is SGLang's FA3 backend whose plain decode runs decode_attention
+(tuner.integrations.sglang), registered in
 the worker process before SGLang parses its arguments, with its graph-variant hooks (SGLang's
 decode graphs, one per config set the per-call records name, picked per step); --db is its
 TUNER_DB, over the shipped tunings (a new key's records: `tuner sweep decode_attention --grid
