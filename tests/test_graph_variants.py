@@ -14,7 +14,7 @@ from support.recorders import recording_triton
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.integrations.decode_attention import decode_attention
 from tuner.integrations import graph_variants
-from tuner.integrations.graph_variants import GraphVariants, StepLengths
+from tuner.integrations.graph_variants import GraphVariants, Pick, StepLengths
 from tuner.ops.decode_attention import by_fill
 from tuner.workload import DecodeShape, make_decode_inputs
 
@@ -109,7 +109,7 @@ def test_an_alternative_backend_serves_the_base_graphs_classes_and_those_whose_o
     assert record.label == "tuner-2"
     variants.drop_pick(4, record)
     fallback = variants.pick(4, [1000, 900, 900, 900])
-    assert fallback == ("tuner-5", record.step_class)
+    assert fallback == Pick("tuner-5", record.step_class)
     assert variants.label(4, [2000] * 4) == "tuner-1"
     variants.drop_pick(4, fallback)
     assert variants.pick(4, [1000, 900, 900, 900]) is None
@@ -124,6 +124,60 @@ def test_an_alternative_backend_serves_the_base_graphs_classes_and_those_whose_o
     plain.plan(4, [_call()])
     plain.drop_pick(4, plain.pick(4, [1000, 900, 900, 900]))
     assert plain.pick(4, [1000, 900, 900, 900]) is None and plain.label(4, [2000] * 4) == "tuner-1"
+
+
+def test_the_alternative_backend_challenges_a_variant_the_judge_kept_for_its_class(records):
+    """A pick the judge keeps (keep_pick) is challenged for its class by the alternative
+    backend's variant, judged against it (`against`); where the challenger loses, the class
+    goes back to the variant kept. Without an alternative, or for a plain label, nothing
+    changes."""
+    variants = GraphVariants(max_variants=8)
+    variants.plan(4, [_call()], alternative="flashinfer")
+    record = variants.pick(4, [2000] * 4)
+    assert record == Pick("tuner-1", (2048, True))
+    variants.keep_pick(4, record)
+    challenger = variants.pick(4, [2000] * 4)
+    assert challenger == Pick("tuner-5", (2048, True), against="tuner-1")
+    assert variants.label(4, [1000] * 4) == "tuner-2"  # another class: its own verdict
+    variants.keep_pick(4, challenger)  # (the challenger kept: it goes on serving the class)
+    assert variants.pick(4, [2000] * 4) == challenger
+    variants.drop_pick(4, challenger)
+    assert variants.pick(4, [2000] * 4) == record
+    variants.drop(4, "tuner-5")  # (an alternative whose capture failed challenges nothing)
+    variants.keep_pick(4, variants.pick(4, [1000] * 4))
+    assert variants.label(4, [1000] * 4) == "tuner-2"
+
+    plain = GraphVariants(max_variants=8)
+    plain.plan(4, [_call()])
+    plain.keep_pick(4, plain.pick(4, [2000] * 4))
+    plain.keep_pick(4, "tuner-1")
+    assert plain.pick(4, [2000] * 4) == Pick("tuner-1", (2048, True))
+
+
+def test_a_judged_challenger_replays_against_the_variant_it_challenges(records, caplog):
+    """Through the judge: a record's variant kept against the base graph (0.9x) is challenged
+    by the alternative's variant, whose judged replays alternate with the record's (not the
+    base graph); at 0.8 it keeps the class, at 1.0 (1.11x of the record's) the class goes back
+    to the record's variant."""
+    from tuner.integrations.replay_judge import ReplayJudge
+
+    for alternative, wins in ((0.8, True), (1.0, False)):
+        variants = GraphVariants(max_variants=8)
+        variants.plan(4, [_call()], alternative="flashinfer")
+        events = EventClock()
+        judge = ReplayJudge.for_variants(variants, event=events)
+        cost = {None: 1.0, "tuner-1": 0.9, "tuner-5": alternative}
+
+        def step():
+            with judge.replaying(4, variants.pick(4, [2000] * 4)) as chosen:
+                events.now += cost[chosen]
+            return chosen
+
+        # (the verdict is read at the next step's start, after that step's pick: one more of the record's)
+        assert [step() for _ in range(17)] == [None, "tuner-1"] * 8 + ["tuner-1"]
+        assert [step() for _ in range(16)] == ["tuner-1", "tuner-5"] * 8
+        assert [step() for _ in range(3)] == ["tuner-5" if wins else "tuner-1"] * 3
+    assert "graph variant tuner-5 of batch size 4 ran 1.111x the time of variant tuner-1" in caplog.text
 
 
 def test_a_class_that_runs_what_the_base_graph_runs_needs_no_graph_of_its_own(db_path):
@@ -213,7 +267,7 @@ def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_b
     lengths is dropped there (those steps then replay the base graph, and label() no longer
     names it for them); one 10% faster keeps its steps; a step no variant was planned for is
     left alone. A plain label is judged for every step that replays it."""
-    from tuner.integrations.graph_variants import Pick
+
     from tuner.integrations.replay_judge import ReplayJudge
 
     variants = GraphVariants(max_variants=8)

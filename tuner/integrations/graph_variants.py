@@ -34,6 +34,11 @@ keeps the default was not beaten over its trials' batches, but FA3 spills past o
 some batches of any bucket, and a record swept before wave_fit existed (the shipped ones)
 never asked. Each such graph is judged against the base graph per class of steps, as every
 variant is (tuner.integrations.replay_judge).
+
+A server that can capture another attention backend (SGLang's FlashInfer) gets one variant
+more that runs it, plan(alternative=...): for the classes the base graph would replay, for
+those whose own variant lost, and, judged against it, for those whose variant was kept: a
+class keeps the alternative only where it beat the graph the class would replay without it.
 """
 
 from __future__ import annotations
@@ -103,10 +108,13 @@ class Pick(NamedTuple):
     """The graph a step replays and why: its variant's label and the step's class of lengths
     (kv bucket, dense, and the FA3 cap where a cap graph was picked). One graph may serve
     several classes, and it can win on one and lose on another: drop_pick() takes one class
-    off it."""
+    off it. against: the graph the replay judge times it against, None for the base graph, or
+    the label of the variant it challenges (the alternative backend's against a variant the
+    judge kept for that class)."""
 
     label: str
     step_class: tuple
+    against: str | None = None
 
 
 def _canonical(config: Config) -> str:
@@ -201,6 +209,7 @@ class GraphVariants:
         self._waves: dict[int, _WaveSteps] = {}  # batch -> its FA3 cap graphs, where a record is wave_fit
         self._dropped: dict[int, set[tuple]] = {}  # batch -> the (label, step class) picks drop_pick took off
         self._alternatives: dict[int, str] = {}  # batch -> the label of its alternative backend's variant
+        self._kept: dict[int, set[Pick]] = {}  # batch -> the picks keep_pick was told of, where it has an alternative
 
     def plan(self, batch: int, calls: Iterable[tuple], alternative: str | None = None) -> list[Variant]:
         """The variants worth capturing beside the base graph of `batch`, whose decode_attention
@@ -209,13 +218,14 @@ class GraphVariants:
         the server can capture (SGLang's FlashInfer): one more variant, whose calls run it,
         for every class of lengths the base graph would replay (a cap graph still comes first
         where a step's lengths need its cap) and every class whose own variant the replay
-        judge drops, for the judge to keep where it wins (pick()). Call it outside any
-        graph_capture."""
+        judge drops, for the judge to keep where it wins, and it challenges, class by class,
+        the variants the judge keeps (keep_pick, pick()). Call it outside any graph_capture."""
         calls = [tuple(c) for c in calls]
         self._labels[batch] = {}
         self._waves.pop(batch, None)
         self._dropped.pop(batch, None)
         self._alternatives.pop(batch, None)
+        self._kept.pop(batch, None)
         if not calls or self.max_variants <= 0:
             return []
         bound = max(int(c[5]) for c in calls)
@@ -286,6 +296,7 @@ class GraphVariants:
             del labels[step_class]
         if self._alternatives.get(batch) == label:
             del self._alternatives[batch]
+            self._kept.pop(batch, None)
         waves = self._waves.get(batch)
         if waves is not None:
             for cap in [c for c, kept in waves.labels.items() if kept == label]:
@@ -297,6 +308,15 @@ class GraphVariants:
         graph was dropped, else the alternative backend's variant where there is one and it
         was not the graph dropped, else the base graph; the graph keeps its other classes."""
         self._dropped.setdefault(batch, set()).add(pick)
+
+    def keep_pick(self, batch: int, pick: Any) -> None:
+        """A verdict for one class of steps on its graph: where the batch size has an alternative
+        backend's variant and the graph kept is another, the alternative challenges it for that
+        class next (its steps replay the alternative, judged against the graph kept, and go back
+        to that graph if the alternative loses: pick()). Anything but a Pick is ignored."""
+        alternative = self._alternatives.get(batch)
+        if alternative is not None and isinstance(pick, Pick) and pick.label != alternative:
+            self._kept.setdefault(batch, set()).add(pick)
 
     def label(self, batch: int, seq_lens_host: Any, raw_batch: int | None = None) -> str | None:
         """The graph to replay for a step: a variant's label, or None for the base graph (see
@@ -326,14 +346,24 @@ class GraphVariants:
             cap = wave_cap(_padded(lengths, batch), **waves.shape)
             capped = Pick(waves.labels.get(cap), (*step_class, cap))
             if capped.label is not None and capped not in dropped:
-                return capped
+                return self._challenged(batch, capped, dropped) if self._kept else capped
         label = labels.get(step_class) if labels else None
-        if label is not None and not (dropped and (label, step_class) in dropped):
-            return Pick(label, step_class)
+        if label is not None and not (dropped and Pick(label, step_class) in dropped):
+            picked = Pick(label, step_class)
+            return self._challenged(batch, picked, dropped) if self._kept else picked
         alternative = self._alternatives.get(batch)
-        if alternative is None or (dropped and (alternative, step_class) in dropped):
+        if alternative is None or (dropped and Pick(alternative, step_class) in dropped):
             return None
         return Pick(alternative, step_class)
+
+    def _challenged(self, batch: int, pick: Pick, dropped: Any) -> Pick:
+        """The pick, or where the judge kept it and the alternative backend's variant has not
+        lost against it, that variant's challenge (keep_pick)."""
+        kept = self._kept.get(batch)
+        if not kept or pick not in kept:
+            return pick
+        challenger = Pick(self._alternatives[batch], pick.step_class, pick.label)
+        return pick if dropped and challenger in dropped else challenger
 
 
 def _real_lengths(seq_lens_host: Any, raw_batch: int | None) -> tuple[list[int] | np.ndarray, int, int]:

@@ -13,7 +13,10 @@ a base replay just before them (at most PAIR_MAX_GAP steps before, with as many 
 sequences), a class whose median time ratio exceeds 1 + tolerance is taken off the variant
 (GraphVariants.drop_pick), and its steps replay the base graph from then on. A class kept is
 judged again after settings.REPLAY_JUDGE_RECHECK more of its replays, then after twice as
-many, and so on: its traffic may change, and a variant must not go on losing.
+many, and so on: its traffic may change, and a variant must not go on losing. A choice may
+name another graph to be judged against (a Pick's `against`: an alternative backend's variant
+challenging the variant kept for a class, GraphVariants.keep_pick): its other replays, and its
+steps once it has lost, run that graph instead of the base graph.
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
 like. The events also take in the host's work between them and the replay's launch, alike for
@@ -109,6 +112,12 @@ def label_of(choice: Choice) -> str | None:
     return getattr(choice, "label", choice)
 
 
+def against_of(choice: Choice) -> str | None:
+    """The graph a choice is judged against: a Pick's `against` (a variant it challenges), else
+    None, the base graph."""
+    return getattr(choice, "against", None)
+
+
 class ReplayJudge:
     """Alternates each choice (a variant, or a variant for one class of lengths) with the base
     graph over its first replays and gives the verdict (on_drop(batch, choice, median ratio)
@@ -121,8 +130,10 @@ class ReplayJudge:
     def __init__(self, pairs: int, tolerance: float, on_drop: Callable[[int, Choice, float], None],
                  event: Callable[[], Any] = _cuda_event, recheck: int = settings.REPLAY_JUDGE_RECHECK,
                  agree: Callable[[tuple[float, float]], tuple[float, float]] | None = None,
-                 step_tolerance: float = settings.REPLAY_JUDGE_STEP_TOLERANCE, whole_steps: bool = True) -> None:
+                 step_tolerance: float = settings.REPLAY_JUDGE_STEP_TOLERANCE, whole_steps: bool = True,
+                 on_keep: Callable[[int, Choice], None] | None = None) -> None:
         self.pairs, self.tolerance, self._on_drop, self._event = pairs, tolerance, on_drop, event
+        self._on_keep = on_keep
         self.recheck, self.agree = recheck, agree
         self.step_tolerance, self.whole_steps = step_tolerance, whole_steps
         self._tallies: dict[VariantKey, _Tally] = {}
@@ -137,9 +148,10 @@ class ReplayJudge:
     @classmethod
     def for_variants(cls, variants: GraphVariants, event: Callable[[], Any] = _cuda_event) -> ReplayJudge:
         """The judge of a server's graph variants: $TUNER_REPLAY_JUDGE pairs (settings), a
-        pick that loses taken off its variant in `variants`, and logged (drop_variant)."""
+        pick that loses taken off its variant in `variants`, and logged (drop_variant); one
+        kept told to `variants` (an alternative backend's variant may challenge it next)."""
         judge = cls(settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE, on_drop=lambda *a: None,
-                    event=event)
+                    event=event, on_keep=variants.keep_pick)
         judge._on_drop = lambda batch, choice, ratio: drop_variant(variants, batch, choice, ratio,
                                                                    judge.details.get((batch, choice), ""))
         return judge
@@ -147,8 +159,8 @@ class ReplayJudge:
     @contextmanager
     def replaying(self, batch: int, choice: Choice, raw_batch: int | None = None) -> Iterator[str | None]:
         """Around each replay a server runs itself: gives the label to replay (the choice's, or
-        None for the base graph: on every other step while the choice is judged, and once it
-        has lost) and times the replay where it is judged. choice: variants.pick(...) (or a
+        the graph it is judged against, None for the base graph: on every other step while the
+        choice is judged, and once it has lost) and times the replay where it is judged. choice: variants.pick(...) (or a
         label: one verdict for every step that replays it); raw_batch: the step's real
         sequences, where the batch is padded up to its size.
 
@@ -157,11 +169,11 @@ class ReplayJudge:
         """
         self.tick()
         if choice is None or not self.judging(batch, choice):
-            yield None if choice is None or self.dropped(batch, choice) else label_of(choice)
+            yield None if choice is None else against_of(choice) if self.dropped(batch, choice) else label_of(choice)
             return
         variant = self.replays_variant(batch, choice)
         timed = self.start(batch, choice, variant, raw_batch)
-        yield label_of(choice) if variant else None
+        yield label_of(choice) if variant else against_of(choice)
         self.finish(timed)
 
     def tick(self) -> None:
@@ -185,12 +197,12 @@ class ReplayJudge:
         self._lost = {k for k in self._lost if k[0] != batch}
 
     def dropped(self, batch: int, choice: Choice) -> bool:
-        """Whether the choice was judged slower than the base graph."""
+        """Whether the choice was judged slower than the graph it was judged against."""
         return (batch, choice) in self._lost
 
     def replays_variant(self, batch: int, choice: Choice) -> bool:
-        """Whether this step of the choice replays its variant (else the base graph): always
-        once judged; while judged, every other step, the base graph first."""
+        """Whether this step of the choice replays its variant (else the graph it is judged
+        against): always once judged; while judged, every other step, the other graph first."""
         key = (batch, choice)
         if self.pairs <= 0 or key in self.verdicts:
             return True
@@ -296,8 +308,10 @@ class ReplayJudge:
         else:
             self._rechecks.setdefault(key, [0, self.recheck])[0] = 0  # (a recheck's: its next comes twice as late)
             batch, choice = key  # (info: what a server's log shows of tuner's choices, beside the drops)
-            log.info("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
-                     "first replays here (%s); %s keep it", label_of(choice), batch, ratio, both, _steps_of(choice))
+            log.info("tuner: graph variant %s of batch size %d ran %.3fx the time of %s over its first replays here "
+                     "(%s); %s keep it", label_of(choice), batch, ratio, _against_text(choice), both, _steps_of(choice))
+            if self._on_keep is not None:
+                self._on_keep(*key)
 
 
 def _whole_step_ratio(base_span: float | None, variant_span: float | None, longer_replay: float) -> float | None:
@@ -328,16 +342,21 @@ def _neighbours(base: Timed, variant: Timed) -> bool:
 
 
 def drop_variant(variants: GraphVariants, batch: int, choice: Choice, ratio: float, both: str = "") -> None:
-    """A verdict against a choice: its steps replay the batch size's graph from now on (a pick:
-    the steps of its class of lengths; a label: every step of the variant). both: the
+    """A verdict against a choice: its steps replay the graph it was judged against from now on
+    (a pick: the steps of its class of lengths; a label: every step of the variant). both: the
     replays' and the whole steps' ratios, in words."""
     if getattr(choice, "step_class", None) is None:
         variants.drop(batch, choice)
     else:
         variants.drop_pick(batch, choice)
-    log.warning("tuner: graph variant %s of batch size %d ran %.3fx the time of the batch size's graph over its "
-                "first replays here%s; %s replay that graph", label_of(choice), batch, ratio,
+    log.warning("tuner: graph variant %s of batch size %d ran %.3fx the time of %s over its first replays here%s; "
+                "%s replay that graph", label_of(choice), batch, ratio, _against_text(choice),
                 f" ({both})" if both else "", _steps_of(choice))
+
+
+def _against_text(choice: Choice) -> str:
+    against = against_of(choice)
+    return "the batch size's graph" if against is None else f"variant {against}"
 
 
 def _steps_of(choice: Choice) -> str:
@@ -349,4 +368,4 @@ def _steps_of(choice: Choice) -> str:
         f", FA3 cap {step_class[2]}" if len(step_class) > 2 else "")
 
 
-__all__ = ["ReplayJudge", "Timed", "drop_variant", "label_of"]
+__all__ = ["ReplayJudge", "Timed", "against_of", "drop_variant", "label_of"]

@@ -25,8 +25,10 @@ it runs slower than that graph replays the base graph from then on
 (one all-reduce over SGLang's TP CPU group per verdict), and under pipeline parallelism
 variants are not judged. With $TUNER_SGLANG_FLASHINFER=1 one more variant per batch size runs
 SGLang's own FlashInfer backend (made beside tuner's, over the same KV pool) on the classes of
-lengths that would replay the base graph, planned on the replay's view only before its own
-replays, and judged like the others (settings.sglang_flashinfer_variant: off until measured). Three
+lengths that would replay the base graph and those whose variant lost, planned on the replay's
+view only before its own replays, and judged like the others; where a class's variant was kept,
+FlashInfer's then challenges it, judged against it (settings.sglang_flashinfer_variant: off
+until measured). Three
 hooks of SGLang's plugin HookRegistry, around DecodeCudaGraphRunner.capture_one_shape,
 load_batch and execute, which act only where the runner's decode backend is tuner's. SGLang
 is imported only when the backend is created or the hooks registered; its 0.5.17 source was
@@ -452,9 +454,13 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     if pick is None:
         return result
     variant_key = _variant_key(backend, key, pick.label)
+    # the graph the pick is judged against, and replayed where it loses: the base graph, or the variant it challenges
+    other_key = key if pick.against is None else _variant_key(backend, key, pick.against)
     graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
-    if graphs is not None and hasattr(graphs, "can_run") and not graphs.can_run(forward_batch, variant_key):
+    if graphs is not None and hasattr(graphs, "can_run") and not (
+            graphs.can_run(forward_batch, variant_key) and graphs.can_run(forward_batch, other_key)):
         return result
+    runner._replay_graph_key = other_key
     if judge is not None and judge.dropped(key.size, pick):  # (GraphVariants.drop_pick did so already)
         return result
     timed = None
