@@ -169,7 +169,10 @@ class ReplayJudge:
         """
         self.tick()
         if choice is None or not self.judging(batch, choice):
-            yield None if choice is None else against_of(choice) if self.dropped(batch, choice) else label_of(choice)
+            if choice is None:
+                yield None
+            else:
+                yield against_of(choice) if self.dropped(batch, choice) else label_of(choice)
             return
         variant = self.replays_variant(batch, choice)
         timed = self.start(batch, choice, variant, raw_batch)

@@ -74,64 +74,79 @@ def measure(
     for a sweep that moves on to its next shape; otherwise its error propagates (tune mode
     stores nothing then, and tries the key again)."""
     strategy = get_strategy(strategy) if isinstance(strategy, str) else strategy
-    result = Measured()
-    measured_now: set[str] = set()
-    resumed: set[str] = set()
-
-    def run(step: Step) -> Outcome:
-        key = canonical_json(step.config)
-        stored = resume(step.config) if resume is not None else None
-        if stored is not None and stored[1] >= step.rung:
-            resumed.add(key)
-            return stored[0]
-        if starting is not None:
-            starting(step)
-        outcome = measure_config(trial.runs, step.config, reference=trial.reference, tolerance=trial.tolerance,
-                                 timer=step.timer, checks=trial.checks)
-        if record is not None:
-            record(step, outcome)
-        measured_now.add(key)
-        return outcome
-
-    def on_guards(config: Config) -> str | None:
-        """guards_problem, the flight recorder told first (the guards' lengths are new to the
-        config); an error that lost the CUDA context is recorded as the config's (a sweep's
-        sink then ends the worker, tuner.sweep.sink) and propagates."""
-        step = Step(config, timer, 0)
-        if starting is not None:
-            starting(step)
-        try:
-            return guards_problem(config, trial.guards, trial.tolerance)
-        except Exception as e:
-            if record is not None and is_sticky_cuda_error(str(e)):
-                record(step, Outcome(config, ERROR, error=one_line(e)))
-            raise
-
+    runner = _StepRunner(trial, timer, resume, record, starting)
     first = strategy.first(configs, timer)
     _precompile_mine(trial, first, ranks, resume)
-    outcomes = _first_rung(first, run, ranks, gather, advance)
-    result.first_rung = list(outcomes)
+    outcomes = _first_rung(first, runner.run, ranks, gather, advance)
+    result = Measured(first_rung=list(outcomes))
     leader = ranks is None or ranks.rank == 0
-    rung = max((s.rung for s in first), default=1)
-    while leader:
-        steps = strategy.then(outcomes, default, timer, rung)
-        if not steps:
-            break
-        # the later rung replaces what it measured again; what failed stays in (counted once)
-        outcomes = [run(s) for s in steps] + [o for o in outcomes if o.status != OK]
-        rung = max(s.rung for s in steps)
+    if leader:
+        outcomes = _later_rungs(strategy, outcomes, default, timer, max((s.rung for s in first), default=1), runner.run)
     result.outcomes = outcomes
-    result.measured, result.resumed = len(measured_now), len(resumed - measured_now)
+    result.measured, result.resumed = len(runner.measured_now), len(runner.resumed - runner.measured_now)
     if leader and decide_winner:
         try:
             result.winner, result.default_timing = decide(trial.runs, outcomes, default, timer=timer,
                                                           min_gain=min_gain, parts=trial.parts,
-                                                          guards=trial.guards, guard_problem=on_guards)
+                                                          guards=trial.guards, guard_problem=runner.guards_problem)
         except (RuntimeError, MemoryError):
             if not keep_default_if_confirm_fails:
                 raise
             _keep_default(result, default)
     return result
+
+
+class _StepRunner:
+    """Runs one search step of a trial (or hands back its stored measurement) and checks a
+    config on the trial's guards, keeping count of what was measured here and resumed."""
+
+    def __init__(self, trial: Trial, timer: Timer, resume: Resume | None, record: Record | None,
+                 starting: Callable[[Step], None] | None) -> None:
+        self.trial, self.timer, self.resume, self.record, self.starting = trial, timer, resume, record, starting
+        self.measured_now: set[str] = set()
+        self.resumed: set[str] = set()
+
+    def run(self, step: Step) -> Outcome:
+        key = canonical_json(step.config)
+        stored = self.resume(step.config) if self.resume is not None else None
+        if stored is not None and stored[1] >= step.rung:
+            self.resumed.add(key)
+            return stored[0]
+        if self.starting is not None:
+            self.starting(step)
+        trial = self.trial
+        outcome = measure_config(trial.runs, step.config, reference=trial.reference, tolerance=trial.tolerance,
+                                 timer=step.timer, checks=trial.checks)
+        if self.record is not None:
+            self.record(step, outcome)
+        self.measured_now.add(key)
+        return outcome
+
+    def guards_problem(self, config: Config) -> str | None:
+        """guards_problem, the flight recorder told first (the guards' lengths are new to the
+        config); an error that lost the CUDA context is recorded as the config's (a sweep's
+        sink then ends the worker, tuner.sweep.sink) and propagates."""
+        step = Step(config, self.timer, 0)
+        if self.starting is not None:
+            self.starting(step)
+        try:
+            return guards_problem(config, self.trial.guards, self.trial.tolerance)
+        except Exception as e:
+            if self.record is not None and is_sticky_cuda_error(str(e)):
+                self.record(step, Outcome(config, ERROR, error=one_line(e)))
+            raise
+
+
+def _later_rungs(strategy: Strategy, outcomes: list[Outcome], default: Config, timer: Timer, rung: int,
+                 run: Callable[[Step], Outcome]) -> list[Outcome]:
+    """The strategy's later rungs after the first's outcomes, until it asks for none: each
+    replaces what it measured again; what failed stays in (counted once)."""
+    while True:
+        steps = strategy.then(outcomes, default, timer, rung)
+        if not steps:
+            return outcomes
+        outcomes = [run(s) for s in steps] + [o for o in outcomes if o.status != OK]
+        rung = max(s.rung for s in steps)
 
 
 def _precompile_mine(trial: Trial, first: list[Step], ranks: Ranks | None, resume: Resume | None) -> None:
