@@ -160,9 +160,9 @@ class ReplayJudge:
     def replaying(self, batch: int, choice: Choice, raw_batch: int | None = None) -> Iterator[str | None]:
         """Around each replay a server runs itself: gives the label to replay (the choice's, or
         the graph it is judged against, None for the base graph: on every other step while the
-        choice is judged, and once it has lost) and times the replay where it is judged. choice: variants.pick(...) (or a
-        label: one verdict for every step that replays it); raw_batch: the step's real
-        sequences, where the batch is padded up to its size.
+        choice is judged, and once it has lost) and times the replay where it is judged.
+        choice: variants.pick(...) (or a label: one verdict for every step that replays it);
+        raw_batch: the step's real sequences, where the batch is padded up to its size.
 
             with judge.replaying(bs, variants.pick(bs, seq_lens_cpu)) as label:
                 graphs[bs, label].replay()
