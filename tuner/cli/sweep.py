@@ -175,18 +175,13 @@ def sweep_command(
     Resumable: rerun the same command after an interruption and only what is missing is measured. Each candidate is checked against the reference before it is timed; a winner must beat the library default by more than the noise.
     """
     with user_errors(), contextlib.ExitStack() as scope:
-        from tuner.bench import timer_for
         from tuner.ops import get_op
 
-        from tuner.ops.decode_attention import BACKEND_OPS, BACKENDS, GRAPH_OP_NAME, backends_only
+        from tuner.ops.decode_attention import backends_only
 
         op = get_op(op_name)
         if backends is not None:
-            if op.name not in BACKEND_OPS:
-                raise TunerError(f"--backends is for {' and '.join(BACKEND_OPS)}, not {op.name}")
-            scope.enter_context(backends_only(b.strip() for b in backends.split(",") if b.strip()))
-            if op.name == GRAPH_OP_NAME and not any(b.graph_capturable for b in BACKENDS.values()):
-                raise TunerError(f"--backends {backends}: {op.name} needs one that runs in a captured graph")
+            _restrict_backends(op, backends, scope)
         from tuner.search import get_strategy
         from tuner.sweep import default_backends, default_strategy
 
@@ -205,10 +200,7 @@ def sweep_command(
             _print_plan(op, shapes, strategy, op.device())
             return
         database = database or _open_db_to_sweep(db, force)
-        # CUDA-graph replay with a cold L2, timed by CUDA events, on a GPU; the wall clock on a CPU
-        preset = settings.TIMERS["sweep-gpu" if op.device() == "cuda" else "sweep-cpu"]
-        timer = timer_for(dataclasses.replace(preset, warmup=warmup, repeats=repeats, max_seconds=max_seconds),
-                          op.device())
+        timer = _sweep_timer(op.device(), warmup, repeats, max_seconds)
         from tuner.ranks import ranks_from_launcher
         from tuner.sweep.guard import supervise, worker_flight, worker_run
 
@@ -220,6 +212,25 @@ def sweep_command(
                    sweep_options=dict(timer=timer, force=force, min_gain=min_gain, strategy=strategy, ranks=ranks,
                                       second_trial=second_trial, dense_pass=dense_pass, flight=flight,
                                       run_id=worker_run()))
+
+
+def _restrict_backends(op, backends: str, scope: contextlib.ExitStack) -> None:
+    """--backends: decode_attention's search held to the backends named, for the sweep's scope."""
+    from tuner.ops.decode_attention import BACKEND_OPS, BACKENDS, GRAPH_OP_NAME, backends_only
+
+    if op.name not in BACKEND_OPS:
+        raise TunerError(f"--backends is for {' and '.join(BACKEND_OPS)}, not {op.name}")
+    scope.enter_context(backends_only(b.strip() for b in backends.split(",") if b.strip()))
+    if op.name == GRAPH_OP_NAME and not any(b.graph_capturable for b in BACKENDS.values()):
+        raise TunerError(f"--backends {backends}: {op.name} needs one that runs in a captured graph")
+
+
+def _sweep_timer(device: str, warmup: int, repeats: int, max_seconds: float):
+    """CUDA-graph replay with a cold L2, timed by CUDA events, on a GPU; the wall clock on a CPU."""
+    from tuner.bench import timer_for
+
+    preset = settings.TIMERS["sweep-gpu" if device == "cuda" else "sweep-cpu"]
+    return timer_for(dataclasses.replace(preset, warmup=warmup, repeats=repeats, max_seconds=max_seconds), device)
 
 
 def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses: bool, lengths: str | None,
