@@ -457,8 +457,8 @@ def load_batch_of_variant(original: Any, runner: Any, forward_batch: Any, *args:
     # the graph the pick is judged against, and replayed where it loses: the base graph, or the variant it challenges
     other_key = key if pick.against is None else _variant_key(backend, key, pick.against)
     graphs = getattr(runner, "backend", None)  # SGLang's graph store: replay only a graph it holds
-    if graphs is not None and hasattr(graphs, "can_run") and not (
-            graphs.can_run(forward_batch, variant_key) and graphs.can_run(forward_batch, other_key)):
+    if graphs is not None and hasattr(graphs, "can_run") and not (graphs.can_run(forward_batch, variant_key) and (
+            other_key is key or graphs.can_run(forward_batch, other_key))):
         return result
     runner._replay_graph_key = other_key
     if judge is not None and judge.dropped(key.size, pick):  # (GraphVariants.drop_pick did so already)
