@@ -120,7 +120,7 @@ def against_of(choice: Choice) -> str | None:
 
 class ReplayJudge:
     """Alternates each choice (a variant, or a variant for one class of lengths) with the base
-    graph over its first replays and gives the verdict (on_drop(batch, choice, median ratio)
+    graph (or the graph it challenges: against_of) over its first replays and gives the verdict (on_drop(batch, choice, median ratio)
     for one that lost). pairs 0: judges nothing, every variant replays as planned. agree:
     where ranks replay together, the (replays', whole steps') ratios they all act on, given
     this rank's (see the module docstring; a whole-step ratio of 0.0: none); it may be set
