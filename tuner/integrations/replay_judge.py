@@ -16,7 +16,8 @@ judged again after settings.REPLAY_JUDGE_RECHECK more of its replays, then after
 many, and so on: its traffic may change, and a variant must not go on losing. A choice may
 name another graph to be judged against (a Pick's `against`: an alternative backend's variant
 challenging the variant kept for a class, GraphVariants.keep_pick): its other replays, and its
-steps once it has lost, run that graph instead of the base graph.
+steps once it has lost, run that graph instead of the base graph, and it loses where its
+replays' median ratio exceeds 1 (no tolerance: the graph it challenges has won already).
 
 Consecutive steps of a server differ by a token per sequence, so a pair compares like with
 like. The events also take in the host's work between them and the replay's launch, alike for
@@ -296,7 +297,8 @@ class ReplayJudge:
         if self.agree is not None:
             replay_ratio, agreed_step = self.agree((replay_ratio, step_ratio or 0.0))
             step_ratio = agreed_step or None
-        replays_lost = replay_ratio > 1 + self.tolerance
+        # a challenger must not be slower at all: the graph it challenges already beat the base graph
+        replays_lost = replay_ratio > 1 + (0.0 if against_of(key[1]) is not None else self.tolerance)
         steps_lost = step_ratio is not None and step_ratio > 1 + self.step_tolerance
         ratio = step_ratio if steps_lost and not replays_lost else replay_ratio
         self.verdicts[key] = ratio
