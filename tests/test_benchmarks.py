@@ -1062,6 +1062,12 @@ def test_sglang_e2e_reads_tuners_replay_judge_verdicts_from_a_workers_log(caplog
            "its first replays here; its steps at kv bucket 8192, dense keep it")
     assert e2e.judge_verdicts(old) == [dict(label="tuner-1", batch=1, ratio=0.994, steps="its steps at kv bucket 8192, "
                                             "dense", dropped=False, rank=0)]
+    # a challenger's verdict: its ratio is over the variant it challenged
+    drop_variant(types.SimpleNamespace(drop_pick=lambda *a: None), 8, Pick("tuner-9", (32768, True), "tuner-1"),
+                 1.01, "1.010x by its replays, 1.006x by its whole steps")
+    challenged = e2e.judge_verdicts(form.format(caplog.records[-1]))
+    assert challenged == [dict(label="tuner-9", batch=8, ratio=1.01, steps="its steps at kv bucket 32768, dense",
+                               dropped=True, rank=0, replays_ratio=1.01, whole_steps_ratio=1.006, against="tuner-1")]
     assert e2e.judge_verdicts(log.replace("TP0]", "TP1]"))[0]["rank"] == 1
     assert e2e.judge_verdicts(log.replace(" TP0]", "]"))[0]["rank"] is None
     assert e2e.judge_verdicts("no verdicts") == []

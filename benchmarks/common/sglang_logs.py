@@ -17,7 +17,8 @@ CAPTURE_LINE = re.compile(r"Capture target decode CUDA graph (?:begin\..*?bs=\[(
                           r"|end\. elapsed=(?P<seconds>-?[\d.]+) s, mem usage=(?P<gb>-?[\d.]+) GB)")
 # the lines tuner.integrations.replay_judge logs (logger "tuner"): a drop (warning) or a kept verdict (info)
 JUDGE_LINE = re.compile(r"(?:TP(?P<rank>\d+)\] )?"  # SGLang's prefix of a rank's line
-                        r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x[^;(\n]*"
+                        r"tuner: graph variant (?P<label>\S+) of batch size (?P<batch>\d+) ran (?P<ratio>[\d.]+)x"
+                        r"(?: the time of variant (?P<against>\S+))?[^;(\n]*"
                         r"(?:\((?P<replays>[\d.]+)x by its replays, (?:(?P<whole>[\d.]+)x|not counted) by its whole "
                         r"steps\))?[^;\n]*; "
                         r"(?P<steps>[^\n]*?) (?P<verdict>replay that graph|keep it)")
@@ -89,10 +90,13 @@ def judge_verdicts(log_text: str) -> list[dict]:
     """The verdicts tuner's replay judge logged in a worker: label, batch size, the variant's
     time over the base graph's, the steps it holds for (a class of lengths), and whether they
     were dropped (kept ones are logged at info level); the tensor-parallel rank that logged it
-    (each logs its verdicts, the same on every rank), where SGLang's prefix names one; and,
-    where the line gives them, the replays' and the whole steps' ratios (None: not counted)."""
+    (each logs its verdicts, the same on every rank), where SGLang's prefix names one; where
+    the line gives them, the replays' and the whole steps' ratios (None: not counted); and for
+    a challenger (SGLang's FlashInfer graph against a variant kept), `against`, the variant's
+    label: its ratio is over that variant's time, not the base graph's."""
     return [dict(label=m["label"], batch=int(m["batch"]), ratio=float(m["ratio"]), steps=m["steps"],
                  dropped=m["verdict"] == "replay that graph", rank=None if m["rank"] is None else int(m["rank"]),
                  **({} if m["replays"] is None else dict(
-                     replays_ratio=float(m["replays"]), whole_steps_ratio=m["whole"] and float(m["whole"]))))
+                     replays_ratio=float(m["replays"]), whole_steps_ratio=m["whole"] and float(m["whole"]))),
+                 **({} if m["against"] is None else dict(against=m["against"])))
             for m in JUDGE_LINE.finditer(log_text)]
