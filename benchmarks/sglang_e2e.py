@@ -504,8 +504,8 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
                 tp=getattr(args, "tp", 1), results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
-                summary=with_tuner_graphs(summarize({b: r.get("latency", {}).get("rows", [])
-                                                     for b, r in results.items()}), results),
+                summary=with_flashinfer_verdicts(with_tuner_graphs(summarize(
+                    {b: r.get("latency", {}).get("rows", []) for b, r in results.items()}), results), results),
                 skipped=skipped_points(results),
                 capture_seconds_median={b: statistics.median(c["seconds"] for c in r["latency"]["capture"].values())
                                         for b, r in results.items() if r.get("latency", {}).get("capture")})
@@ -576,6 +576,27 @@ def with_tuner_graphs(summary: list[dict], results: dict) -> list[dict]:
         if seen:
             entry["tuner_graphs_default"] = all(p["base_default"] and not p["variants"] for p in seen)
             entry["tuner_graph_variants"] = max(p["variants"] for p in seen)
+    return summary
+
+
+def with_flashinfer_verdicts(summary: list[dict], results: dict) -> list[dict]:
+    """Each entry with the replay judge's verdicts on SGLang's FlashInfer graph in the
+    tuner-flashinfer workers at that point (flashinfer_graph_verdicts: the steps, the graph it
+    was timed against, its time over that graph's, dropped or not): FlashInfer's graph and
+    tuner's timed pair by pair in one process, which the throughputs of separate processes,
+    2-5% apart from run to run, cannot resolve."""
+    latency = results.get("tuner-flashinfer", {}).get("latency", {})
+    plans, verdicts = latency.get("graph_plans", {}), latency.get("judge_verdicts", {})
+    for entry in summary:
+        found = []
+        for key, logged in verdicts.items():
+            label = plans.get(key, {}).get(str(entry["batch"]), {}).get("flashinfer")
+            if label is None or int(key.split("#")[0]) != entry["input_len"]:
+                continue
+            found += [dict(steps=v["steps"], over=v.get("against", "base graph"), ratio=v["ratio"], dropped=v["dropped"])
+                      for v in logged if v["batch"] == entry["batch"] and v["label"] == label]
+        if found:
+            entry["flashinfer_graph_verdicts"] = found
     return summary
 
 

@@ -1119,6 +1119,34 @@ def test_sglang_e2e_says_where_tuners_graphs_ran_only_the_default():
         "8": dict(base_default=False, variants=0)}
 
 
+def test_sglang_e2e_gathers_the_judges_verdicts_on_flashinfers_graph_per_point():
+    """A tuner-flashinfer worker's log: its plan names FlashInfer's variant, and the judge's
+    verdicts on that label (against the base graph, or challenging a variant kept) go to the
+    point's summary entry; other variants' verdicts and other points' do not."""
+    e2e = benchmark_module("sglang_e2e")
+    log = ("[TP0] tuner: batch size 8: its graph runs the default; 3 graph variant(s) beside it, tuner-1, "
+           "tuner-2 (flashinfer), tuner-3\n"
+           "[TP0] tuner: graph variant tuner-1 of batch size 8 ran 0.957x the time of the batch size's graph over its "
+           "first replays here (0.957x by its replays, 0.953x by its whole steps); its steps at kv bucket 32768, "
+           "dense keep it\n"
+           "[TP0] tuner: graph variant tuner-2 of batch size 8 ran 1.010x the time of variant tuner-1 over its first "
+           "replays here (1.010x by its replays, 1.006x by its whole steps); its steps at kv bucket 32768, dense "
+           "replay that graph\n"
+           "[TP0] tuner: graph variant tuner-2 of batch size 8 ran 0.990x the time of the batch size's graph over its "
+           "first replays here (0.990x by its replays, 0.992x by its whole steps); its steps at kv bucket 131072, "
+           "dense keep it\n")
+    plans = e2e.graph_plans(log)
+    assert plans == {"8": dict(base_default=True, variants=3, flashinfer="tuner-2")}
+    results = {"tuner-flashinfer": {"latency": {"graph_plans": {"32768": plans},
+                                                "judge_verdicts": {"32768": e2e.judge_verdicts(log)}}}}
+    summary = e2e.with_flashinfer_verdicts([{"batch": 8, "input_len": 32768}, {"batch": 8, "input_len": 4096}],
+                                           results)
+    assert summary[0]["flashinfer_graph_verdicts"] == [
+        dict(steps="its steps at kv bucket 32768, dense", over="tuner-1", ratio=1.01, dropped=True),
+        dict(steps="its steps at kv bucket 131072, dense", over="base graph", ratio=0.99, dropped=False)]
+    assert "flashinfer_graph_verdicts" not in summary[1]
+
+
 def test_sglang_e2e_names_the_points_a_worker_skipped_past_its_kv_cache():
     """bench_one_batch skips a batch whose tokens the KV cache cannot hold and runs the rest: the
     summary then lacks that point, and the document says which and for which backends."""

@@ -9,7 +9,8 @@ from pathlib import Path
 
 # the line tuner.integrations.sglang logs (info) per captured batch size: what its graph runs
 PLAN_LINE = re.compile(r"tuner: batch size (?P<batch>\d+): its graph runs (?P<base>the default|tuned configs); "
-                       r"(?P<variants>\d+) graph variant")
+                       r"(?P<variants>\d+) graph variant(?:[^\n]*?(?P<flashinfer>tuner-\d+) \(flashinfer\))?[^\n]*$",
+                       re.MULTILINE)
 # the line bench_one_batch prints for a batch past the KV cache (it runs the worker's other batches)
 SKIPPED_LINE = re.compile(r"skipping \((?P<batch>\d+), (?P<input_len>\d+), \d+\) due to max batch size limit")
 # what SGLang 0.5.17's model runner logs of its decode graphs' capture (a worker's startup cost)
@@ -30,8 +31,10 @@ TRACE_NAME = re.compile(r"_batch(?P<batch>\d+)_input\d+_output\d+_decode\.trace\
 
 def graph_plans(log_text: str) -> dict[str, dict]:
     """Per captured batch size (the last capture of it in a tuner worker's log): whether its
-    graph runs the default, and how many graph variants were planned beside it."""
-    return {m["batch"]: dict(base_default=m["base"] == "the default", variants=int(m["variants"]))
+    graph runs the default, how many graph variants were planned beside it, and the label of
+    the one that runs SGLang's FlashInfer, where there is one (flashinfer)."""
+    return {m["batch"]: dict(base_default=m["base"] == "the default", variants=int(m["variants"]),
+                             **({} if m["flashinfer"] is None else dict(flashinfer=m["flashinfer"])))
             for m in PLAN_LINE.finditer(log_text)}
 
 
