@@ -180,6 +180,43 @@ def test_a_judged_challenger_replays_against_the_variant_it_challenges(records, 
     assert "graph variant tuner-5 of batch size 4 ran 1.111x the time of variant tuner-1" in caplog.text
 
 
+def test_ranks_that_agree_drop_a_challenger_that_only_one_rank_finds_faster(records):
+    """Tensor-parallel ranks act on the slowest rank's ratios (one collective per verdict): where
+    the alternative's variant would win its challenge on one rank (0.85 against the record's
+    0.9) and lose on the other (0.95), both drop it, and every step replays the same graph on
+    both ranks."""
+    from tuner.integrations.replay_judge import ReplayJudge
+
+    def run(flashinfer: float, agree) -> list:
+        variants = GraphVariants(max_variants=8)
+        variants.plan(4, [_call()], alternative="flashinfer")
+        events = EventClock()
+        judge = ReplayJudge.for_variants(variants, event=events)
+        judge.agree = agree
+        cost = {None: 1.0, "tuner-1": 0.9, "tuner-5": flashinfer}
+        labels = []
+        for _ in range(60):
+            with judge.replaying(4, variants.pick(4, [2000] * 4)) as chosen:
+                events.now += cost[chosen]
+            labels.append(chosen)
+        return labels
+
+    # each rank's own ratios, verdict by verdict (what it would bring to the collective)
+    own = {}
+    for flashinfer in (0.85, 0.95):
+        own[flashinfer] = []
+        run(flashinfer, lambda ratios, mine=own[flashinfer]: mine.append(ratios) or ratios)
+    assert len(own[0.85]) >= 2 and own[0.85][0] == own[0.95][0]  # the record's verdict: alike
+
+    def collective(flashinfer):
+        calls = iter(range(100))
+        return lambda ratios: tuple(map(max, *(own[f][next(calls)] if f != flashinfer else ratios
+                                               for f in own)))
+    fast, slow = run(0.85, collective(0.85)), run(0.95, collective(0.95))
+    assert fast == slow and fast[-3:] == ["tuner-1"] * 3
+    assert "tuner-5" in fast  # (it was challenged)
+
+
 def test_a_class_that_runs_what_the_base_graph_runs_needs_no_graph_of_its_own(db_path):
     """With a graph record the base graph runs it; a bucket whose per-call record is that
     config adds no variant. A plan asks about lengths no call had: it records no miss."""
