@@ -81,6 +81,8 @@ def test_each_config_set_the_records_name_up_to_the_bound_gets_a_graph_and_each_
         assert variants.label(4, np.array(lengths, dtype=np.float64)) == label  # (read as integers)
     # a step padded up to the captured batch: the pads count as length 1
     assert variants.label(4, [500, 500, 500, 0], raw_batch=3) == "tuner-3"  # 1501 of 4 x 500: dense
+    # dense only through its pads: 999 real tokens (the zeros read as lengths: 999), 1001 with them
+    assert variants.label(4, [500, 499, 0, 0], raw_batch=2) == "tuner-3"
     assert variants.label(4, [500, 450, 0, 0], raw_batch=2) == "tuner-4"  # 952: not
     assert variants.label(3, [500, 10, 10]) is None  # a batch size planned for no variant
     assert variants.label(4, torch.tensor([500, 10, 10, 10], device="meta")) is None  # not on the host
@@ -129,8 +131,7 @@ def test_an_alternative_backend_serves_the_base_graphs_classes_and_those_whose_o
 def test_the_alternative_backend_challenges_a_variant_the_judge_kept_for_its_class(records):
     """A pick the judge keeps (keep_pick) is challenged for its class by the alternative
     backend's variant, judged against it (`against`); where the challenger loses, the class
-    goes back to the variant kept. Without an alternative, or for a plain label, nothing
-    changes."""
+    goes back to the variant kept. Without an alternative nothing challenges."""
     variants = GraphVariants(max_variants=8)
     variants.plan(4, [_call()], alternative="flashinfer")
     record = variants.pick(4, [2000] * 4)
@@ -149,8 +150,7 @@ def test_the_alternative_backend_challenges_a_variant_the_judge_kept_for_its_cla
 
     plain = GraphVariants(max_variants=8)
     plain.plan(4, [_call()])
-    plain.keep_pick(4, plain.pick(4, [2000] * 4))
-    plain.keep_pick(4, "tuner-1")
+    plain.keep_pick(4, plain.pick(4, [2000] * 4))  # (no alternative: nothing challenges)
     assert plain.pick(4, [2000] * 4) == Pick("tuner-1", (2048, True))
 
 

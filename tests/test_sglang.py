@@ -6,6 +6,7 @@ import importlib.metadata
 import logging
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -436,6 +437,25 @@ def test_a_variant_that_cannot_be_captured_leaves_its_steps_to_the_batch_sizes_g
         runner.capture_one_shape(4, _out_of_memory_in_variants(step))
     assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
     assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4)
+    assert integration.tuner_backend(runner).tuner_variants.label(4, [2000] * 4) is None  # dropped, not just skipped
+
+
+def test_a_record_variant_that_cannot_be_captured_leaves_its_class_to_the_flashinfer_variant(flashinfer_runner):
+    """Where the record's variant fails its capture, its class is served as the base graph's
+    classes are: by FlashInfer's variant, captured beside it."""
+    runner, backend, _ = flashinfer_runner
+    step = _graph_step(backend, 4, 2048)
+
+    def record_variant_out_of_memory():
+        from tuner.runtime.state import runtime
+
+        if runtime.declared_lengths is not None and not backend.tuner_capturing_flashinfer:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return step()
+    with pytest.warns(RuntimeWarning, match="tuner-1 of batch size 4 not captured"):
+        runner.capture_one_shape(4, record_variant_out_of_memory)
+    assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-2")}
+    assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")
 
 
 def test_a_plan_that_fails_leaves_the_batch_size_one_graph(sgl, db_path, monkeypatch):
@@ -990,7 +1010,10 @@ def test_without_the_setting_no_flashinfer_backend_is_made_nor_captured(flashinf
 
 
 def test_a_flashinfer_backend_that_cannot_be_made_leaves_the_other_variants(flashinfer_runner, monkeypatch, sgl):
+    tries = []
+
     def unavailable(*args, **kwargs):
+        tries.append(1)
         raise ImportError("No module named 'flashinfer'")
     monkeypatch.setattr(fake_sglang.FlashInferAttnBackend, "__init__", unavailable)
     pool = fake_sglang.KVPool(layers=1, slots=16, kv_heads=KV_HEADS, head_dim=DIM)
@@ -999,7 +1022,11 @@ def test_a_flashinfer_backend_that_cannot_be_made_leaves_the_other_variants(flas
     with pytest.warns(RuntimeWarning, match="no FlashInfer graph variant .ImportError"):
         runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
     assert set(runner.graphs) == {fake_sglang.ShapeKey(4, None, label) for label in (None, "tuner-1")}
-    runner.capture_one_shape(4, _graph_step(backend, 4, 2048))  # asked once: no second warning, nor try
+    assert len(tries) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # asked once: no second warning, nor try
+        runner.capture_one_shape(4, _graph_step(backend, 4, 2048))
+    assert len(tries) == 1
 
 
 def test_a_failed_flashinfer_plan_replays_the_batch_sizes_graph_from_then_on(flashinfer_runner):
@@ -1119,7 +1146,8 @@ def test_a_class_whose_record_variant_lost_is_judged_on_flashinfer_next(flashinf
     assert _labels(runner, 2 * pairs) == [None, "tuner-2"] * pairs  # dropped (1.5x): FlashInfer's turn
     assert _labels(runner, 3) == ["tuner-2"] * 3  # kept: 0.8x
     assert [c[0] for c in flashinfer.calls] == ["plan"] * (pairs + 3)
-    assert _labels(runner, 2, lengths=(100,) * 4)[-1] == "tuner-2"  # (the base graph's class: its own verdict)
+    # the base graph's class: its own verdict, judged from its first step (not the kv-2048 class's)
+    assert _labels(runner, 2, lengths=(100,) * 4) == [None, "tuner-2"]
 
 
 @pytest.mark.parametrize("flashinfer, keeps", [(0.8, "tuner-2"), (1.0, "tuner-1"), (0.905, "tuner-1")])
