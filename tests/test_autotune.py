@@ -175,6 +175,22 @@ def test_tune_mode_tunes_a_missing_key_once_and_stores_it(db_path, clock):
     assert run(make_fn(calls), 4, 100, calls) == 16
 
 
+def test_tune_mode_tunes_a_key_that_a_neighbours_record_serves(db_path, clock):
+    """A borrowed record is a stand-in: tune mode tunes the key itself and stores it."""
+    store(db_path, 8, 4096, {"block": 64})
+    tuner.configure(db=db_path, mode="lookup")
+    calls = []
+    assert run(make_fn(calls), 16, 2048, calls) == 64  # (served by its neighbour)
+    tuner.configure(db=db_path, mode="tune")
+    fn = make_fn(calls, slow={32: 0.004, 64: 0.004}, clock=clock)
+    calls.clear()
+    fn(torch.ones(2), 16, 2048)
+    assert set(calls) == {16, 32, 64}  # every candidate ran
+    tuner.configure(mode="off")
+    exact = [r for r in TuningDB(db_path).records() if r.problem.run_key == attention_run_key(16, 1, 2048)]
+    assert [r.config for r in exact] == [{"block": 16}]
+
+
 def test_tune_mode_does_not_retune_stored_keys_but_force_does(db_path):
     store(db_path, 4, 128, {"block": 64})
     tuner.configure(db=db_path, mode="tune")
@@ -208,14 +224,18 @@ def test_tune_mode_stores_nothing_when_the_confirming_run_fails(db_path, monkeyp
 
 def _paired_results(monkeypatch, *wins):
     """WallClockTimer.paired faked: each call in turn says whether the first rotation won
-    (10 us against 20 us) or lost (20 against 10)."""
+    (10 us against 20 us), lost (20 against 10), or, "level", came out 0.5% ahead (19.9
+    against 20: less than the winner rule's gain)."""
     from tuner.bench import Timing, WallClockTimer
 
     results = iter(wins)
 
     def paired(self, a, b):
         fast, slow = Timing(10.0, 0.1, 5), Timing(20.0, 0.1, 5)
-        return (fast, slow) if next(results) else (slow, fast)
+        won = next(results)
+        if won == "level":
+            return Timing(19.9, 0.1, 5), slow
+        return (fast, slow) if won else (slow, fast)
     monkeypatch.setattr(WallClockTimer, "paired", paired)
 
 
@@ -232,6 +252,20 @@ def test_tune_mode_stores_the_default_when_its_winner_loses_the_confirming_re_ti
     [record] = TuningDB(db_path).records()
     assert record.config == record.default_config == {"block": 32}
     assert record.method["confirmed"]["held"] is False and record.method["confirmed"]["config"] == {"block": 16}
+
+
+def test_tune_mode_stores_the_default_where_its_winner_is_only_level_in_the_confirming_re_timing(
+        db_path, monkeypatch, clock):
+    """The confirming re-timing asks for the winner rule's gain, as a sweep's second trial
+    does: level with the default is not a win."""
+    _paired_results(monkeypatch, True, "level")
+    tuner.configure(db=db_path, mode="tune")
+    fn = make_fn(slow={32: 0.004, 64: 0.004}, clock=clock)
+    fn(torch.ones(2), 4, 100)
+    tuner.configure(mode="off")
+    [record] = TuningDB(db_path).records()
+    assert record.config == record.default_config == {"block": 32}
+    assert record.method["confirmed"]["held"] is False and record.method["confirmed"]["winner_us"] == 19.9
 
 
 def test_tune_mode_stores_a_winner_that_holds_its_confirming_re_timing_and_says_so(db_path, monkeypatch, clock):

@@ -104,8 +104,13 @@ def test_winner_rule_and_failures_never_chosen(db_path):
 
 def test_default_stays_unless_beaten_by_more_than_the_noise(db_path):
     timer = FakeTimer()
-    op = fake_op(timer, dict(COSTS, fast=101.0, slightly=99.0))  # 1% faster, 2% noise
+    # 1.5% faster: past the 1% minimum gain, within the 2% noise (each timing's spread)
+    op = fake_op(timer, dict(COSTS, fast=101.0, slightly=98.5))
     results = sweep(op, op.grids["g"], TuningDB(db_path), timer=timer)
+    assert all(r.winner == {"name": "default"} for r in results)
+    # and 1% faster: within the minimum gain
+    op = fake_op(timer, dict(COSTS, fast=101.0, slightly=99.0))
+    results = sweep(op, op.grids["g"], TuningDB(db_path), timer=timer, force=True)
     assert all(r.winner == {"name": "default"} for r in results)
 
 
@@ -591,6 +596,16 @@ def test_a_serving_winner_that_holds_on_a_second_draw_is_stored_with_what_it_mea
     from tuner.workload.traffic import equal_draw
 
     assert db.records()[0].method["equal_guard"] == equal_draw(SERVING.batch, SERVING.kv_len, 4)[0]
+
+
+def test_a_serving_winner_only_level_with_the_default_on_a_second_draw_keeps_it(db_path):
+    """A second trial asks for the winner rule's gain, not just no loss: 0.5% ahead is a tie."""
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    [result] = sweep(drawn_op(timer, first_draw_cost=50.0, other_cost=99.5), [SERVING], db, timer=timer)
+    assert result.winner == {"name": "default"} and "second trial" in result.note
+    again = db.records()[0].method["second_trial"]
+    assert again["held"] is False and again["winner_us"] == 99.5 and again["default_us"] == 100.0
 
 
 def test_a_serving_winner_wrong_on_a_second_draw_keeps_the_default(db_path):
