@@ -386,20 +386,25 @@ def test_a_serving_shape_is_measured_on_mixed_length_batches_each_checked(db_pat
 
 
 def test_a_serving_sweep_resumes_only_its_own_kind_of_measurement(db_path):
-    from tuner.bench import WallClockTimer
-
-    op = get_op("torch_split_decode")
-    full, serving = (DecodeShape(batch=2, kv_len=64, lengths=m, **SMALL) for m in ("full", "serving"))
+    """Measurements of full batches, left by an interrupted sweep, are not a serving sweep's:
+    it measures every config itself, where a sweep of the full shape resumes them."""
+    timer = FakeTimer()
+    full, serving = (DecodeShape(batch=3, kv_len=64, lengths=m, **SMALL) for m in ("full", "serving"))
     db = TuningDB(db_path)
-    timer = WallClockTimer(warmup=0, repeats=2, min_repeats=2)
-    [first] = sweep(op, [full], db, timer=timer)
-    problem = db.records()[0].problem
-    [second] = sweep(op, [serving], db, timer=timer, force=False)
-    assert second.status == SKIPPED  # the key has a winner (of full batches): kept unless forced
-    forced = sweep(op, [serving], db, timer=timer, force=True)[0]
-    assert forced.measured == first.measured and forced.resumed == 0  # full batches' timings not reused
-    kinds = sorted(m.method.get("lengths", "full") for m in db.measurements(problem, current_fingerprint_id()))
-    assert kinds.count("serving") == first.measured
+    with pytest.raises(KeyboardInterrupt):  # mid-shape
+        sweep(fake_op(timer, COSTS, calls=[], interrupt_after=3), [full], db, timer=timer, strategy="exhaustive")
+    [on_serving] = sweep(fake_op(timer, COSTS), [serving], db, timer=timer, strategy="exhaustive")
+    assert on_serving.status == MEASURED and on_serving.resumed == 0 and on_serving.measured == 6
+    kinds = [m.method.get("lengths", "full") for m in db.measurements(db.records()[0].problem,
+                                                                      current_fingerprint_id())]
+    assert kinds == ["serving"] * 6
+    # the same interrupted sweep of full batches, then the full shape: resumed (so the run
+    # above had measurements of full batches to refuse)
+    db2 = TuningDB(db_path.with_name("other.db"))
+    with pytest.raises(KeyboardInterrupt):
+        sweep(fake_op(timer, COSTS, calls=[], interrupt_after=3), [full], db2, timer=timer, strategy="exhaustive")
+    [on_full] = sweep(fake_op(timer, COSTS), [full], db2, timer=timer, strategy="exhaustive")
+    assert on_full.resumed >= 1
 
 
 def test_a_serving_trial_holds_each_batch_once_per_copy_with_its_reference():

@@ -16,9 +16,9 @@ FAULTY = Path(__file__).parent / "support" / "faulty_sweep.py"
 SHAPE = dict(batch=1, kv_len=200, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
 
 
-def _sweep(tmp_path, *extra, **faults):
+def _sweep(tmp_path, *extra, shapes_list=None, **faults):
     shapes = tmp_path / "shapes.json"
-    shapes.write_text(json.dumps([SHAPE, dict(SHAPE, batch=2)]))
+    shapes.write_text(json.dumps(shapes_list or [SHAPE, dict(SHAPE, batch=2)]))
     env = dict(os.environ, FAULTY_LOG=str(tmp_path / "runs.log"), TUNER_CANDIDATE_TIMEOUT_S="4",
                **{f"FAULTY_{k.upper()}": str(v) for k, v in faults.items()})
     env.pop("TUNER_SWEEP_FLIGHT", None)
@@ -95,3 +95,24 @@ def test_a_forced_sweep_restarted_after_a_fault_resumes_its_own_run_and_measures
     measured = _measured(tmp_path)
     assert len({pid for pid, _ in measured}) == 3
     assert sorted(chunk for _, chunk in measured) == [0, 0, 64, 64, 128, 128]  # all again, each once
+
+
+def test_a_winner_that_faults_on_its_second_trial_is_refused_and_the_default_stored(tmp_path):
+    """A serving shape's winner is run again on fresh lengths (its second trial): where it
+    kills its worker there, it is refused for the shape, and the sweep goes on with what the
+    first trial measured."""
+    serving = dict(SHAPE, batch=3, lengths="serving")
+    done = _sweep(tmp_path, shapes_list=[serving], fast=64, kills_later=64, kv_len=SHAPE["kv_len"])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("refused {'chunk': 64}") == 1, done.stderr
+    measurements, [record] = _measurements(tmp_path)
+    assert record.config == record.default_config != {"chunk": 64}
+    by_chunk = {m.config["chunk"]: m for m in measurements[3]}
+    assert by_chunk[64].status == "error" and "illegal memory access" in by_chunk[64].error
+
+
+def test_a_worker_that_dies_with_no_config_in_flight_is_given_up_after_two_restarts(tmp_path):
+    done = _sweep(tmp_path, dies_at_start=1)
+    assert done.returncode == 1
+    assert done.stderr.count("restarting it") == 1
+    assert "died 2 times with no config in flight" in done.stderr

@@ -1,7 +1,10 @@
 """The tuner command with one more op, "faulty": torch_split_decode whose kernel, for the chunk
 named in $FAULTY_KILLS, prints a CUDA fault and kills its own process (as FA3's illegal memory
 access did); for $FAULTY_HANGS, never returns; for $FAULTY_STICKY, raises the error a lost CUDA
-context gives. Each measurement a process starts appends "pid chunk" to $FAULTY_LOG.
+context gives; for $FAULTY_KILLS_LATER, kills its process only on lengths other than a serving
+shape's first trial (its second trial's); $FAULTY_FAST: every other chunk sleeps 2 ms a call (so
+that chunk wins); $FAULTY_DIES_AT_START: a supervised worker dies before it runs anything. Each
+measurement a process starts appends "pid chunk" to $FAULTY_LOG.
 
     python tests/support/faulty_sweep.py sweep faulty --shapes S --db D
 """
@@ -16,18 +19,35 @@ import tuner.ops
 import tuner.search.pipeline
 from tuner.cli import main
 from tuner.ops.torch_split import TORCH_SPLIT_DECODE
+from tuner.sweep.guard import WORKER_ENV
 
 def _chunk(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value else None
 
 
+def _die() -> None:
+    print("CUDA error (flash_fwd_launch_template.h:175): an illegal memory access was encountered",
+          file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _first_trial(batch: int, kv_len: int) -> list[list[int]]:
+    from tuner.workload.traffic import equal_draw, serving_draws
+
+    return serving_draws(batch, kv_len, 0) + [equal_draw(batch, kv_len, 0)]
+
+
 def run(inputs, config):
     chunk = config["chunk"]
     if chunk == _chunk("FAULTY_KILLS"):
-        print("CUDA error (flash_fwd_launch_template.h:175): an illegal memory access was encountered",
-              file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        _die()
+    if chunk == _chunk("FAULTY_KILLS_LATER"):
+        lengths = inputs.lengths()
+        if lengths not in _first_trial(len(lengths), int(os.environ["FAULTY_KV_LEN"])):
+            _die()
+    if _chunk("FAULTY_FAST") is not None and chunk != _chunk("FAULTY_FAST"):
+        time.sleep(0.002)
     if chunk == _chunk("FAULTY_HANGS"):
         time.sleep(3600)
     if chunk == _chunk("FAULTY_STICKY"):
@@ -46,4 +66,6 @@ def logged(measure_config):
 if os.environ.get("FAULTY_LOG"):
     tuner.search.pipeline.measure_config = logged(tuner.search.pipeline.measure_config)
 tuner.ops._REGISTRY["faulty"] = dataclasses.replace(TORCH_SPLIT_DECODE, name="faulty", run=run)
+if os.environ.get("FAULTY_DIES_AT_START") and os.environ.get(WORKER_ENV):
+    _die()
 main()
