@@ -122,12 +122,19 @@ def test_a_flashinfer_winner_without_host_lengths_probes_the_backends_once(monke
 
     for name, backend in list(BACKENDS.items()):
         monkeypatch.setitem(BACKENDS, name, counting(name, backend))
+    import tuner.integrations.decode_attention as entry
+
+    defaults = []
+    real = entry.default_config
+    monkeypatch.setattr(entry, "default_config", lambda shape: defaults.append(shape) or real(shape))
+    ran = recording_triton(monkeypatch)
     inputs = make_decode_inputs(SHAPE)
     config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
-    for _ in range(5):  # no seq_lens_host: the default backend runs, found once
+    for _ in range(5):  # no seq_lens_host: the default backend runs, its config found once
         decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
                          SHAPE.kv_len, config=config)
-    assert max(calls.values()) <= 1
+    assert max(calls.values()) <= 1 and len(defaults) == 1
+    assert len(ran) == 5  # (FA3 is not on this machine: the default is Triton's)
 
 
 def test_an_empty_batch_gives_an_empty_output():
@@ -327,6 +334,21 @@ def _in_capture(monkeypatch):
     monkeypatch.setattr(da, "_capturing", lambda: True)
     monkeypatch.setattr(entry, "CAPTURES", [1])
     monkeypatch.setattr(entry, "stream_capturing", lambda: True)
+
+
+def test_a_flashinfer_config_under_capture_runs_the_default_a_graph_can_hold(monkeypatch, with_fake_flashinfer):
+    """FlashInfer's plan is host work per call, which a captured graph cannot hold: a
+    FlashInfer config called inside a capture, host lengths and all, runs the default."""
+    ran = recording_triton(monkeypatch)
+    inputs = make_decode_inputs(SHAPE)
+    args = (inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, SHAPE.kv_len)
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    decode_attention(*args, seq_lens_host=[SHAPE.kv_len] * SHAPE.batch, config=config)
+    [wrapper] = with_fake_flashinfer.BatchDecodeWithPagedKVCacheWrapper.instances  # (outside a capture: it runs)
+    assert len(wrapper.runs) == 1 and not ran
+    _in_capture(monkeypatch)
+    decode_attention(*args, seq_lens_host=[SHAPE.kv_len] * SHAPE.batch, config=config)
+    assert len(wrapper.runs) == 1 and len(ran) == 1
 
 
 def test_a_by_fill_config_runs_its_dense_config_on_dense_calls_only(monkeypatch):
