@@ -905,3 +905,38 @@ def test_many_records_in_one_call_decide_each_key_in_order(make_db):
     with db._read() as session:
         kept = sorted(json.loads(cfg)["c"] for cfg in session.scalars(select(ReplacedRecord.config)))
     assert kept == ["a1", "b-old"]
+
+
+def test_a_db_of_another_schema_version_is_refused_and_left_as_it_is(db_path):
+    save(TuningDB(db_path), problem(), {"c": 1})
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE tuner_meta SET value = '2' WHERE key = 'schema_version'")
+    with pytest.raises(DBError, match="has schema version '2'; this tuner reads version 1"):
+        TuningDB(db_path).records()
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT value FROM tuner_meta WHERE key = 'schema_version'").fetchone() == ("2",)
+
+
+def test_of_two_environments_that_apply_the_newest_winner_serves(db_path):
+    """Two machines of one kind (their drivers differ) tuned one key: the later tuning wins,
+    whichever row was written last (its date set back by hand)."""
+    db = TuningDB(db_path)
+    older, newer = (dict(FP[1], driver=d) for d in ("1.0", "2.0"))
+    save(db, problem(), {"c": "newer"}, fp=(fingerprint_id(newer), newer))
+    save(db, problem(), {"c": "older"}, fp=(fingerprint_id(older), older))
+    with sqlite3.connect(db_path) as conn:
+        [(stamp,)] = conn.execute("SELECT created_at FROM records WHERE fingerprint_id = ?", (fingerprint_id(older),))
+        conn.execute("UPDATE records SET created_at = ? WHERE fingerprint_id = ?",
+                     ("2020" + stamp[4:], fingerprint_id(older)))
+    db = TuningDB(db_path)
+    table = db.snapshot(FP[1]).table[("op", '{"h":8}')]
+    assert table[attention_run_key(4, 1, 1000)].config == {"c": "newer"}
+    assert [r.config for r in db.records(environment=FP[1])] == [{"c": "newer"}]
+
+
+def test_a_recorded_environment_that_lacks_a_field_this_one_has_does_not_apply():
+    from tuner.db.fingerprint import applies, why_not
+
+    recorded = {k: v for k, v in FP[1].items() if k != "triton"}
+    assert applies(FP[1], FP[1]) and not applies(recorded, FP[1]) and "triton" in why_not(recorded, FP[1])
+    assert not applies(FP[1], recorded)
