@@ -326,3 +326,88 @@ def test_a_batch_with_no_winner_near_gets_fa3s_default_not_a_far_winner(tmp_path
     assert nearest(content, 64, 1, 512) == {"num_splits": 5}  # its own winner, exact
     assert nearest(content, 65, 1, 512) == nearest(content, 48, 1, 300) == {"num_splits": 0}  # not lent: 5% gain
     assert nearest(content, 255, 1, 512) == {"num_splits": 7} and nearest(content, 100, 1, 512) == {"num_splits": 0}
+
+
+def test_mtp_winners_and_batches_past_256_are_written_at_their_own_keys(tmp_path):
+    """A winner of 2 query tokens (MTP's verify step) gets its own query length's keys, and a
+    winner at batch 512 widens the file to its batch."""
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    fp = (fingerprint_id(H200), H200)
+    _fa3_record(db, fp, 4, 512, {"num_splits": 3, "pack_gqa": None})
+    _fa3_record(db, fp, 4, 512, {"num_splits": 6, "pack_gqa": None}, q_len=2)
+    _fa3_record(db, fp, 512, 512, {"num_splits": 2, "pack_gqa": None})
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path).exit_code == 0
+    content = json.loads((out / KERNEL_DIR / NAME_32_8).read_text())
+    assert content[run_key(4, 1, 512)] == {"num_splits": 3} and content[run_key(4, 2, 512)] == {"num_splits": 6}
+    assert content[run_key(512, 1, 512)] == {"num_splits": 2}
+    assert set(content) == {run_key(b, q, w) for b in range(1, 513) for q in (1, 2) for w in (257, 512)}
+
+
+def test_of_two_machines_of_one_kind_the_newest_winner_is_written(tmp_path):
+    """Whichever was written first: batch 1's older winner was, batch 2's newer one."""
+    import sqlite3
+
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    older, newer = ((fingerprint_id(env), env) for env in (dict(H200, driver=d) for d in ("570.0", "580.0")))
+    _fa3_record(db, older, 1, 512, {"num_splits": 9, "pack_gqa": None})
+    _fa3_record(db, newer, 1, 512, {"num_splits": 3, "pack_gqa": None})
+    _fa3_record(db, newer, 2, 512, {"num_splits": 5, "pack_gqa": None})
+    _fa3_record(db, older, 2, 512, {"num_splits": 9, "pack_gqa": None})
+    with sqlite3.connect(db_path) as conn:  # (every winner of the older machine measured in 2020)
+        for rid, stamp in conn.execute("SELECT id, created_at FROM records WHERE fingerprint_id = ?",
+                                       (older[0],)).fetchall():
+            conn.execute("UPDATE records SET created_at = ? WHERE id = ?", ("2020" + stamp[4:], rid))
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path).exit_code == 0
+    content = json.loads((out / KERNEL_DIR / NAME_32_8).read_text())
+    assert content[run_key(1, 1, 512)] == {"num_splits": 3} and content[run_key(2, 1, 512)] == {"num_splits": 5}
+
+
+@pytest.mark.parametrize("why, record", [
+    ("page size other than 1", dict(page_size=16)),
+    ("kv bucket past what LightLLM's packed run key holds", dict(kv=2**24)),
+    ("its environment names no CUDA device", dict(env=dict(H200, device_kind="cpu"))),
+])
+def test_a_winner_lightllm_cannot_use_is_left_out_with_why(tmp_path, why, record):
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    _fa3_record(db, (fingerprint_id(H200), H200), 1, 512, {"num_splits": 3, "pack_gqa": None})
+    env = record.pop("env", H200)
+    _fa3_record(db, (fingerprint_id(env), env), 2, record.pop("kv", 512), {"num_splits": 7, "pack_gqa": None},
+                **record)
+    out = tmp_path / "cfg"
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "exported 1 FA3 winners in 1 LightLLM files" in said and why in said
+    assert [p.name for p in (out / KERNEL_DIR).iterdir()] == [NAME_32_8]
+    assert json.loads((out / KERNEL_DIR / NAME_32_8).read_text()) == one_winner_file(3)
+
+
+def test_a_forced_export_that_fails_midway_puts_back_every_file_it_replaced(tmp_path, monkeypatch):
+    db_path = tmp_path / "t.db"
+    db = TuningDB(db_path)
+    fp = (fingerprint_id(H200), H200)
+    _fa3_record(db, fp, 1, 512, {"num_splits": 3, "pack_gqa": None})
+    _fa3_record(db, fp, 1, 512, {"num_splits": 4, "pack_gqa": None}, window=(127, 0))
+    out = tmp_path / "cfg"
+    assert cli("export", "--format", "lightllm", "--out", out, "--db", db_path).exit_code == 0
+    files = sorted((out / KERNEL_DIR).iterdir())
+    assert len(files) == 2
+    for f in files:
+        f.write_text('{"1": {"num_splits": 16}}')  # LightLLM's own tuner wrote them
+    real_replace, moves = Path.replace, []
+
+    def replace(self, target):
+        moves.append(self)
+        if self.name == "1.json":  # the second file's move into place
+            raise OSError(28, "No space left on device")
+        return real_replace(self, target)
+    monkeypatch.setattr(Path, "replace", replace)
+    result = cli("export", "--format", "lightllm", "--out", out, "--db", db_path, "--force")
+    assert result.exit_code == 2 and "nothing was written" in result.stderr
+    assert any(p.name == "0.json" for p in moves)  # (the first file had been replaced)
+    assert [f.read_text() for f in files] == ['{"1": {"num_splits": 16}}'] * 2

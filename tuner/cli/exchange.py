@@ -98,13 +98,14 @@ def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
             if target.exists():
                 backup = staging / f"{i}.previous"
                 target.replace(backup)
+            moved.append((target, backup))  # (before the move in: a failed one still has its file put back)
             (staging / f"{i}.json").replace(target)
-            moved.append((target, backup))
     except OSError as e:
         for target, backup in reversed(moved):
             with contextlib.suppress(OSError):
-                target.unlink()
-                if backup is not None:
+                target.unlink(missing_ok=True)
+            if backup is not None:
+                with contextlib.suppress(OSError):
                     backup.replace(target)
         raise TunerError(f"cannot write under {out}: {e.strerror or e}; nothing was written") from None
     finally:
