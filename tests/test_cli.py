@@ -278,8 +278,10 @@ def test_garbage_db_file_is_reported_not_overwritten(tmp_path, tiny_shapes):
 
 
 def test_export_format_must_be_known(tmp_path, db_path):
+    TuningDB(db_path)  # (a DB that exists: the format, not the DB, is refused)
     result = cli("export", "--format", "yaml", "--out", tmp_path / "x", "--db", db_path)
-    assert result.exit_code == 2
+    assert result.exit_code == 2 and "--format" in result.stderr and "yaml" in result.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_console_script_and_module_entry_points(tmp_path):
@@ -370,12 +372,34 @@ def test_import_refuses_configs_the_op_cannot_run(tmp_path, db_path, tiny_shapes
     assert cli("import", out, "--db", db_path).exit_code == 0
 
 
-def test_a_failed_import_creates_no_db(tmp_path):
+def test_a_failed_import_creates_no_db(tmp_path, db_path, tiny_shapes):
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "nope"}')
     target = tmp_path / "new.db"
     one_line_error(cli("import", bad, "--db", target))
     assert not target.exists()
+    # a document that parses, with a config its op refuses: refused before any DB is made
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    assert cli("export", "--out", bad, "--db", db_path).exit_code == 0
+    doc = json.loads(bad.read_text())
+    doc["records"][0].update(op="decode_attention", config={"backend": "bogus"})
+    bad.write_text(json.dumps(doc))
+    one_line_error(cli("import", bad, "--db", target), "decode_attention")
+    assert not target.exists()
+
+
+def test_an_import_into_a_db_with_malformed_rows_is_refused_untouched(tmp_path, db_path, tiny_shapes):
+    import sqlite3
+
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    export = tmp_path / "e.json"
+    assert cli("export", "--out", export, "--db", db_path).exit_code == 0
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE records SET config = 'oops' WHERE id = (SELECT min(id) FROM records)")
+        before = conn.execute("SELECT * FROM records ORDER BY id").fetchall()
+    one_line_error(cli("import", export, "--db", db_path), "will not import into")
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT * FROM records ORDER BY id").fetchall() == before
 
 
 def test_a_foreign_sqlite_file_is_refused_untouched(tmp_path):
@@ -596,7 +620,7 @@ def test_a_grid_is_swept_for_every_static_key_the_runtime_missed(tmp_path, db_pa
 
     common = dict(num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4, dtype="float32")
     static_json = DecodeShape(batch=1, kv_len=200, **common).static_key().to_json()
-    TuningDB(db_path).close()  # misses are kept only where a DB exists
+    TuningDB(db_path).close()
     tuner.configure(db=db_path, mode="lookup")
 
     @tuner.autotune("torch_split_decode", configs=[{"chunk": 0}], default={"chunk": 0},
