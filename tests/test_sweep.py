@@ -1320,3 +1320,29 @@ def test_an_anchors_winner_off_its_dense_shortlist_is_handed_on_to_the_next_kv_l
                                            {"dense.name": "m", "other.name": "default"}]
     searched, _ = _dense_configs(db, 256)
     assert searched == {canonical_json({"dense.name": n, "other.name": "m"}) for n in ("m", "default", "a", "b")}
+
+
+def test_measurements_wait_for_store_every_s_then_go_to_the_db_together(db_path, monkeypatch):
+    """A write costs milliseconds on a GPU host: measurements are held until the oldest is
+    STORE_EVERY_S old, then stored together (and what is left, at the shape's end)."""
+    from tuner import settings
+    from tuner.bench import Outcome, Timing
+    from tuner.db import Problem, current_fingerprint
+    from tuner.search.base import Step
+    from tuner.sweep.sink import MeasurementSink
+
+    monkeypatch.setattr(settings, "STORE_EVERY_S", 10.0)
+    db = TuningDB(db_path)
+    shape = DecodeShape(batch=3, kv_len=64, **SMALL)
+    problem = Problem("fake", shape.static_key().to_json(), shape.run_key())
+    now = [0.0]
+    sink = MeasurementSink(db, problem, (current_fingerprint_id(), current_fingerprint()), {}, 64,
+                           clock=lambda: now[0])
+    stored = []
+    for t, name in ((0.0, "a"), (9.9, "b"), (10.0, "c"), (12.0, "d")):
+        now[0] = t
+        sink.add(Step({"name": name}, FakeTimer(), 1), Outcome({"name": name}, OK, Timing(1.0, 0.1, 3)))
+        stored.append(len(db.measurements(problem, current_fingerprint_id())))
+    assert stored == [0, 0, 3, 3]
+    sink.store()
+    assert len(db.measurements(problem, current_fingerprint_id())) == 4
