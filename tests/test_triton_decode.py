@@ -51,6 +51,8 @@ CASES = {
     "q_len_5_non_causal": dict(q_len=5, causal=False),
     "window_left": dict(window=(20, -1)),
     "window_both_non_causal": dict(window=(12, 5), causal=False, q_len=2),
+    # a right bound that hides keys from the earlier queries (the last query sees all)
+    "window_right_non_causal": dict(window=(12, 1), causal=False, q_len=4),
     "window_mtp": dict(window=(9, -1), q_len=4),
     "softcap": dict(softcap=0.5),
     "sinks": dict(sinks=True),
