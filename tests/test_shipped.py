@@ -343,3 +343,28 @@ def test_shipped_records_the_op_cannot_run_are_left_out_counted_and_shown_by_doc
     assert "decode_attention at" in problem and "num_kv_splits" in problem
     shown = CliRunner().invoke(app, ["show", "--db", str(tmp_path / "user.db")])
     assert shown.exit_code == 0 and "1 shipped winners apply here" in shown.output  # as doctor counts them
+
+
+def test_a_file_of_two_environments_applies_only_the_matching_ones_records(tmp_path):
+    shipped = tmp_path / "gpu.tunings.json"
+    scratch = TuningDB(tmp_path / "scratch.db")
+    for fp, kv, block in ((environment(), 2048, 64), (environment(triton="other"), 4096, 16)):
+        scratch.save_record(Problem("toy", canonical_json(STATIC), attention_run_key(16, 1, kv)), fp,
+                            {"block": block}, median_us=1.0, spread_us=0.1, samples=5, default_config={"block": 32},
+                            default_median_us=2.0, default_spread_us=0.1, method={"timer": "test"})
+    shipped.write_text(json.dumps(export_document(scratch)))
+    tuner.configure(db=tmp_path / "absent.db", shipped=shipped)
+    calls = []
+    fn = make_fn(calls)
+    assert call(fn, calls, 16, 2048) == 64
+    assert call(fn, calls, 16, 4096) != 16  # (its neighbour's, or the default: never the other machine's)
+
+
+def test_of_two_shipped_files_holding_one_key_the_newest_winner_serves(tmp_path):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    write_tunings(folder / "b.tunings.json", {(16, 2048): 16})  # measured first, read last
+    write_tunings(folder / "a.tunings.json", {(16, 2048): 64})
+    tuner.configure(db=tmp_path / "absent.db", shipped=folder)
+    calls = []
+    assert call(make_fn(calls), calls, 16, 2048) == 64
