@@ -124,8 +124,12 @@ def test_a_plan_is_reused_exactly_while_every_chunk_count_holds(fake):
         lens = lens + 1
     # re-planned exactly when some request crossed a chunk boundary (4 -> 5, 8 -> 9, 12 -> 13)
     assert history == [(1, 0), (1, 1), (2, 1), (3, 1), (3, 2), (3, 3), (4, 3), (5, 3)]
-    _step(wrapper, np.array([1, 1, 1]))  # shorter sequences: planned chunks would start past their end
+    # the last plan's lengths were 17, 10, 14: one request a chunk shorter, the longest still in
+    # its kv bucket: that chunk would start past the request's end
+    _step(wrapper, np.array([17, 8, 14]))
     assert wrapper.plans == 6
+    _step(wrapper, np.array([1, 1, 1]))  # a shorter bucket's lengths: its own record, its own plan
+    assert wrapper.plans == 7
     [inner] = fake.instances
     assert all(call["indptr"].device.type == "cpu" for call in inner.plan_calls)  # no device reads
 
@@ -311,6 +315,9 @@ def test_the_wrapper_methods_a_server_calls(fake):
     assert inner.forwards == ["NONE"] and len(inner.runs) == 2
     wrapper.reset_workspace_buffer(torch.zeros(8, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8))
     assert inner.workspace_resets == 1 and wrapper.is_cuda_graph_enabled is False
+    wrapper.begin_forward(torch.from_numpy(indptr), torch.arange(14, dtype=torch.int32), torch.from_numpy(last),
+                          4, 2, 8, 1, seq_lens=np.array([5, 9]))
+    assert wrapper.plans == 2 and wrapper.plans_reused == 0  # the old plan lived in the old workspace
     with pytest.raises(AttributeError, match="does not offer FlashInfer's 'no_such_method'"):
         wrapper.no_such_method()
 
@@ -390,3 +397,19 @@ def test_a_plan_made_under_capture_is_not_reused_after_it(fake, monkeypatch):
     _step(wrapper, lens)
     _step(wrapper, lens)
     assert wrapper.plans == 3 and wrapper.plans_reused == 1
+
+
+def test_a_plan_given_a_tensor_argument_is_made_again_every_time(fake):
+    """A tensor (block_tables, a mask) may have changed in place: it is never compared by
+    identity, so such a plan is not reused."""
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    lens = np.array([10, 3, 7])
+    indptr, last = paged_metadata(lens, 1)
+    table = torch.zeros(3, 4, dtype=torch.int32)
+    for _ in range(2):
+        wrapper.plan(torch.from_numpy(indptr), torch.arange(20, dtype=torch.int32), torch.from_numpy(last), 4, 2, 8,
+                     1, seq_lens=lens, block_tables=table)
+    assert wrapper.plans == 2 and wrapper.plans_reused == 0
+    for _ in range(2):
+        _step(wrapper, lens)
+    assert wrapper.plans == 3 and wrapper.plans_reused == 1  # (the same call without it is reused)
