@@ -356,3 +356,27 @@ def test_the_modelled_sgl_kernel_is_read_from_the_installed_release(monkeypatch)
         graph_variants._modelled_fa3_installed.cache_clear()
         assert graph_variants._modelled_fa3_installed() is modelled
     graph_variants._modelled_fa3_installed.cache_clear()
+
+
+def test_a_cap_the_model_gives_less_than_the_minimum_gain_is_not_taken(monkeypatch):
+    """A cap is taken only where the model gives it settings.FA3_WAVE_MIN_GAIN (5%) over FA3's
+    own splits: some batches' caps gain less, and those run FA3's own splits."""
+    from tuner import settings
+
+    rng = np.random.default_rng(0)
+    batches = [sorted(rng.integers(2048, 65536, size=int(rng.integers(2, 9))).tolist()) for _ in range(300)]
+
+    def caps(min_gain):
+        monkeypatch.setattr(settings, "FA3_WAVE_MIN_GAIN", min_gain)
+        fa3_waves._caps_by_blocks.clear()  # (caps are kept per batch of blocks)
+        return [_cap(lengths) for lengths in batches]
+    any_gain, five_percent = caps(0.0), caps(0.05)
+    small = [i for i, (a, b) in enumerate(zip(any_gain, five_percent)) if a and not b]
+    assert small and all(b in (0, a) for a, b in zip(any_gain, five_percent))
+    for i in small[:3]:  # each: a modelled gain under 5%
+        lengths = batches[i]
+        own = fa3_waves.fa3_splits(lengths, table_keys=-(-max(lengths) // 16) * 16, **HEADS)
+        n_blocks, splits, tiles = own
+        ratio = kernel_time(n_blocks, splits, tiles, HEADS["sms"]) / kernel_time(
+            n_blocks, np.minimum(splits, any_gain[i]), tiles, HEADS["sms"])
+        assert 1.0 < ratio < 1.05, (lengths, ratio)
