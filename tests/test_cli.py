@@ -346,12 +346,18 @@ def test_markup_in_stored_configs_is_shown_as_text(tmp_path, db_path, tiny_shape
     assert shown.exit_code == 0 and "chunk=[/x]" in shown.output
 
 
-def test_import_refuses_configs_the_op_cannot_run(tmp_path, db_path, tiny_shapes):
-    """decode_attention configs with block_n "banana", a missing key, backend "bogus",
-    block_n 3, num_kv_splits 0 were imported, and then every call of that shape raised."""
+def _exported(tmp_path, db_path, tiny_shapes):
+    """A swept DB's winners exported as JSON: the file."""
     assert sweep(db_path, tiny_shapes).exit_code == 0
     out = tmp_path / "e.json"
     assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    return out
+
+
+def test_import_refuses_configs_the_op_cannot_run(tmp_path, db_path, tiny_shapes):
+    """decode_attention configs with block_n "banana", a missing key, backend "bogus",
+    block_n 3, num_kv_splits 0 were imported, and then every call of that shape raised."""
+    out = _exported(tmp_path, db_path, tiny_shapes)
     good = json.loads(out.read_text())
     triton = {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
     bad_configs = [dict(triton, block_n="banana"), {k: v for k, v in triton.items() if k != "num_stages"},
@@ -379,9 +385,7 @@ def test_a_failed_import_creates_no_db(tmp_path, db_path, tiny_shapes):
     one_line_error(cli("import", bad, "--db", target))
     assert not target.exists()
     # a document that parses, with a config its op refuses: refused before any DB is made
-    assert sweep(db_path, tiny_shapes).exit_code == 0
-    assert cli("export", "--out", bad, "--db", db_path).exit_code == 0
-    doc = json.loads(bad.read_text())
+    doc = json.loads(_exported(tmp_path, db_path, tiny_shapes).read_text())
     doc["records"][0].update(op="decode_attention", config={"backend": "bogus"})
     bad.write_text(json.dumps(doc))
     one_line_error(cli("import", bad, "--db", target), "decode_attention")
@@ -391,9 +395,7 @@ def test_a_failed_import_creates_no_db(tmp_path, db_path, tiny_shapes):
 def test_an_import_into_a_db_with_malformed_rows_is_refused_untouched(tmp_path, db_path, tiny_shapes):
     import sqlite3
 
-    assert sweep(db_path, tiny_shapes).exit_code == 0
-    export = tmp_path / "e.json"
-    assert cli("export", "--out", export, "--db", db_path).exit_code == 0
+    export = _exported(tmp_path, db_path, tiny_shapes)
     with sqlite3.connect(db_path) as conn:
         conn.execute("UPDATE records SET config = 'oops' WHERE id = (SELECT min(id) FROM records)")
         before = conn.execute("SELECT * FROM records ORDER BY id").fetchall()
@@ -757,9 +759,7 @@ def test_malformed_rows_give_one_line_in_the_cli_and_doctor_lists_them(tmp_path,
 def test_a_db_without_its_version_row_is_damage_for_every_command(tmp_path, db_path, tiny_shapes):
     import sqlite3
 
-    assert sweep(db_path, tiny_shapes).exit_code == 0
-    out = tmp_path / "e.json"
-    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    out = _exported(tmp_path, db_path, tiny_shapes)
     with sqlite3.connect(db_path) as conn:
         conn.execute("DELETE FROM tuner_meta")
     before = db_path.read_bytes()
