@@ -10,7 +10,7 @@ from support import fake_flashinfer
 import tuner
 import tuner.ops.flashinfer as fi
 import tuner.ops.flashinfer_wrappers as fiw
-from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper
+from tuner.integrations.flashinfer import BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper
 from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.bench import Timing
 from tuner.keys import attention_run_key
@@ -413,3 +413,46 @@ def test_a_plan_given_a_tensor_argument_is_made_again_every_time(fake):
     for _ in range(2):
         _step(wrapper, lens)
     assert wrapper.plans == 3 and wrapper.plans_reused == 1  # (the same call without it is reused)
+
+
+# -- the prefill wrapper (few query tokens a request: speculative verification) -------------
+
+
+def _verify_step(wrapper, lens, qo_lens, page_size=1, **plan_kwargs):
+    indptr, last = paged_metadata(np.asarray(lens), page_size)
+    qo_indptr = torch.from_numpy(np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32))
+    indices = torch.arange(int(indptr[-1]), dtype=torch.int32) + 1000 * int(lens[0])  # new every step
+    wrapper.plan(qo_indptr, torch.from_numpy(indptr), indices, torch.from_numpy(last), 4, 2, 8, page_size,
+                 seq_lens=np.asarray(lens), causal=True, **plan_kwargs)
+    return indices
+
+
+def test_a_prefill_plan_is_reused_exactly_while_every_chunk_count_and_query_length_holds(fake):
+    wrapper = BatchPrefillWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    lens = np.array([10, 3, 7])  # 4-page chunks: 3, 1, 2 chunks, read from FA2's 15-field plan info
+    history = []
+    for _ in range(6):
+        indices = _verify_step(wrapper, lens, [2, 2, 2])
+        history.append((wrapper.plans, wrapper.plans_reused))
+        lens = lens + 1
+    # re-planned exactly when a request crossed a chunk boundary (4 -> 5, 8 -> 9, 12 -> 13)
+    assert history == [(1, 0), (1, 1), (2, 1), (3, 1), (3, 2), (3, 3)]
+    assert wrapper.run(None, None)["indices"] is indices  # a reused plan reads the caller's latest pages
+    _verify_step(wrapper, lens - 1, [2, 3, 2])  # the same kv lengths, another query length: a new plan
+    assert (wrapper.plans, wrapper.plans_reused) == (4, 3)
+    [inner] = fake_flashinfer.BatchPrefillWithPagedKVCacheWrapper.instances
+    assert inner._backend == "fa2" and all(call["indptr"].device.type == "cpu" for call in inner.plan_calls)
+
+
+def test_a_prefill_plan_takes_its_q_len_record_and_an_explicit_argument_wins(fake, db_path):
+    static = DecodeShape(batch=1, kv_len=1, num_q_heads=4, num_kv_heads=2, head_dim=8, page_size=1,
+                         dtype="float16", q_len=2).static_key().to_json()
+    _store(db_path, static, attention_run_key(2, 2, 16),
+           {"flashinfer_backend": "fa2", "fixed_split_size": 2, "disable_split_kv": False})
+    tuner.configure(db=db_path, mode="lookup")
+    wrapper = BatchPrefillWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _verify_step(wrapper, [12, 16], [2, 2])
+    assert fake_flashinfer.BatchPrefillWithPagedKVCacheWrapper.instances[-1].plan_calls[-1]["fixed_split_size"] == 2
+    explicit = BatchPrefillWithPagedKVCacheWrapper(torch.zeros(8, dtype=torch.uint8))
+    _verify_step(explicit, [12, 16], [2, 2], fixed_split_size=8)  # the caller's own value wins
+    assert fake_flashinfer.BatchPrefillWithPagedKVCacheWrapper.instances[-1].plan_calls[-1]["fixed_split_size"] == 8

@@ -4,7 +4,8 @@ Its plan() schedules as FlashInfer 0.6's decode planner does in outline (split a
 pages into chunks of a fixed length once any request is longer than one chunk) and writes
 the plan into a page-locked-style host buffer in FlashInfer's DecodePlanInfo layout. It
 records every plan and what run() read, so tests can check when tuner re-plans, which
-tensors a run reads, and that no plan got device-resident metadata.
+tensors a run reads, and that no plan got device-resident metadata. Its prefill wrapper
+plans likewise, in FA2's PrefillPlanInfo layout (backend "auto" resolves to "fa2").
 """
 
 import types
@@ -76,9 +77,57 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self.workspace_resets += 1
 
 
+class BatchPrefillWithPagedKVCacheWrapper:
+    instances: list = []
+
+    def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
+                 backend="auto", **kwargs):
+        self._backend, self.use_cuda_graph = backend, use_cuda_graph
+        self._pin_memory_int_workspace_buffer = torch.zeros(4096, dtype=torch.uint8)
+        self._paged_kv_indptr_buf = paged_kv_indptr_buf
+        self._paged_kv_indices_buf = paged_kv_indices_buf
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
+        self.plan_calls: list[dict] = []
+        self.runs: list[dict] = []
+        BatchPrefillWithPagedKVCacheWrapper.instances.append(self)
+
+    def plan(self, qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size,
+             **kwargs):
+        self.plan_calls.append(dict(kwargs, qo_indptr=qo_indptr.clone(), indptr=indptr.clone(),
+                                    last_page_len=last_page_len.clone(), page_size=page_size))
+        if self._backend == "auto":
+            self._backend = "fa2"
+        if indptr.device.type != "cpu":  # the standard plan reads device metadata back; not modelled
+            self._plan_info = [0] * 15
+        else:  # FA2's PrefillPlanInfo: o_indptr counts each request's kv chunks times its query rows
+            pages = np.diff(indptr.numpy())
+            qo_lens = np.diff(qo_indptr.numpy())
+            chunk = kwargs.get("fixed_split_size") or CHUNK_PAGES
+            split = bool(pages.max() > chunk) and not kwargs.get("disable_split_kv")
+            chunks = -(-np.maximum(pages, 1) // chunk) if split else np.ones_like(pages)
+            o_indptr = np.concatenate([[0], np.cumsum(chunks * qo_lens)]).astype(np.int32)
+            raw = self._pin_memory_int_workspace_buffer.numpy()
+            raw[64:64 + 4 * len(o_indptr)] = o_indptr.view(np.uint8)
+            raw[32:36] = np.array([chunk * page_size], dtype=np.int32).view(np.uint8)
+            info = [0] * 15
+            info[8], info[9], info[14] = 64, 32, int(split)
+            self._plan_info = info
+        self._paged_kv_indptr_buf, self._paged_kv_indices_buf = indptr.clone(), indices
+        self._paged_kv_last_page_len_buf = last_page_len.clone()
+
+    def run(self, q, paged_kv_cache, return_lse=False, **kwargs):
+        read = {"indptr": self._paged_kv_indptr_buf, "indices": self._paged_kv_indices_buf,
+                "last_page_len": self._paged_kv_last_page_len_buf, "return_lse": return_lse, **kwargs}
+        self.runs.append(read)
+        return read
+
+
 def module() -> types.ModuleType:
     """A fresh stand-in module (hashable, as a module is: tuner keys its wrappers by it)."""
     BatchDecodeWithPagedKVCacheWrapper.instances = []
+    BatchPrefillWithPagedKVCacheWrapper.instances = []
     stand_in = types.ModuleType("fake_flashinfer_module")
     stand_in.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
+    stand_in.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
     return stand_in
