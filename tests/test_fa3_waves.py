@@ -380,3 +380,32 @@ def test_a_cap_the_model_gives_less_than_the_minimum_gain_is_not_taken(monkeypat
         ratio = kernel_time(n_blocks, splits, tiles, HEADS["sms"]) / kernel_time(
             n_blocks, np.minimum(splits, any_gain[i]), tiles, HEADS["sms"])
         assert 1.0 < ratio < 1.05, (lengths, ratio)
+
+
+def test_a_batch_size_whose_cap_graphs_were_all_dropped_reads_no_steps_lengths(modelled_fa3, monkeypatch):
+    """Every cap graph dropped (its capture failed, or the TP ranks' plans differed): no graph is
+    left to pick, and the step's host path no longer reads its lengths (6.4 us a step against
+    0.3 us for a batch size without variants, on this project's CPU machine)."""
+    from tuner.integrations import graph_variants
+
+    variants = graph_variants.GraphVariants(max_variants=8)
+    planned = variants.plan(3, [_default_cap_call()])
+    assert planned
+    for variant in planned:
+        variants.drop(3, variant.label)
+    read = []
+    real_lengths = graph_variants._real_lengths
+    monkeypatch.setattr(graph_variants, "_real_lengths", lambda *args: read.append(args) or real_lengths(*args))
+    assert variants.label(3, torch.tensor([11049, 10500, 8200], dtype=torch.int32)) is None and read == []
+
+
+@pytest.mark.parametrize("given", [32, 33])
+def test_lengths_beyond_the_batch_size_are_not_the_steps(modelled_fa3, given):
+    """A host buffer longer than the batch (no raw batch size given): its first `batch`
+    lengths are the step's (more made the padding negative, or raised from NumPy)."""
+    from tuner.integrations import graph_variants
+
+    variants = graph_variants.GraphVariants(max_variants=8)
+    variants.plan(3, [_default_cap_call()])
+    step = [11049, 10500, 8200]
+    assert variants.pick(3, step + [60000] * (given - 3)) == variants.pick(3, step) is not None

@@ -3,6 +3,7 @@ decode_attention's per-call records name over the lengths a replay may hold, and
 among them before each replay from the step's host lengths."""
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -332,3 +333,26 @@ def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_b
     # a plain label: one verdict for the graph, whatever the lengths
     assert [step(None, "tuner-1") for _ in range(17)] == [None, "tuner-1"] * 8 + [None]
     assert judge.dropped(4, "tuner-1") and variants.label(4, [2000, 10, 10, 10]) is None
+
+
+def test_tensor_parallel_ranks_whose_classes_of_steps_replay_other_graphs_disagree(tmp_path, monkeypatch):
+    """Rank A's DB holds one record more than rank B's (kv 256, the config of kv 2048's): both
+    plan the same one variant, but steps whose longest is in the 256 bucket would replay it on
+    rank A and the base graph on rank B. Their plans' digests differ."""
+    from tuner.integrations import sglang as integration
+
+    planned, labels, digests = [], [], []
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op=None, group=None:
+                        digests.append(int(tensor[0])))
+    runner = types.SimpleNamespace(tp_size=2, model_runner=types.SimpleNamespace(
+        tp_group=types.SimpleNamespace(cpu_group=object())))
+    for name, kv_lens in (("a", (2048, 256)), ("b", (2048,))):
+        for kv_len in kv_lens:
+            _store(tmp_path / f"{name}.db", kv_len, _triton(64, 8))
+        tuner.configure(db=tmp_path / f"{name}.db", mode="lookup", shipped="off")
+        variants = GraphVariants(max_variants=8)
+        planned.append(variants.plan(4, [_call()]))
+        labels.append(variants.label(4, [200] * 4))
+        integration.plan_agreed(runner, 4, planned[-1], variants.described(4))
+    assert repr(planned[0]) == repr(planned[1]) and labels == ["tuner-1", None]  # (repr: what ranks compared)
+    assert len(digests) == 2 and digests[0] != digests[1]

@@ -466,6 +466,23 @@ def test_a_plan_that_fails_leaves_the_batch_size_one_graph(sgl, db_path, monkeyp
     assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
 
 
+def test_a_variant_that_fails_under_one_of_sglangs_labels_keeps_the_graph_held_under_another(sgl, db_path):
+    """SGLang captures a batch size once per LoRA label: a variant whose capture ran out of memory
+    under the "lora" label was dropped for the batch size, and plain steps lost the variant
+    captured beside their own graph."""
+    runner, step = _variant_runner(sgl, db_path)
+    runner.capture_one_shape(4, step)
+    with pytest.warns(RuntimeWarning, match="lora[+]tuner-1 of batch size 4 not captured"):
+        runner.capture_one_shape(4, _out_of_memory_in_variants(step), None, "lora")
+    assert set(runner.graphs) == {fake_sglang.ShapeKey(4), fake_sglang.ShapeKey(4, None, "tuner-1"),
+                                  fake_sglang.ShapeKey(4, None, "lora")}
+    assert _replayed_key(runner, [2000] * 4) == fake_sglang.ShapeKey(4, None, "tuner-1")
+    lora_step = fake_sglang.ForwardBatch(out_cache_loc=torch.zeros(4), seq_lens_cpu=torch.full((4,), 2000))
+    lora_step.lora = "lora"
+    runner.execute(lora_step)
+    assert runner._replay_graph_key == fake_sglang.ShapeKey(4, None, "lora")  # (its variant is not held)
+
+
 def _out_of_memory_in_variants(step):
     """The step, failing as out of memory in a variant's capture (under its declaration)."""
     from tuner.runtime.state import runtime
@@ -1040,6 +1057,27 @@ def test_a_failed_flashinfer_plan_replays_the_batch_sizes_graph_from_then_on(fla
     fake_sglang.FlashInferAttnBackend.fail_plans = False
     assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4)  # its class: dropped
     assert _replayed_key(runner, [200] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")  # another class: kept
+
+
+def test_a_flashinfer_variant_held_under_one_of_sglangs_labels_plans_before_each_replay_whatever_the_other_did(
+        flashinfer_runner):
+    """The FlashInfer variant captured for plain steps, then not under SGLang's "lora" label (out
+    of memory): a plain step that replays it still plans FlashInfer first (a stale plan must
+    never replay)."""
+    runner, backend, made = flashinfer_runner
+    step = _graph_step(backend, 4, 2048)
+    runner.capture_one_shape(4, step)
+
+    def flashinfer_out_of_memory():
+        if backend.tuner_capturing_flashinfer:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return step()
+    with pytest.warns(RuntimeWarning, match="lora[+]tuner-2 of batch size 4 not captured"):
+        runner.capture_one_shape(4, flashinfer_out_of_memory, None, "lora")
+    [flashinfer] = made
+    flashinfer.calls.clear()
+    assert _replayed_key(runner, [100] * 4) == fake_sglang.ShapeKey(4, None, "tuner-2")
+    assert [kind for kind, _ in flashinfer.calls] == ["plan"]
 
 
 @pytest.mark.parametrize("change, runs", [({}, True), ({"sinks": torch.zeros(HEADS)}, False),

@@ -221,11 +221,7 @@ class GraphVariants:
         judge drops, for the judge to keep where it wins, and it challenges, class by class,
         the variants the judge keeps (keep_pick, pick()). Call it outside any graph_capture."""
         calls = [tuple(c) for c in calls]
-        self._labels[batch] = {}
-        self._waves.pop(batch, None)
-        self._dropped.pop(batch, None)
-        self._alternatives.pop(batch, None)
-        self._kept.pop(batch, None)
+        self.forget(batch)
         if not calls or self.max_variants <= 0:
             return []
         bound = max(int(c[5]) for c in calls)
@@ -261,7 +257,7 @@ class GraphVariants:
         for configs, classes in list(groups.items())[:self.max_variants]:
             label = f"{LABEL_PREFIX}{len(variants) + 1}"
             variants.append(Variant(label, StepLengths(*classes[0]), configs))
-            self._labels[batch].update(dict.fromkeys(classes, label))
+            self._labels.setdefault(batch, {}).update(dict.fromkeys(classes, label))
         if alternative is not None:  # (every class it may serve: pick() sends them to it)
             label = self._alternatives[batch] = f"{LABEL_PREFIX}{len(variants) + 1}"
             declared = StepLengths(*(base_classes or every_class)[0])  # (for the calls it leaves to tuner)
@@ -271,6 +267,11 @@ class GraphVariants:
             variants += self._plan_caps(batch, calls, wave_call or default_call, wave_classes[capped], len(variants),
                                         default_capped=default_call is not None)
         return variants
+
+    def forget(self, batch: int) -> None:
+        """No variant for this batch size (until its next plan): every step replays its base graph."""
+        for held in (self._labels, self._waves, self._dropped, self._alternatives, self._kept):
+            held.pop(batch, None)
 
     def _plan_caps(self, batch: int, calls: list[tuple], wave_call: tuple, classes: list[tuple[int, bool]],
                    taken: int, default_capped: bool = False) -> list[Variant]:
@@ -301,6 +302,16 @@ class GraphVariants:
         if waves is not None:
             for cap in [c for c, kept in waves.labels.items() if kept == label]:
                 del waves.labels[cap]
+            if not waves.labels:  # (no cap graph left: pick() need not read the step's lengths for one)
+                del self._waves[batch]
+
+    def described(self, batch: int) -> str:
+        """The batch size's plan as text, every class of steps and the graph it replays (what
+        tensor-parallel ranks compare: their variants may look alike while their classes differ)."""
+        waves = self._waves.get(batch)
+        return repr((sorted(self._labels.get(batch, {}).items()), self._alternatives.get(batch),
+                     None if waves is None else (sorted(waves.shape.items()), sorted(waves.classes),
+                                                 sorted(waves.labels.items()))))
 
     def drop_pick(self, batch: int, pick: Pick) -> None:
         """A verdict against one class of steps on its graph (tuner.integrations.replay_judge):
@@ -327,14 +338,14 @@ class GraphVariants:
     def pick(self, batch: int, seq_lens_host: Any, raw_batch: int | None = None) -> Pick | None:
         """The variant a step replays and its class of lengths, or None for the base graph.
         seq_lens_host: the step's lengths on the host (a CPU tensor, an array or a list), of
-        its first raw_batch sequences (all of them if None); the rest of `batch` are padding
-        of length 1, as a server pads a batch up to a captured size."""
+        its first raw_batch sequences (all of them if None, at most `batch`); the rest of
+        `batch` are padding of length 1, as a server pads a batch up to a captured size."""
         labels = self._labels.get(batch)
         if (not labels and batch not in self._waves and batch not in self._alternatives) or seq_lens_host is None:
             return None
         if isinstance(seq_lens_host, torch.Tensor) and not seq_lens_host.is_cpu:
             return None
-        lengths, longest, total = _real_lengths(seq_lens_host, raw_batch)
+        lengths, longest, total = _real_lengths(seq_lens_host, batch if raw_batch is None else min(raw_batch, batch))
         if not len(lengths):
             return None
         total += batch - len(lengths)
@@ -366,13 +377,13 @@ class GraphVariants:
         return pick if dropped and challenger in dropped else challenger
 
 
-def _real_lengths(seq_lens_host: Any, raw_batch: int | None) -> tuple[list[int] | np.ndarray, int, int]:
-    """The step's real sequences' lengths (the first raw_batch), their longest and their sum:
-    Python ints for a batch of up to FEW_LENGTHS, where NumPy's reductions cost more than
+def _real_lengths(seq_lens_host: Any, real: int) -> tuple[list[int] | np.ndarray, int, int]:
+    """The step's real sequences' lengths (the first `real` given), their longest and their
+    sum: Python ints for a batch of up to FEW_LENGTHS, where NumPy's reductions cost more than
     Python's (every step pays), else a NumPy array."""
     array = isinstance(seq_lens_host, (torch.Tensor, np.ndarray))
     given = seq_lens_host.shape[0] if array else len(seq_lens_host)  # (a tensor's len() costs 2 us)
-    size = given if raw_batch is None else min(raw_batch, given)
+    size = min(real, given)
     if size <= FEW_LENGTHS:
         if array:
             lengths = (seq_lens_host if given <= FEW_LENGTHS else seq_lens_host[:size]).tolist()

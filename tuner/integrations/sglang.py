@@ -366,35 +366,44 @@ def capture_with_variants(original: Any, runner: Any, size: int, forward: Any, s
     except Exception as e:  # noqa: BLE001 - tuner's planning never fails SGLang's capture
         warnings.warn(f"tuner: no graph variants for batch size {size} ({type(e).__name__}: {e})", RuntimeWarning,
                       stacklevel=2)
+        backend.tuner_variants.forget(size)  # (a plan that failed half-way names no graph)
         planned = []
-    if not plan_agreed(runner, size, planned):  # (every rank finds the same: none drops alone)
+    # (every rank finds the same: none drops alone)
+    if not plan_agreed(runner, size, planned, backend.tuner_variants.described(size)):
         for variant in planned:
             backend.tuner_variants.drop(size, variant.label)
         warnings.warn(f"tuner: the tensor-parallel ranks planned different graph variants for batch size {size} "
                       "(or cannot compare them); none is captured", RuntimeWarning, stacklevel=2)
         planned = []
     log_plan(size, calls, planned)
+    # (the label whether or not its capture below succeeds: under another of SGLang's labels
+    # this size's FlashInfer graph may be held, and must never replay without its plan)
     backend.tuner_flashinfer_labels.pop(size, None)
+    for variant in planned:
+        if variant.alternative == FLASHINFER:
+            backend.tuner_flashinfer_labels[size] = variant.label
     for variant in planned:
         try:
             with graph_capture(variant.lengths), capturing(backend, variant):
                 original(runner, size, forward, stream_idx, _joined(variant_label, variant.label))
-            if variant.alternative == FLASHINFER:
-                backend.tuner_flashinfer_labels[size] = variant.label
-        except RuntimeError as e:  # out of memory, say: its steps replay the base graph
+        except RuntimeError as e:  # out of memory, say: its steps replay the batch size's graph
             if getattr(runner, "tp_size", 1) > 1:  # one rank cannot drop it alone: ranks replay alike
                 raise RuntimeError(f"tuner: graph variant {variant.label} of batch size {size} not captured "
                                    f"({e}); set {settings.ENV_GRAPH_VARIANTS}=0 (or fewer)") from e
-            backend.tuner_variants.drop(size, variant.label)
-            warnings.warn(f"tuner: graph variant {variant.label} of batch size {size} not captured ({e}); "
-                          "its steps replay the batch size's graph", RuntimeWarning, stacklevel=2)
+            if variant_label is None or not hasattr(getattr(runner, "backend", None), "can_run"):
+                backend.tuner_variants.drop(size, variant.label)
+            # (else the size is captured under several of SGLang's labels (LoRA) and the variant
+            # may be held under another: SGLang's graph store tells which it holds, at each step)
+            warnings.warn(f"tuner: graph variant {_joined(variant_label, variant.label)} of batch size {size} not "
+                          f"captured ({e}); its steps replay the batch size's graph", RuntimeWarning, stacklevel=2)
     backend.tuner_graph_calls.pop(size, None)  # (its tensors: the next capture of this size notes its own)
     return result
 
 
-def plan_agreed(runner: Any, size: int, planned: list) -> bool:
-    """Whether every tensor-parallel rank planned the same variants for this batch size (and
-    judges alike): ranks replay one graph together, and a rank whose planning failed, or read
+def plan_agreed(runner: Any, size: int, planned: list, described: str) -> bool:
+    """Whether every tensor-parallel rank planned the same variants for this batch size, sends
+    each class of steps to the same graph (`described`: GraphVariants.described) and judges
+    alike: ranks replay one graph together, and a rank whose planning failed, or read
     another DB or setting, would replay other graphs. One all-reduce of a digest over the TP
     CPU group, during the capture every rank makes together. True for a rank alone; False
     under TP without the group (nothing to compare through)."""
@@ -403,7 +412,8 @@ def plan_agreed(runner: Any, size: int, planned: list) -> bool:
     group = _tp_cpu_group(runner)
     if group is None:
         return False
-    digest = zlib.crc32(repr((size, planned, settings.replay_judge_pairs(), settings.REPLAY_JUDGE_TOLERANCE)).encode())
+    digest = zlib.crc32(repr((size, planned, described, settings.replay_judge_pairs(),
+                              settings.REPLAY_JUDGE_TOLERANCE)).encode())
     extremes = torch.tensor([digest, -digest], dtype=torch.int64)  # (MAX of both: the largest and the smallest)
     torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MAX, group=group)
     return int(extremes[0]) == digest == -int(extremes[1])
