@@ -1,10 +1,11 @@
-"""The tuner command with one more op, "faulty": torch_split_decode whose kernel, for the chunk
-named in $FAULTY_KILLS, prints a CUDA fault and kills its own process (as FA3's illegal memory
-access did); for $FAULTY_HANGS, never returns; for $FAULTY_STICKY, raises the error a lost CUDA
-context gives; for $FAULTY_KILLS_LATER, kills its process only on lengths other than a serving
-shape's first trial (its second trial's); $FAULTY_FAST: every other chunk sleeps 10 ms a call (so
-that chunk wins, also on a loaded machine: 2 ms lost to its noise); $FAULTY_DIES_AT_START: a supervised worker dies before it runs anything. Each
-measurement a process starts appends "pid chunk" to $FAULTY_LOG.
+"""The tuner command with one more op, "faulty": torch_split_decode whose kernel, for the chunk named
+in $FAULTY_KILLS, prints a CUDA fault and kills its own process (as FA3's illegal memory access
+did); for $FAULTY_HANGS, never returns; for $FAULTY_STICKY, raises the error a lost CUDA context
+gives; for $FAULTY_KILLS_LATER, kills its process only on lengths other than a serving shape's
+first trial (its second trial's); $FAULTY_FAST: every other chunk sleeps 10 ms a call (so that
+chunk wins, also on a loaded machine: 2 ms lost to its noise); $FAULTY_DIES_AT_START: a supervised
+worker dies before it runs anything. Each measurement a process starts appends "pid chunk" to
+$FAULTY_LOG.
 
     python tests/support/faulty_sweep.py sweep faulty --shapes S --db D
 """
