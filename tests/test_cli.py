@@ -1,6 +1,7 @@
 import dataclasses
 import io
 import json
+import gzip
 import os
 import shlex
 import subprocess
@@ -994,13 +995,62 @@ def test_a_serving_sweep_defaults_to_guided_search_without_flashinfer_and_others
     runner = CliRunner()
     serving = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-serving", "--plan"])
     assert serving.exit_code == 0, serving.output
-    assert "guided search (fa3, triton_decode)," in " ".join(serving.output.split())
+    assert "guided search (triton_decode; fa3 cannot run here)," in " ".join(serving.output.split())
     full = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-tiny", "--plan"])
     assert full.exit_code == 0, full.output
-    assert "halving search (fa3, triton_decode, flashinfer)" in " ".join(full.output.split())
+    assert "halving search (triton_decode; fa3, flashinfer cannot run here)" in " ".join(full.output.split())
     told = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-serving", "--plan", "--search", "exhaustive",
                                "--backends", "triton_decode,flashinfer"])
     assert told.exit_code == 0, told.output
-    assert "exhaustive search (triton_decode, flashinfer)" in " ".join(told.output.split())
+    assert "exhaustive search (triton_decode; flashinfer cannot run here)" in " ".join(told.output.split())
     one_line_error(runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-serving", "--search", "bogus"]),
                    "unknown search strategy")
+
+
+def test_export_refuses_a_device_or_a_pipe_at_its_name_and_leaves_it(tmp_path, db_path, tiny_shapes):
+    """A rename onto /dev/full or a FIFO replaced it with a file, and said it had exported."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    one_line_error(cli("export", "--out", pipe, "--db", db_path), "cannot write", "a pipe, not a regular file")
+    assert pipe.is_fifo()
+
+
+def test_export_json_of_no_winners_is_an_error_and_a_gz_name_in_capitals_is_compressed(tmp_path, db_path,
+                                                                                       tiny_shapes):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    one_line_error(cli("export", "--op", "fa3", "--out", tmp_path / "e.json", "--db", db_path),
+                   "no winners of fa3", "nothing to export")
+    assert not (tmp_path / "e.json").exists()
+    assert cli("export", "--out", tmp_path / "E.JSON.GZ", "--db", db_path).exit_code == 0
+    assert gzip.decompress((tmp_path / "E.JSON.GZ").read_bytes()).startswith(b"{")
+
+
+def test_a_plan_from_misses_creates_no_db(tmp_path):
+    """--plan says nothing runs and no DB is written; with --from-misses it made the DB."""
+    one_line_error(cli("sweep", "triton_decode", "--from-misses", "--plan", "--db", tmp_path / "new.db"),
+                   "no tuning DB")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_grid_is_one_the_op_has_and_the_plan_names_only_backends_that_run_here(db_path):
+    """decode_attention has no cpu-small grid: its default was an error on the CPU; the plan
+    named FA3 and FlashInfer, which cannot run there."""
+    done = cli("sweep", "decode_attention", "--plan", "--db", db_path)
+    assert done.exit_code == 0, done.output
+    assert "search (triton_decode; fa3, flashinfer cannot run here), on cpu" in " ".join(done.output.split())
+    assert not db_path.exists()
+
+
+@pytest.mark.parametrize("field, value, says", [("q_dtype", "int1337", "dtype 'int1337' is not one of"),
+                                                ("num_q_heads", 7, "kv heads do not divide 7")])
+def test_import_refuses_a_static_key_no_kernel_has(tmp_path, db_path, tiny_shapes, field, value, says):
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "e.json"
+    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    doc = json.loads(out.read_text())
+    doc["records"][0]["static_key"][field] = value
+    out.write_text(json.dumps(doc))
+    other = tmp_path / "other.db"
+    one_line_error(cli("import", out, "--db", other), says)
+    assert not other.exists()

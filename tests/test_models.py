@@ -61,6 +61,7 @@ def test_a_multimodal_config_is_read_for_its_text_model_and_gpt_oss_has_sinks(tm
     ({"num_key_value_heads": 64}, "num_key_value_heads must be an integer"),
     ({"num_key_value_heads": 5}, "do not divide"),
     ({"hidden_size": 3200}, "head_dim 100 is not a multiple of 16"),
+    ({"hidden_size": 4097}, "hidden_size 4097 is not a multiple of 32 heads"),  # (was rounded down to 128)
     ({"head_dim": 1e9}, "head_dim 1000000000.0 is not a multiple"),
     ({"sliding_window": -4}, "sliding_window must be an integer"),
     ({"sliding_window": 2**60}, "sliding_window must be an integer"),
@@ -88,6 +89,15 @@ def test_an_unknown_model_name_lists_the_known_ones():
         model_attention("llama-9-9b")
 
 
+def test_a_path_that_exists_but_gives_no_config_says_so(tmp_path):
+    """They were called unknown model names."""
+    with pytest.raises(TunerError, match="the directory holds no config.json"):
+        model_attention(str(tmp_path))
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    with pytest.raises(TunerError, match="not a regular file"):
+        model_attention(str(tmp_path / "zero"))
+
+
 def test_tensor_parallel_sizes_split_the_heads_and_replicate_kv_heads_past_their_count():
     llama_70b = MODELS["llama-3.1-70b"]
     assert per_gpu_heads(llama_70b, parse_tp("1,2,8")) == [Attention(64, 8, 128), Attention(32, 4, 128),
@@ -111,6 +121,7 @@ def test_heads_by_hand():
     assert attention_from_flags("16/8", 256, window=4096, softcap=50.0, sinks=True) == Attention(16, 8, 256, 4095,
                                                                                                  50.0, True)
     for heads, dim, says in (("48", 128, "give query/kv heads"), ("48/7", 128, "must divide"),
+                             ("99999999999/1", 128, "both 1-1024"), ("9" * 5000 + "/1", 128, "both 1-1024"),
                              ("8/16", 128, "must divide"), ("48/8", 100, "--head-dim 100")):
         with pytest.raises(TunerError, match=says):
             attention_from_flags(heads, dim)

@@ -18,7 +18,7 @@ _CHUNK = 1 << 20  # read in pieces: one read of the whole bound would reserve it
 
 
 def is_gzip(path: str | Path) -> bool:
-    return Path(path).suffix == GZIP_SUFFIX
+    return Path(path).suffix.lower() == GZIP_SUFFIX
 
 
 def read_json(path: str | Path, error: type[TunerError] = TunerError, what: str = "file",

@@ -17,6 +17,7 @@ from typing_extensions import Annotated
 
 from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console
 from tuner.errors import TunerError
+from tuner.files import refuse_special
 
 
 @app.command("report")
@@ -79,6 +80,8 @@ def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
     for rel, target in targets.items():  # names were checked; this is the last word
         if not target.resolve().is_relative_to(root):
             raise TunerError(f"refusing to write {rel}: outside --out {out}")
+    for target in targets.values():
+        refuse_special(target)
     existing = [rel for rel, target in targets.items() if target.exists()]
     if existing and not replace:
         raise TunerError(f"{out / existing[0]} exists ({len(existing)} of the {len(files)} files do); "
@@ -149,6 +152,8 @@ def export_command(
         from tuner.db import export_document
 
         document = export_document(database, op=op)
+        if not document["records"]:
+            raise TunerError(f"no winners{f' of {op}' if op else ''} in {database.display_url}: nothing to export")
         if out.is_dir():
             raise TunerError(f"--out {out} is a directory; give a file path")
         _write_atomically(out, json.dumps(document, indent=1, sort_keys=True) + "\n")

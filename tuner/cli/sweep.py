@@ -143,7 +143,7 @@ class _HeadsRequest:
 @app.command("sweep")
 def sweep_command(
     op_name: Annotated[str, typer.Argument(metavar="OP", help="Op to tune (see `tuner ops`).")],
-    grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: cpu-small on CPU, decode on GPU).")] = None,
+    grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: decode on a GPU; on a CPU cpu-small, or the op's first cpu- grid).")] = None,
     shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
     from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket; on serving batches (--lengths serving) where the missed calls' lengths were mixed. With --grid: the grid's run keys (e.g. serving: every capture batch size x kv 32-128k) for every static key the runtime missed, a new deployment's whole grid.")] = False,
     lengths: Annotated[Optional[str], typer.Option("--lengths", help="What each shape's batch holds: full (every sequence at kv_len, the grids' default) or serving (a batch per length distribution of serving traffic, more rounds of them at batch 1-3, each with its longest sequence in the kv bucket; timed as their mean). Overrides the shapes'. The same keys as full: --force to re-measure keys that have full-batch winners.")] = None,
@@ -190,7 +190,8 @@ def sweep_command(
         if why is not None:
             raise TunerError(f"op {op.name} cannot run here: {why}")
         yours = _HeadsRequest(model, tp, heads, head_dim, window, softcap, sinks, dtype, page_size)
-        shapes, database = _shapes_to_sweep(op, grid, shapes_file, from_misses, lengths, yours, db, force)
+        shapes, database = _shapes_to_sweep(op, grid, shapes_file, from_misses, lengths, yours, db, force,
+                                            plan_only)
         if shapes is None:
             return
         strategy = chosen or default_strategy(shapes)
@@ -234,9 +235,10 @@ def _sweep_timer(device: str, warmup: int, repeats: int, max_seconds: float):
 
 
 def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses: bool, lengths: str | None,
-                     yours: "_HeadsRequest", db: Optional[str], force: bool) -> tuple[list | None, object]:
+                     yours: "_HeadsRequest", db: Optional[str], force: bool,
+                     plan_only: bool = False) -> tuple[list | None, object]:
     """The shapes a sweep measures (None: no misses to tune), and the DB where reading the
-    misses opened it."""
+    misses opened it (a plan only reads the misses: it creates no DB)."""
     from tuner.ops import get_grid
     from tuner.workload import load_shapes
     from tuner.workload.shapes import LENGTHS
@@ -252,7 +254,7 @@ def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses
     if from_misses:
         from tuner.sweep import plan_from_misses
 
-        database = _open_db_to_sweep(db, force)
+        database = open_db(db, create=False) if plan_only else _open_db_to_sweep(db, force)
         missed = plan_from_misses(database, op, grid)
         if missed.warning:
             err.print(f"[yellow]warning:[/] {missed.warning}", highlight=False)
@@ -263,7 +265,7 @@ def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses
     elif shapes_file is not None:
         shapes = load_shapes(shapes_file)
     else:
-        shapes = get_grid(op, grid or ("decode" if op.device() == "cuda" else "cpu-small"))
+        shapes = get_grid(op, grid or _default_grid(op))
     if lengths is not None:
         shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
     shapes = _graph_lengths(op, shapes)
@@ -372,6 +374,14 @@ class _ProgressLog:
             self._thread.join()  # no line after the sweep's own output
 
 
+def _default_grid(op) -> str:
+    """--grid's default: decode on a GPU; on a CPU the op's cpu-small grid, else its first CPU grid."""
+    if op.device() == "cuda":
+        return "decode"
+    cpu_grids = [name for name in op.grids if name.startswith("cpu-")]
+    return "cpu-small" if "cpu-small" in cpu_grids or not cpu_grids else cpu_grids[0]
+
+
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
@@ -379,12 +389,16 @@ def _duration(seconds: float) -> str:
 
 def _searched(op, strategy: str) -> str:
     """What a sweep searches, for its plan and its log: "guided search (fa3, triton_decode)"."""
-    from tuner.ops.decode_attention import BACKEND_OPS, BACKENDS, GRAPH_OP_NAME
+    from tuner.ops.decode_attention import BACKEND_OPS, GRAPH_OP_NAME
 
     if op.name not in BACKEND_OPS:
         return f"{strategy} search"
-    names = [name for name, b in BACKENDS.items() if op.name != GRAPH_OP_NAME or b.graph_capturable]
-    return f"{strategy} search ({', '.join(names)})"
+    from tuner.ops.decode_attention import BACKENDS, installed
+
+    searched = [b for b in BACKENDS.values() if op.name != GRAPH_OP_NAME or b.graph_capturable]
+    runs = [b.name for b in installed() if b in searched]
+    absent = [b.name for b in searched if b.name not in runs]
+    return f"{strategy} search ({', '.join(runs)}" + (f"; {', '.join(absent)} cannot run here)" if absent else ")")
 
 
 def _print_plan(op, shapes: list, strategy: str, device: str) -> None:

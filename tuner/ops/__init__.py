@@ -6,6 +6,7 @@ import json
 
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey, AttentionStaticKey, static_key_from_parts
+from tuner.keys.static import DTYPE_BYTES
 from tuner.ops.base import Config, Op
 from tuner.workload.shapes import DecodeShape, shape_for_checks
 from tuner.ops.decode_attention import DECODE_ATTENTION, DECODE_ATTENTION_GRAPH
@@ -54,6 +55,11 @@ def check_record(op_name: str, static_key_json: str, run_key: AttentionRunKey, c
                 softcap=1.0 if key.softcap is True else None if key.softcap is False else key.softcap,
                 sinks=key.sinks, k_descale=key.k_descale, v_descale=key.v_descale) != key:
             raise ValueError("a field has the wrong type")
+        unknown = [d for d in (key.q_dtype, key.k_dtype, key.v_dtype) if d not in DTYPE_BYTES]
+        if unknown:
+            raise ValueError(f"dtype {unknown[0]!r:.40} is not one of {', '.join(DTYPE_BYTES)}")
+        if key.num_q_heads % key.num_kv_heads:
+            raise ValueError(f"{key.num_kv_heads} kv heads do not divide {key.num_q_heads} query heads")
         shape = shape_for_checks(key, run_key)
     except (ValueError, TypeError) as e:
         return f"its static key is not an attention static key ({e})"

@@ -139,7 +139,11 @@ def attention_from_config(config: Any, where: str) -> tuple[Attention, ...]:
         raise TunerError(f"{where}: {kv_heads} kv heads do not divide {heads} query heads")
     head_dim = config.get("head_dim")
     if head_dim is None:
-        head_dim = _field(config, "hidden_size", where, high=1 << 20) // heads
+        hidden = _field(config, "hidden_size", where, high=1 << 20)
+        if hidden % heads:
+            raise TunerError(f"{where}: hidden_size {hidden} is not a multiple of {heads} heads, and no head_dim "
+                             "says the head size")
+        head_dim = hidden // heads
     if not _is_head_dim(head_dim):
         raise TunerError(f"{where}: head_dim {head_dim!r:.40} is not a multiple of 16 in [16, {MAX_HEAD_DIM}]")
     softcap = config.get("attn_logit_softcapping") or 0.0
@@ -163,12 +167,16 @@ def model_attention(model: str) -> tuple[Attention, ...]:
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
+        if not path.is_file():
+            raise TunerError(f"--model {model!r:.80}: the directory holds no config.json")
+    elif path.exists() and not path.is_file():
+        raise TunerError(f"--model {model!r:.80}: not a regular file (give a config.json)")
     if not path.is_file():
         raise TunerError(f"unknown model {model!r:.80}: give a config.json path or one of: {', '.join(MODELS)}")
     return attention_from_config(read_json(path, what="model config"), str(path))
 
 
-_HEADS = re.compile(r"(\d{1,4})/(\d{1,4})")
+_HEADS = re.compile(r"(\d+)/(\d+)")
 
 
 def attention_from_flags(heads: str, head_dim: int, window: int | None = None, softcap: float | None = None,
@@ -177,9 +185,9 @@ def attention_from_flags(heads: str, head_dim: int, window: int | None = None, s
     match = _HEADS.fullmatch(heads.strip())
     if not match:
         raise TunerError(f"--heads {heads!r:.40}: give query/kv heads, as 32/8")
-    q, kv = int(match[1]), int(match[2])
+    q, kv = (int(n) if len(n) <= 9 else MAX_HEADS + 1 for n in (match[1], match[2]))  # (huge: out of range)
     if not 1 <= kv <= q <= MAX_HEADS or q % kv:
-        raise TunerError(f"--heads {heads}: kv heads must divide query heads, both 1-{MAX_HEADS}")
+        raise TunerError(f"--heads {heads:.40}: kv heads must divide query heads, both 1-{MAX_HEADS}")
     if not _is_head_dim(head_dim):
         raise TunerError(f"--head-dim {head_dim} is not a multiple of 16 in [16, {MAX_HEAD_DIM}]")
     if window is not None and not 1 <= window <= MAX_WINDOW:
