@@ -409,3 +409,14 @@ def test_lengths_beyond_the_batch_size_are_not_the_steps(modelled_fa3, given):
     variants.plan(3, [_default_cap_call()])
     step = [11049, 10500, 8200]
     assert variants.pick(3, step + [60000] * (given - 3)) == variants.pick(3, step) is not None
+
+
+def test_no_variant_at_all_where_variants_are_set_to_zero(modelled_fa3):
+    """TUNER_GRAPH_VARIANTS=0 is the documented off switch: no cap graph and no alternative
+    backend's graph either."""
+    from tuner.integrations.graph_variants import GraphVariants
+
+    assert GraphVariants(max_variants=8).plan(3, [_default_cap_call()], alternative="flashinfer")
+    off = GraphVariants(max_variants=0)
+    assert off.plan(3, [_default_cap_call()], alternative="flashinfer") == []
+    assert off.label(3, [11049, 10500, 8200]) is None

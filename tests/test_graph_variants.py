@@ -338,7 +338,8 @@ def test_a_server_replaying_its_own_graphs_has_each_variant_judged_against_the_b
 def test_tensor_parallel_ranks_whose_classes_of_steps_replay_other_graphs_disagree(tmp_path, monkeypatch):
     """Rank A's DB holds one record more than rank B's (kv 256, the config of kv 2048's): both
     plan the same one variant, but steps whose longest is in the 256 bucket would replay it on
-    rank A and the base graph on rank B. Their plans' digests differ."""
+    rank A and the base graph on rank B. Their plans' digests differ, as do those of ranks
+    whose variants run other configs."""
     from tuner.integrations import sglang as integration
 
     planned, labels, digests = [], [], []
@@ -346,13 +347,27 @@ def test_tensor_parallel_ranks_whose_classes_of_steps_replay_other_graphs_disagr
                         digests.append(int(tensor[0])))
     runner = types.SimpleNamespace(tp_size=2, model_runner=types.SimpleNamespace(
         tp_group=types.SimpleNamespace(cpu_group=object())))
-    for name, kv_lens in (("a", (2048, 256)), ("b", (2048,))):
-        for kv_len in kv_lens:
-            _store(tmp_path / f"{name}.db", kv_len, _triton(64, 8))
+    for name, records in (("a", ((2048, (64, 8)), (256, (64, 8)))), ("b", ((2048, (64, 8)),)),
+                          ("c", ((2048, (64, 4)),))):
+        for kv_len, config in records:
+            _store(tmp_path / f"{name}.db", kv_len, _triton(*config))
         tuner.configure(db=tmp_path / f"{name}.db", mode="lookup", shipped="off")
         variants = GraphVariants(max_variants=8)
         planned.append(variants.plan(4, [_call()]))
         labels.append(variants.label(4, [200] * 4))
         integration.plan_agreed(runner, 4, planned[-1], variants.described(4))
-    assert repr(planned[0]) == repr(planned[1]) and labels == ["tuner-1", None]  # (repr: what ranks compared)
-    assert len(digests) == 2 and digests[0] != digests[1]
+    assert repr(planned[0]) == repr(planned[1]) != repr(planned[2])  # (repr: what ranks compare)
+    assert labels == ["tuner-1", None, None]
+    assert len(set(digests)) == 3  # (b and c send each class alike, to variants of other configs)
+
+
+def test_a_steps_class_is_its_longest_sequences_wherever_it_stands_in_the_batch(db_path):
+    """A server's batch is in no order of length."""
+    _store(db_path, 2048, _triton(64, 8))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    variants = GraphVariants(max_variants=8)
+    variants.plan(4, [_call()])
+    steps = ([2000, 200, 100, 50], [200, 100, 50, 2000], [50, 2000, 100, 200])
+    assert [variants.label(4, lengths) for lengths in steps] == ["tuner-1"] * 3
+    assert variants.label(4, torch.tensor(steps[1], dtype=torch.int32)) == "tuner-1"
+    assert variants.label(40, [200] * 39 + [2000]) is None  # (no graph planned at 40)

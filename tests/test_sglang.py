@@ -483,6 +483,17 @@ def test_a_variant_that_fails_under_one_of_sglangs_labels_keeps_the_graph_held_u
     assert runner._replay_graph_key == fake_sglang.ShapeKey(4, None, "lora")  # (its variant is not held)
 
 
+def test_a_capture_inside_the_callers_own_graph_capture_gets_no_variant(sgl, db_path):
+    """The caller's declaration holds: its graph runs what the declared lengths name, alone."""
+    import tuner
+
+    runner, step = _variant_runner(sgl, db_path)
+    with tuner.graph_capture([2000] * 4), warnings.catch_warnings():
+        warnings.simplefilter("error")  # (not a plan that failed: none was tried)
+        runner.capture_one_shape(4, step)
+    assert list(runner.graphs) == [fake_sglang.ShapeKey(4)]
+
+
 def _out_of_memory_in_variants(step):
     """The step, failing as out of memory in a variant's capture (under its declaration)."""
     from tuner.runtime.state import runtime
