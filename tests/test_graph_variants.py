@@ -371,3 +371,17 @@ def test_a_steps_class_is_its_longest_sequences_wherever_it_stands_in_the_batch(
     assert [variants.label(4, lengths) for lengths in steps] == ["tuner-1"] * 3
     assert variants.label(4, torch.tensor(steps[1], dtype=torch.int32)) == "tuner-1"
     assert variants.label(40, [200] * 39 + [2000]) is None  # (no graph planned at 40)
+
+
+def test_a_step_without_host_lengths_or_sequences_replays_the_base_graph_and_raw_batch_cuts_any_buffer(db_path):
+    _store(db_path, 2048, _triton(64, 8))
+    tuner.configure(db=db_path, mode="lookup", shipped="off")
+    variants = GraphVariants(max_variants=8)
+    variants.plan(4, [_call()])
+    assert variants.label(4, None) is None and variants.label(4, []) is None
+    assert variants.label(4, torch.tensor([], dtype=torch.int32)) is None
+    # a buffer longer than the step's batch: only its first raw_batch are the step's sequences
+    held = [2000, 100, 100, 3000]  # (the last, past the bound, is another step's)
+    for buffer in (held, torch.tensor(held, dtype=torch.int32), np.array(held)):
+        assert variants.label(4, buffer, raw_batch=3) == "tuner-1"
+        assert variants.label(4, buffer) is None
