@@ -239,7 +239,7 @@ def test_new_key_cost_times_the_users_sweep_command_on_an_empty_triton_cache(tmp
     assert doc["exit_code"] == 0 and doc["fresh_triton_cache"] and doc["sweep_seconds"] > 0
     assert doc["sweep_command"].startswith("tuner sweep torch_split_decode --shapes ")
     assert doc["db"]["records_by_op"] == {"torch_split_decode": 1} and doc["db"]["measurements"] >= 1
-    assert doc["first_lines"][0].startswith("sweeping torch_split_decode on cpu, halving search: 1 shapes")
+    assert doc["first_lines"][0].startswith("sweeping torch_split_decode on cpu, halving search: 1 shape,")
     assert (tmp_path / "cost.log").exists()
 
 

@@ -441,7 +441,7 @@ def test_doctor_lists_records_of_other_environments(tmp_path, db_path):
     shown = cli("show", "--db", db_path)
     assert "0 winners stored that apply here" in shown.output
     every = cli("show", "--db", db_path, "--all")  # the environment in each table's title, not a column
-    assert f"environment {fingerprint_id(other)}" in every.output and "1 winners stored in" in every.output
+    assert f"environment {fingerprint_id(other)}" in every.output and "1 winner stored in" in every.output
 
 
 def test_show_folds_configs_at_80_columns(tmp_path, db_path, monkeypatch):

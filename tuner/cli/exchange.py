@@ -16,6 +16,7 @@ from rich.table import Table
 from typing_extensions import Annotated
 
 from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console
+from tuner.cli.format import counted
 from tuner.errors import TunerError
 from tuner.files import refuse_special
 
@@ -157,7 +158,7 @@ def export_command(
         if out.is_dir():
             raise TunerError(f"--out {out} is a directory; give a file path")
         _write_atomically(out, json.dumps(document, indent=1, sort_keys=True) + "\n")
-        console.print(f"exported {len(document['records'])} winners to {escape(str(out))}")
+        console.print(f"exported {counted(len(document['records']), 'winner')} to {escape(str(out))}")
 
 
 def _left_out(reasons: dict[str, int]) -> str:
@@ -183,7 +184,7 @@ def import_command(
         database = open_db(db)
         database.require_sound("import into")
         result = database.save_records(rows, replace=replace)
-        console.print(f"imported {result.written + result.replaced} winners into {escape(database.display_url)} "
+        console.print(f"imported {counted(result.written + result.replaced, 'winner')} into {escape(database.display_url)} "
                       f"({result.written} new, {result.replaced} replaced an older one, {result.same} unchanged"
                       + (f", {result.kept} kept the DB's newer one: --replace replaces them" if result.kept else "")
                       + ")")

@@ -1,4 +1,4 @@
-"""Cells of the winners' tables that `tuner sweep` and `tuner show` both print: timings and configs."""
+"""What the commands print alike: the winners' tables' cells (timings, configs) and counts."""
 
 from __future__ import annotations
 
@@ -13,3 +13,8 @@ def fmt_config(config: dict | None) -> str:
     if not config:
         return "-"
     return escape(" ".join(f"{k}={v}" for k, v in config.items()))
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 winner", "2 winners"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

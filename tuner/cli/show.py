@@ -11,7 +11,7 @@ from rich.table import Table
 from typing_extensions import Annotated
 
 from tuner.cli.base import DbOption, check_op, open_db, user_errors, app, console
-from tuner.cli.format import fmt_config, fmt_us
+from tuner.cli.format import counted, fmt_config, fmt_us
 from tuner.errors import TunerError
 from tuner.keys import AttentionStaticKey
 
@@ -65,7 +65,7 @@ def show_command(
                 table.add_row(*row)
             console.print(table)
         scope = "stored" if all_environments else "stored that apply here"
-        console.print(f"{len(records)} winners {scope} in {escape(database.display_url)}")
+        console.print(f"{counted(len(records), 'winner')} {scope} in {escape(database.display_url)}")
         shipped = _shipped_count()
         if shipped:
             console.print(f"{shipped} shipped winners apply here beneath them (`tuner doctor` lists the files)")

@@ -21,7 +21,7 @@ from typing_extensions import Annotated
 from tuner import settings
 from tuner.cli import base  # its _INVOCATION, as main() set it
 from tuner.cli.base import DbOption, finite, open_db, user_errors, app, console, err
-from tuner.cli.format import fmt_config, fmt_us
+from tuner.cli.format import counted, fmt_config, fmt_us
 from tuner.errors import TunerError
 
 _SWEEP = settings.TIMERS["sweep-cpu"]  # the sweep's timing options' defaults
@@ -297,8 +297,8 @@ def _run_sweep(op, shapes: list, database, ranks, *, force: bool, sweep_options:
     if leader:
         shared = f" over {ranks.world} ranks" if ranks else ""
         searched = _searched(op, sweep_options["strategy"])
-        console.print(f"sweeping [bold]{op.name}[/] on {op.device()}{shared}, {searched}: {len(shapes)} shapes, "
-                      f"{total} measurements -> {escape(database.display_url)}")
+        console.print(f"sweeping [bold]{op.name}[/] on {op.device()}{shared}, {searched}: {counted(len(shapes), 'shape')}, "
+                      f"{counted(total, 'measurement')} -> {escape(database.display_url)}")
     interrupted = None
     log = _ProgressLog(len(shapes), total, console, enabled=leader and not console.is_terminal)
     with log, Progress(
@@ -426,8 +426,8 @@ def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
     else:
         estimate = (f"about {_duration(plan.estimate_s)} of GPU time at an H200's measured pace with Triton's "
                     f"cache warm, about {_duration(plan.fresh_estimate_s)} on a fresh one")
-    console.print(f"{len(shapes)} shapes, {plan.candidates} candidate configs; {estimate}. Nothing was run.",
-                  soft_wrap=True, highlight=False)
+    console.print(f"{counted(len(shapes), 'shape')}, {counted(plan.candidates, 'candidate config')}; {estimate}. "
+                  "Nothing was run.", soft_wrap=True, highlight=False)
 
 
 def _print_wide(table: Table) -> None:
