@@ -714,6 +714,17 @@ def test_non_finite_numbers_are_refused_before_any_measurement(tmp_path, tiny_sh
     assert not (tmp_path / "x.db").exists()
 
 
+@pytest.mark.parametrize("command", [("show",), ("sweep", "torch_split_decode"), ("doctor",)])
+def test_an_empty_db_option_is_refused_not_taken_for_the_default(tmp_path, tiny_shapes, command, capsys, monkeypatch):
+    """--db "$UNSET" used the default DB, silently."""
+    monkeypatch.setenv("TUNER_DB", str(tmp_path / "default.db"))
+    extra = ("--shapes", tiny_shapes) if command[0] == "sweep" else ()
+    code = run_main(*command, *extra, "--db", " ")
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--db" in err and "is empty" in err
+    assert not (tmp_path / "default.db").exists()
+
+
 @pytest.mark.parametrize("env, fragment", [
     ({"WORLD_SIZE": "banana"}, "WORLD_SIZE must be an integer"),
     ({"WORLD_SIZE": "2"}, "RANK is not"),

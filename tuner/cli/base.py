@@ -60,9 +60,16 @@ app = typer.Typer(
 console = Console()
 err = Console(stderr=True)
 
+def _not_empty(value: str | None) -> str | None:
+    """--db "" (a script's unset variable, say) would have meant the default DB, silently."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("is empty: give a path or URL, or leave --db out for the default")
+    return value
+
+
 DbOption = Annotated[
     Optional[str],
-    typer.Option("--db", help="Tuning DB: SQLAlchemy URL or SQLite file path (default: $TUNER_DB, else the embedded SQLite file)."),
+    typer.Option("--db", callback=_not_empty, help="Tuning DB: SQLAlchemy URL or SQLite file path (default: $TUNER_DB, else the embedded SQLite file)."),
 ]
 
 
