@@ -16,22 +16,52 @@ import torch
 CHUNK_PAGES = 4
 
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class _FakeWrapper:
+    """What both fakes share: the buffers a run reads, the plan written into the page-locked
+    host buffer in FlashInfer's layout, and the record of plans and runs."""
+
+    def _start(self, indptr_buf, indices_buf, last_page_len_buf) -> None:
+        self._pin_memory_int_workspace_buffer = torch.zeros(4096, dtype=torch.uint8)
+        self._paged_kv_indptr_buf = indptr_buf
+        self._paged_kv_indices_buf = indices_buf
+        self._paged_kv_last_page_len_buf = last_page_len_buf
+        self.plan_calls: list[dict] = []
+        self.runs: list[dict] = []
+        type(self).instances.append(self)
+
+    def _write_plan(self, chunks_per_row: np.ndarray, chunk_tokens: int, split: bool, layout: tuple) -> None:
+        """layout: (plan info fields, o_indptr's field, chunk size's field, split's field)."""
+        size, o_at, chunk_at, split_at = layout
+        o_indptr = np.concatenate([[0], np.cumsum(chunks_per_row)]).astype(np.int32)
+        raw = self._pin_memory_int_workspace_buffer.numpy()
+        raw[64:64 + 4 * len(o_indptr)] = o_indptr.view(np.uint8)
+        raw[32:36] = np.array([chunk_tokens], dtype=np.int32).view(np.uint8)
+        info = [0] * size
+        info[o_at], info[chunk_at], info[split_at] = 64, 32, int(split)
+        self._plan_info = info
+
+    def run(self, q, paged_kv_cache, return_lse=False, **kwargs):
+        read = {"indptr": self._paged_kv_indptr_buf, "indices": self._paged_kv_indices_buf,
+                "last_page_len": self._paged_kv_last_page_len_buf, "return_lse": return_lse, **kwargs}
+        self.runs.append(read)
+        # a real query: an output of its shape (what paged_attention reshapes); else what it read
+        return torch.zeros_like(q) if isinstance(q, torch.Tensor) else read
+
+
+def _chunks(pages: np.ndarray, chunk: int, split: bool) -> np.ndarray:
+    return -(-np.maximum(pages, 1) // chunk) if split else np.ones_like(pages)
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_FakeWrapper):
     instances: list = []
 
     def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
                  paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto"):
         self.use_tensor_cores, self._backend, self.use_cuda_graph = use_tensor_cores, backend, use_cuda_graph
-        self._pin_memory_int_workspace_buffer = torch.zeros(4096, dtype=torch.uint8)
-        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
-        self._paged_kv_indices_buf = paged_kv_indices_buffer
-        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
-        self.plan_calls: list[dict] = []
-        self.runs: list[dict] = []
         self.forwards: list[str] = []
         self.workspace_resets = 0
-        BatchDecodeWithPagedKVCacheWrapper.instances.append(self)
+        self._start(paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kwargs):
         self.plan_calls.append(dict(kwargs, indptr=indptr.clone(), last_page_len=last_page_len.clone(),
@@ -46,14 +76,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         pages = np.diff(indptr.numpy())
         chunk = kwargs.get("fixed_split_size") or CHUNK_PAGES
         split = bool(pages.max() > chunk)
-        chunks = -(-np.maximum(pages, 1) // chunk) if split else np.ones_like(pages)
-        o_indptr = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
-        raw = self._pin_memory_int_workspace_buffer.numpy()
-        raw[64:64 + 4 * len(o_indptr)] = o_indptr.view(np.uint8)
-        raw[32:36] = np.array([chunk * page_size], dtype=np.int32).view(np.uint8)
-        info = [0] * 10
-        info[5], info[7], info[9] = 64, 32, int(split)
-        self._plan_info = info
+        self._write_plan(_chunks(pages, chunk, split), chunk * page_size, split, (10, 5, 7, 9))  # DecodePlanInfo
         if self.use_cuda_graph:
             self._paged_kv_indptr_buf.copy_(indptr)
             self._paged_kv_last_page_len_buf.copy_(last_page_len)
@@ -61,13 +84,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         else:
             self._paged_kv_indptr_buf, self._paged_kv_indices_buf = indptr.clone(), indices
             self._paged_kv_last_page_len_buf = last_page_len.clone()
-
-    def run(self, q, paged_kv_cache, return_lse=False, **kwargs):
-        read = {"indptr": self._paged_kv_indptr_buf, "indices": self._paged_kv_indices_buf,
-                "last_page_len": self._paged_kv_last_page_len_buf, "return_lse": return_lse, **kwargs}
-        self.runs.append(read)
-        # a real query: an output of its shape (what paged_attention reshapes); else what it read
-        return torch.zeros_like(q) if isinstance(q, torch.Tensor) else read
 
     def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", **kwargs):
         self.forwards.append(pos_encoding_mode)
@@ -77,20 +93,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self.workspace_resets += 1
 
 
-class BatchPrefillWithPagedKVCacheWrapper:
+class BatchPrefillWithPagedKVCacheWrapper(_FakeWrapper):
     instances: list = []
 
     def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
                  paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
                  backend="auto", **kwargs):
         self._backend, self.use_cuda_graph = backend, use_cuda_graph
-        self._pin_memory_int_workspace_buffer = torch.zeros(4096, dtype=torch.uint8)
-        self._paged_kv_indptr_buf = paged_kv_indptr_buf
-        self._paged_kv_indices_buf = paged_kv_indices_buf
-        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
-        self.plan_calls: list[dict] = []
-        self.runs: list[dict] = []
-        BatchPrefillWithPagedKVCacheWrapper.instances.append(self)
+        self._start(paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf)
 
     def plan(self, qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size,
              **kwargs):
@@ -102,25 +112,12 @@ class BatchPrefillWithPagedKVCacheWrapper:
             self._plan_info = [0] * 15
         else:  # FA2's PrefillPlanInfo: o_indptr counts each request's kv chunks times its query rows
             pages = np.diff(indptr.numpy())
-            qo_lens = np.diff(qo_indptr.numpy())
             chunk = kwargs.get("fixed_split_size") or CHUNK_PAGES
             split = bool(pages.max() > chunk) and not kwargs.get("disable_split_kv")
-            chunks = -(-np.maximum(pages, 1) // chunk) if split else np.ones_like(pages)
-            o_indptr = np.concatenate([[0], np.cumsum(chunks * qo_lens)]).astype(np.int32)
-            raw = self._pin_memory_int_workspace_buffer.numpy()
-            raw[64:64 + 4 * len(o_indptr)] = o_indptr.view(np.uint8)
-            raw[32:36] = np.array([chunk * page_size], dtype=np.int32).view(np.uint8)
-            info = [0] * 15
-            info[8], info[9], info[14] = 64, 32, int(split)
-            self._plan_info = info
+            self._write_plan(_chunks(pages, chunk, split) * np.diff(qo_indptr.numpy()), chunk * page_size, split,
+                             (15, 8, 9, 14))
         self._paged_kv_indptr_buf, self._paged_kv_indices_buf = indptr.clone(), indices
         self._paged_kv_last_page_len_buf = last_page_len.clone()
-
-    def run(self, q, paged_kv_cache, return_lse=False, **kwargs):
-        read = {"indptr": self._paged_kv_indptr_buf, "indices": self._paged_kv_indices_buf,
-                "last_page_len": self._paged_kv_last_page_len_buf, "return_lse": return_lse, **kwargs}
-        self.runs.append(read)
-        return read
 
 
 def module() -> types.ModuleType:
