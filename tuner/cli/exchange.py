@@ -184,7 +184,8 @@ def import_command(
         database = open_db(db)
         database.require_sound("import into")
         result = database.save_records(rows, replace=replace)
-        console.print(f"imported {counted(result.written + result.replaced, 'winner')} into {escape(database.display_url)} "
+        imported = counted(result.written + result.replaced, "winner")
+        console.print(f"imported {imported} into {escape(database.display_url)} "
                       f"({result.written} new, {result.replaced} replaced an older one, {result.same} unchanged"
                       + (f", {result.kept} kept the DB's newer one: --replace replaces them" if result.kept else "")
                       + ")")

@@ -297,8 +297,9 @@ def _run_sweep(op, shapes: list, database, ranks, *, force: bool, sweep_options:
     if leader:
         shared = f" over {ranks.world} ranks" if ranks else ""
         searched = _searched(op, sweep_options["strategy"])
-        console.print(f"sweeping [bold]{op.name}[/] on {op.device()}{shared}, {searched}: {counted(len(shapes), 'shape')}, "
-                      f"{counted(total, 'measurement')} -> {escape(database.display_url)}")
+        console.print(f"sweeping [bold]{op.name}[/] on {op.device()}{shared}, {searched}: "
+                      f"{counted(len(shapes), 'shape')}, {counted(total, 'measurement')} -> "
+                      f"{escape(database.display_url)}")
     interrupted = None
     log = _ProgressLog(len(shapes), total, console, enabled=leader and not console.is_terminal)
     with log, Progress(
