@@ -1065,3 +1065,21 @@ def test_import_refuses_a_static_key_no_kernel_has(tmp_path, db_path, tiny_shape
     other = tmp_path / "other.db"
     one_line_error(cli("import", out, "--db", other), says)
     assert not other.exists()
+
+
+def test_export_to_standard_output_pipes_into_import_from_standard_input(tmp_path, db_path, tiny_shapes):
+    """`--out -` wrote a file named "-"; now the document alone goes to standard output (the
+    count to stderr), and `import -` reads it back. LightLLM's directory cannot be "-"."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    exported = runner.invoke(app, ["export", "--out", "-", "--db", str(db_path)])
+    assert exported.exit_code == 0, exported.output
+    assert not Path("-").exists() and json.loads(exported.stdout)["records"]
+    assert "exported" in exported.stderr and "standard output" in exported.stderr
+    other = tmp_path / "other.db"
+    imported = CliRunner().invoke(app, ["import", "-", "--db", str(other)], input=exported.stdout)
+    assert imported.exit_code == 0, imported.output
+    assert f"imported {len(json.loads(exported.stdout)['records'])}" in imported.output
+    one_line_error(CliRunner().invoke(app, ["import", "-", "--db", str(other)], input="{not json"),
+                   "tunings file on standard input is not valid JSON")
+    one_line_error(cli("export", "--format", "lightllm", "--out", "-", "--db", db_path),
+                   "--out - is standard output; --format lightllm writes a directory")

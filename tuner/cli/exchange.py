@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sys
 import tempfile
 from enum import Enum
 from pathlib import Path
@@ -15,10 +16,11 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console
+from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console, err
 from tuner.cli.format import counted
 from tuner.errors import TunerError
 from tuner.files import refuse_special
+from tuner.jsonfile import is_stdio
 
 
 @app.command("report")
@@ -119,7 +121,7 @@ def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
 
 @app.command("export")
 def export_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json; gzip-compressed where the name ends in .gz, as for shipped tunings), or LightLLM's config directory (lightllm): lightllm/common/triton_utils/autotune_kernel_configs.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json; gzip-compressed where the name ends in .gz, as for shipped tunings; - for standard output), or LightLLM's config directory (lightllm): lightllm/common/triton_utils/autotune_kernel_configs.")],
     format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: FA3 winners as the files LightLLM's FA3 wrapper (kernel sgl_fa3_kvcache_ns:v1) reads.")] = ExportFormat.json,
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners (lightllm: fa3, the only op LightLLM reads).")] = None,
@@ -132,8 +134,9 @@ def export_command(
         if format is ExportFormat.lightllm:
             from tuner.integrations.lightllm import KERNEL, lightllm_export
 
-            if out.exists() and not out.is_dir():
-                raise TunerError(f"--out {out} is a file; --format lightllm writes a directory")
+            if is_stdio(out) or (out.exists() and not out.is_dir()):
+                raise TunerError(f"--out {out} is {'standard output' if is_stdio(out) else 'a file'}; "
+                                 "--format lightllm writes a directory")
             export = lightllm_export(database, op=op)  # names and keys all checked before writing
             if not export.files:
                 raise TunerError("no FA3 winners LightLLM can read in the DB"
@@ -155,10 +158,17 @@ def export_command(
         document = export_document(database, op=op)
         if not document["records"]:
             raise TunerError(f"no winners{f' of {op}' if op else ''} in {database.display_url}: nothing to export")
+        text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+        exported = counted(len(document["records"]), "winner")
+        if is_stdio(out):  # the document alone on standard output (a pipe into `tuner import -`)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            err.print(f"exported {exported} to standard output")
+            return
         if out.is_dir():
             raise TunerError(f"--out {out} is a directory; give a file path")
-        _write_atomically(out, json.dumps(document, indent=1, sort_keys=True) + "\n")
-        console.print(f"exported {counted(len(document['records']), 'winner')} to {escape(str(out))}")
+        _write_atomically(out, text)
+        console.print(f"exported {exported} to {escape(str(out))}")
 
 
 def _left_out(reasons: dict[str, int]) -> str:
@@ -167,7 +177,7 @@ def _left_out(reasons: dict[str, int]) -> str:
 
 @app.command("import")
 def import_command(
-    file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json` (gzip-compressed where its name ends in .gz).")],
+    file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json` (gzip-compressed where its name ends in .gz; - reads standard input).")],
     db: DbOption = None,
     replace: Annotated[bool, typer.Option("--replace", help="Replace stored winners even where the stored one is newer (what is replaced is kept in the DB's history).")] = False,
 ) -> None:
