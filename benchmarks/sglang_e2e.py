@@ -85,6 +85,10 @@ TUNER_SETTINGS = {"tuner": {}, "tuner-novariants": {"TUNER_GRAPH_VARIANTS": "0"}
 LOGITS_BATCH, LOGITS_INPUT, LOGITS_STEPS = 4, 2048, 4
 # a latency worker's backend, for the TP ranks bench_one_batch spawns (prepare_rank)
 RANK_SETUP = "TUNER_E2E_RANK_SETUP"
+# SGLang 0.5.17 captures 58 prefill graphs in every worker (9 s; 65 s on a fresh machine, compiling),
+# which bench_one_batch's decode steps never replay: left out unless --prefill-graphs
+NO_PREFILL_GRAPHS = "--disable-prefill-cuda-graph"
+OPTIONAL_FLAGS = (NO_PREFILL_GRAPHS,)  # dropped where the installed SGLang does not know them
 
 
 class UsageError(ValueError):
@@ -102,10 +106,26 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
         path = result.parent / f"prompts.{input_len}.txt"
         path.write_text("".join(" ".join(["a"] * n) + "\n" for n in spread_lengths(max(batches), input_len)))
         prompts = ["--prompt-filename", str(path)]
+    prefill_graphs = [] if getattr(args, "prefill_graphs", False) else [NO_PREFILL_GRAPHS]
     return ["--model-path", str(model_dir), "--load-format", "dummy", "--attention-backend", attention_backend(backend),
             "--batch-size", *sizes, "--input-len", str(input_len), "--output-len", str(args.output_len),
             "--result-filename", str(result), "--run-name", backend, "--mem-fraction-static", str(args.mem_fraction),
-            *(["--tp-size", str(args.tp)] if getattr(args, "tp", 1) > 1 else []), *graphs, *prompts]
+            *(["--tp-size", str(args.tp)] if getattr(args, "tp", 1) > 1 else []), *graphs, *prompts,
+            *prefill_graphs]
+
+
+def known_to_sglang(argv: list[str]) -> list[str]:
+    """argv without the optional flags (NO_PREFILL_GRAPHS) that the installed SGLang's parser
+    does not know (before 0.5.17's per-phase graphs, say): such a SGLang has no prefill graphs
+    to leave out, and would refuse the flag."""
+    from sglang.benchmark import one_batch
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    one_batch.BenchArgs.add_cli_args(parser)
+    known = {flag for action in parser._actions for flag in action.option_strings}
+    return [a for a in argv if a not in OPTIONAL_FLAGS or a in known]
 
 
 def attention_backend(label: str) -> str:
@@ -304,6 +324,7 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
     prepare_rank(backend)
     from sglang.benchmark import one_batch
 
+    argv = known_to_sglang(argv)
     sys.argv = ["bench_one_batch", *argv]
     if mode == "latency":
         one_batch.cli_main()
@@ -501,7 +522,7 @@ def document(args: argparse.Namespace, started: float, results: dict, logits_fil
                 batches=args.batches, input_lens=args.input_lens, output_len=args.output_len, rounds=args.rounds,
                 capture_bs=getattr(args, "capture_bs", "run"), lengths=getattr(args, "lengths", "equal"),
                 max_prefill_tokens=MAX_PREFILL_TOKENS, mem_fraction=getattr(args, "mem_fraction", None),
-                tp=getattr(args, "tp", 1), results=results,
+                tp=getattr(args, "tp", 1), prefill_graphs=getattr(args, "prefill_graphs", False), results=results,
                 logits_files={b: os.path.relpath(f, out.parent) for b, f in logits_files.items()},
                 logits_vs_fa3_relative_max_error=agreements(logits_files),
                 summary=with_flashinfer_verdicts(with_tuner_graphs(summarize(
@@ -712,6 +733,8 @@ def main() -> None:
                     "integration (its figures are not the model's)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (GPUs) per worker: the model's "
                     "per-GPU heads are its heads over this; tuner's replay judge then agrees across them")
+    ap.add_argument("--prefill-graphs", action="store_true", help="let SGLang capture its prefill graphs (0.5.17: "
+                    "58 of them, 9 s a worker, 65 s on a fresh machine); by default left out, as only decode is compared")
     ap.add_argument("--db", help="TUNER_DB for the tuner backend (its graph records)")
     ap.add_argument("--step-latencies", action="store_true", help="every measured decode step's latency in the "
                     "results (steps), not only the median: where in a run a backend's steps differ")

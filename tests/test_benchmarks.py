@@ -1438,3 +1438,18 @@ def test_roofline_keeps_only_the_serving_cases_of_the_batch_sizes_and_caps_asked
         with pytest.raises(SystemExit) as e:
             roofline.only_sizes(ap, chosen, batches, caps)
         assert e.value.code == 2
+
+
+@pytest.mark.parametrize("sglang_knows_the_flag", [True, False])
+def test_sglang_e2e_leaves_out_sglangs_prefill_graphs_unless_asked_and_where_sglang_has_them(
+        tmp_path, sglang_knows_the_flag):
+    """bench_one_batch's decode steps never replay SGLang's 58 prefill graphs, whose capture
+    took 9-65 s of each worker: they are left out by default, captured with --prefill-graphs,
+    and an SGLang whose parser lacks the flag is not handed it (it would refuse it)."""
+    env = {"FAKE_SGLANG_PREFILL_GRAPHS": "1"} if sglang_knows_the_flag else {}
+    for flags, captured in (((), not sglang_knows_the_flag), (("--prefill-graphs",), True)):
+        doc = fake_sglang_e2e(tmp_path / f"p{len(flags)}.json", "fa3,tuner", "--no-logits", "--batches", "1",
+                              "--input-lens", "1024", *flags, **env)
+        assert doc["prefill_graphs"] is bool(flags)
+        rows = [r for b in ("fa3", "tuner") for r in doc["results"][b]["latency"]["rows"]]
+        assert len(rows) == 2 and all(r["prefill_graphs"] is captured for r in rows)

@@ -138,6 +138,7 @@ def _latency_test(argv, rank):
                                           output_len=args.output_len[0], median_decode_throughput=throughput,
                                           median_decode_latency=b / throughput,
                                           graph_bs=args.cuda_graph_bs_decode, prompt_lens=prompts[:b] or None,
+                                          prefill_graphs=not getattr(args, "disable_prefill_cuda_graph", False),
                                           rank_setup=_rank_setup(), tuner_env={
                                               k: v for k, v in os.environ.items() if k.startswith("TUNER_")
                                               and k != "TUNER_DB"})) + "\n")
