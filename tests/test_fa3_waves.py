@@ -283,6 +283,22 @@ def test_a_graph_that_runs_fa3s_default_gets_cap_graphs_and_a_step_replays_the_o
     assert variants.label(3, [15000, 300, 300]) is None  # a cap would not pay
 
 
+def test_a_padded_steps_cap_counts_the_padding_as_fa3_does(modelled_fa3):
+    """A server pads a batch up to its captured size, and FA3 gives each padded sequence a tile:
+    3 sequences of 6000, 6000 and 8800 keys need cap 6 alone, and cap 5 with one pad, which
+    batch 4's cap graphs hold (4 and 5). The step replays the cap-5 graph."""
+    from tuner.integrations.graph_variants import GraphVariants
+
+    variants = GraphVariants(max_variants=8)
+    plan = variants.plan(4, [_default_cap_call(batch=4)])
+    assert [(v.label, v.lengths.fa3_cap) for v in plan] == [("tuner-1", 4), ("tuner-2", 5)]
+    real = [6000, 6000, 8800]
+    assert variants.label(4, real + [0], raw_batch=3) == "tuner-2"
+    assert variants.label(4, real + [1]) == "tuner-2"  # the same step, its pad given as a length
+    shape = dict(num_kv_heads=8, q_per_kv=6, q_len=1, head_dim=16, sms=132, table_keys=16384)
+    assert wave_cap(real, **shape) == 6  # (what an unpadded model would have asked for: no graph)
+
+
 def test_a_wave_fit_records_classes_keep_the_cap_graphs_where_fa3s_default_runs_longer_ones(
         modelled_fa3, db_path):
     """Cap graphs hold one set of configs. Two keys of one shape in a graph at a 32k bound: at
