@@ -1083,3 +1083,14 @@ def test_export_to_standard_output_pipes_into_import_from_standard_input(tmp_pat
                    "tunings file on standard input is not valid JSON")
     one_line_error(cli("export", "--format", "lightllm", "--out", "-", "--db", db_path),
                    "--out - is standard output; --format lightllm writes a directory")
+
+
+def test_export_to_a_pipe_its_reader_closes_early_ends_in_one_line(tmp_path, db_path, tiny_shapes):
+    """`tuner export --out - | head -c 0`: a traceback of BrokenPipeError before."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    export = subprocess.Popen([sys.executable, "-m", "tuner", "export", "--out", "-", "--db", str(db_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    export.stdout.close()  # the reader gone before the export writes
+    stderr = export.stderr.read().decode()
+    assert export.wait(timeout=60) == 1
+    assert stderr.strip() == "export: standard output closed before the whole document was written"

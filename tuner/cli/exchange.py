@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -161,14 +162,25 @@ def export_command(
         text = json.dumps(document, indent=1, sort_keys=True) + "\n"
         exported = counted(len(document["records"]), "winner")
         if is_stdio(out):  # the document alone on standard output (a pipe into `tuner import -`)
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            _write_stdout(text)
             err.print(f"exported {exported} to standard output")
             return
         if out.is_dir():
             raise TunerError(f"--out {out} is a directory; give a file path")
         _write_atomically(out, text)
         console.print(f"exported {exported} to {escape(str(out))}")
+
+
+def _write_stdout(text: str) -> None:
+    """text to standard output; a reader that stopped early (`| head`) ends the command with
+    one line, exit 1, not a traceback."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the interpreter's own flush at exit)
+        err.print("export: standard output closed before the whole document was written")
+        raise typer.Exit(1) from None
 
 
 def _left_out(reasons: dict[str, int]) -> str:
