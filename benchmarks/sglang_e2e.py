@@ -114,17 +114,22 @@ def bench_argv(model_dir: Path, backend: str, batches: list[int], input_len: int
             *prefill_graphs]
 
 
-def known_to_sglang(argv: list[str]) -> list[str]:
-    """argv without the optional flags (NO_PREFILL_GRAPHS) that the installed SGLang's parser
-    does not know (before 0.5.17's per-phase graphs, say): such a SGLang has no prefill graphs
-    to leave out, and would refuse the flag."""
+def bench_parser() -> argparse.ArgumentParser:
+    """bench_one_batch's own command line: SGLang's server arguments and its benchmark's."""
     from sglang.benchmark import one_batch
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     one_batch.BenchArgs.add_cli_args(parser)
-    known = {flag for action in parser._actions for flag in action.option_strings}
+    return parser
+
+
+def known_to_sglang(argv: list[str]) -> list[str]:
+    """argv without the optional flags (NO_PREFILL_GRAPHS) that the installed SGLang's parser
+    does not know (before 0.5.17's per-phase graphs, say): such a SGLang has no prefill graphs
+    to leave out, and would refuse the flag."""
+    known = {flag for action in bench_parser()._actions for flag in action.option_strings}
     return [a for a in argv if a not in OPTIONAL_FLAGS or a in known]
 
 
@@ -333,10 +338,7 @@ def worker(mode: str, backend: str, logits_out: str | None, argv: list[str]) -> 
     import torch
     from sglang.srt.server_args import PortArgs, ServerArgs
 
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    one_batch.BenchArgs.add_cli_args(parser)
-    server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    server_args = ServerArgs.from_cli_args(bench_parser().parse_args(argv))
     if hasattr(one_batch, "_set_envs_and_config"):  # as the benchmark's own main() does first
         one_batch._set_envs_and_config(server_args)
     runner, _ = one_batch.load_model(server_args, PortArgs.init_new(server_args), 0, 0)
