@@ -46,8 +46,10 @@ TUNER_DB, over the shipped tunings (a new key's records: `tuner sweep decode_att
 serving --model M`; graph records for the base graphs: `... decode_attention_graph ...`). The
 JSON is written after every worker, its result files kept beside it (ITS_NAME.work/,
 BACKEND.LEN.jsonl for round 0, BACKEND.LEN.rR.jsonl after), its exit codes by LEN for round 0
-(as files written before rounds read) and LEN#R after, each row with its round; no worker starts
-past --deadline; --resume keeps each (length, round) that ran and runs the rest, and --merge
+(as files written before rounds read) and LEN#R after, each row with its round, and each
+worker's seconds; no worker starts where what is left before --deadline is less than the longest
+worker so far took, and one still running at --deadline is stopped (a device call must end);
+--resume keeps each (length, round) that ran and runs the rest, and --merge
 joins the JSON of several runs per (length, round) (one backend, or its latency alone, a device
 call, say). Needs SGLang, its dependencies and a GPU: `bash tools/prepare_sglang.sh` here, then
 on the GPU machine `bash .gpu/sglang/install` after the staging of ../shared/gpu/README.md.
@@ -63,6 +65,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from common.run_info import header
@@ -77,6 +80,10 @@ from common.sglang_step_timing import medians_text, step_timings
 from common.step_floor import step_floor
 
 BUILT_IN = ("fa3", "flashinfer", "triton")
+TIMED_OUT = 124  # a worker's exit code past --timeout (as timeout(1) gives)
+NOT_STARTED = "not run: --deadline"
+STOPPED_AT_DEADLINE = "stopped at --deadline"  # (--resume runs it again, as one not started)
+MIN_WORKER_S = 30  # no worker starts with less time left than this (SGLang's start-up alone takes longer)
 # tuner's workers under other settings, beside the plain one in the same run (a diagnosis of
 # what a step costs: its graph variants, its replay judge), or with its FlashInfer graph variant
 # (off by default until measured): backend label -> the worker's environment
@@ -300,7 +307,7 @@ def run_worker(mode: str, backend: str, argv: list[str], logits_out: Path | None
         try:
             return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
-            return 124
+            return TIMED_OUT
 
 
 def reinit_weights(model) -> None:
@@ -406,6 +413,25 @@ class Run:
     def left_s(self) -> float:
         return self.args.deadline - (time.perf_counter() - self.started)
 
+    def may_start(self) -> bool:
+        """Whether a worker may start: before --deadline, with time left for as long as the
+        longest worker so far took (at least MIN_WORKER_S), since one running at the deadline
+        is stopped and what it did is lost."""
+        took = [s for r in self.results.values() for part in (r, r.get("latency", {}))
+                for s in part.get("worker_seconds", {}).values()]
+        return self.left_s() >= max([MIN_WORKER_S, *took])
+
+    def timed_worker(self, entry: dict, key: str, start: Callable[[float], int | str]) -> int | str:
+        """start(timeout_s), its seconds kept in entry["worker_seconds"][key]; a worker stopped
+        because --deadline came before its --timeout is recorded as such, not as a timeout."""
+        timeout_s = min(self.args.timeout, self.left_s())
+        began = time.perf_counter()
+        code = start(timeout_s)
+        entry.setdefault("worker_seconds", {})[key] = round(time.perf_counter() - began, 1)
+        if code == TIMED_OUT and timeout_s < self.args.timeout:
+            return STOPPED_AT_DEADLINE
+        return code
+
     def log(self, backend: str) -> Path:
         return self.out.with_suffix(f".{backend}.log")
 
@@ -423,8 +449,8 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     key = latency_key(input_len, rnd)
     if latency["exit_codes"].get(key) == 0:
         return
-    if run.left_s() < 30:
-        latency["exit_codes"][key] = "not run: --deadline"
+    if not run.may_start():
+        latency["exit_codes"][key] = NOT_STARTED
         return
     result = work / (f"{backend}.{input_len}.jsonl" if rnd == 0 else f"{backend}.{input_len}.r{rnd}.jsonl")
     result.unlink(missing_ok=True)
@@ -435,8 +461,8 @@ def run_latency(run: Run, backend: str, rnd: int, input_len: int, batches: list[
     extra_env = dict(SGLANG_TORCH_PROFILER_DIR=str(traces))
     if getattr(run.args, "step_timing", False):
         extra_env[STEP_TIMING_ENV] = "1"
-    code = run_worker("latency", backend, argv, None, run.args.db, log, min(run.args.timeout, run.left_s()),
-                      extra_env=extra_env)
+    code = run.timed_worker(latency, key, lambda timeout_s: run_worker(
+        "latency", backend, argv, None, run.args.db, log, timeout_s, extra_env=extra_env))
     latency["exit_codes"][key] = code
     with log.open("rb") as text:  # this worker's part of the backend's log
         text.seek(logged)
@@ -488,15 +514,15 @@ def run_logits(run: Run, backend: str, model_dir: Path, work: Path) -> None:
     path = logits_path(run.out, backend)
     if entry.get("logits_exit_code") == 0 and path.exists():
         return
-    if run.left_s() < 30:  # as a latency worker: none starts past --deadline (--resume runs it later)
-        entry["logits_exit_code"] = "not run: --deadline"
+    if not run.may_start():  # as a latency worker (--resume runs it later)
+        entry["logits_exit_code"] = NOT_STARTED
         run.save()
         return
     path.unlink(missing_ok=True)  # a worker that fails must not be scored on an older file
     Path(f"{path}.graphs.json").unlink(missing_ok=True)
     argv = bench_argv(model_dir, backend, [LOGITS_BATCH], LOGITS_INPUT, run.args, work / "logits.jsonl")
-    code = run_worker("logits", backend, argv, path, run.args.db, run.log(backend),
-                      min(run.args.timeout, run.left_s()))
+    code = run.timed_worker(entry, "logits", lambda timeout_s: run_worker(
+        "logits", backend, argv, path, run.args.db, run.log(backend), timeout_s))
     entry["logits_exit_code"] = code
     if code == 0 and path.exists():
         run.logits_files[backend] = path
@@ -644,12 +670,15 @@ def merge_result(into: dict, result: dict) -> None:
                 mine["exit_codes"][key] = code
                 mine["rows"] = [r for r in mine["rows"] if row_key(r) != key]
                 mine["rows"] += [r for r in result["latency"]["rows"] if row_key(r) == key]
-                for part in ("capture", "judge_verdicts", "skipped", "graph_plans", "steps", "profile"):  # each worker's
+                for part in ("capture", "judge_verdicts", "skipped", "graph_plans", "steps", "profile",
+                             "step_timing", "worker_seconds"):  # each worker's
                     mine.setdefault(part, {}).pop(key, None)
                     if key in result["latency"].get(part, {}):
                         mine[part][key] = result["latency"][part][key]
     if "logits_exit_code" in result and into.get("logits_exit_code") != 0:
         into["logits_exit_code"] = result["logits_exit_code"]
+        if "logits" in result.get("worker_seconds", {}):
+            into.setdefault("worker_seconds", {})["logits"] = result["worker_seconds"]["logits"]
 
 
 def merge(files: list[str], out: Path, args: argparse.Namespace) -> dict:
@@ -708,7 +737,8 @@ def run_all(args: argparse.Namespace, out: Path) -> dict:
     return run.save()
 
 
-def main() -> None:
+def harness_parser() -> argparse.ArgumentParser:
+    """This script's command line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="the JSON to write")
     ap.add_argument("--model", default="llama-3.1-8b", choices=sorted(CONFIGS))
@@ -749,7 +779,10 @@ def main() -> None:
                     "and idle time per step, its top kernels, graph launches); those steps run slower")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="seconds one worker (one input length and round) may take")
-    ap.add_argument("--deadline", type=float, default=560.0, help="start no worker after this many seconds")
+    ap.add_argument("--deadline", type=float, default=560.0,
+                    help="seconds: no worker starts unless as long as the longest worker so far took (at least "
+                         f"{MIN_WORKER_S}) is left before it; one still running then is stopped (\"{STOPPED_AT_DEADLINE}\"). "
+                         "--resume runs either later")
     ap.add_argument("--latency", action=argparse.BooleanOptionalAction, default=True, help="bench_one_batch runs")
     ap.add_argument("--logits", action=argparse.BooleanOptionalAction, default=True, help="the logits comparison")
     ap.add_argument("--resume", action="store_true", help="keep what --out already holds, run the rest")
@@ -757,6 +790,11 @@ def main() -> None:
     ap.add_argument("--worker", choices=("latency", "logits"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-backend", help=argparse.SUPPRESS)
     ap.add_argument("--worker-logits", help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> None:
+    ap = harness_parser()
     args, rest = ap.parse_known_args()
     if args.worker:
         worker(args.worker, args.worker_backend, args.worker_logits, rest[1:] if rest[:1] == ["--"] else rest)

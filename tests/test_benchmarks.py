@@ -994,6 +994,75 @@ def test_sglang_e2e_rounds_rotate_the_backends_and_resume_and_merge_round_by_rou
     assert json.loads((tmp_path / "d.json").read_text())["results"]["fa3"]["logits_exit_code"] == "not run: --deadline"
 
 
+def _e2e_args(e2e: ModuleType, out: Path, *flags: str) -> argparse.Namespace:
+    """sglang_e2e.py's arguments for one batch size and input length, one round, as parsed."""
+    return e2e.harness_parser().parse_args(["--out", str(out), "--batches", "8", "--input-lens", "1024",
+                                            "--output-len", "4", "--rounds", "1", *flags])
+
+
+def test_sglang_e2e_starts_no_worker_the_deadline_would_stop_and_says_which_it_stopped(tmp_path, monkeypatch):
+    """--deadline ends a run (a device call must end): a worker still running then is stopped and
+    recorded as stopped there, not as past its --timeout (an H100 run's tuner worker read "exit
+    124" with 50 s left of its 130 s timeout); no worker starts with less time left than the
+    longest worker so far took, --resume included; --resume runs a stopped one again."""
+    e2e = benchmark_module("sglang_e2e")
+    started = []
+
+    def fake_worker(mode, backend, argv, logits_out, db, log, timeout_s, extra_env=None):
+        log.touch()
+        started.append((backend, round(timeout_s)))
+        return e2e.TIMED_OUT  # as if it ran until its timeout
+
+    monkeypatch.setattr(e2e, "run_worker", fake_worker)
+    monkeypatch.setattr(e2e, "MIN_WORKER_S", 0)
+
+    def run(out, deadline, timeout, *flags):
+        r = e2e.Run(_e2e_args(e2e, out, "--deadline", str(deadline), "--timeout", str(timeout), *flags), out)
+        e2e.run_rounds(r, ["fa3"], tmp_path / "no-model", tmp_path)
+        return r
+
+    stopped = run(tmp_path / "a.json", 60, 300)  # its timeout was the deadline's 60 s
+    assert started == [("fa3", 60)]
+    assert stopped.results["fa3"]["latency"]["exit_codes"] == {"1024": "stopped at --deadline"}
+    assert set(stopped.results["fa3"]["latency"]["worker_seconds"]) == {"1024"}
+    timed_out = run(tmp_path / "b.json", 600, 100)  # its own timeout came first
+    assert started[-1] == ("fa3", 100)
+    assert timed_out.results["fa3"]["latency"]["exit_codes"] == {"1024": 124}
+    # a run whose worker took 100 s: with 60 s left none starts, on --resume too
+    doc = json.loads((tmp_path / "a.json").read_text())
+    doc["results"]["fa3"]["latency"]["worker_seconds"]["1024"] = 100.0
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    calls = len(started)
+    late = run(tmp_path / "a.json", 60, 300, "--resume")
+    assert len(started) == calls
+    assert late.results["fa3"]["latency"]["exit_codes"] == {"1024": "not run: --deadline"}
+    again = run(tmp_path / "a.json", 200, 300, "--resume")  # time enough: it runs again
+    assert started[-1] == ("fa3", 200)
+    assert again.results["fa3"]["latency"]["exit_codes"] == {"1024": "stopped at --deadline"}
+
+
+def test_sglang_e2e_merge_keeps_each_workers_step_timing_and_seconds(tmp_path):
+    """--merge joins each (length, round)'s own diagnostics: its step timing and its seconds
+    came from the worker that ran it (a merge had dropped --step-timing's medians)."""
+    e2e = benchmark_module("sglang_e2e")
+
+    def write(out, code, timing, seconds):
+        args = _e2e_args(e2e, out, "--no-logits")
+        args.layers = None  # (the document names the model's depth)
+        run = e2e.Run(args, out)
+        run.results["tuner"] = dict(latency=dict(exit_codes={"1024": code}, rows=[], step_timing={"1024": timing},
+                                                 worker_seconds={"1024": seconds}))
+        run.save()
+
+    write(tmp_path / "a.json", "stopped at --deadline", {"8": {"load_us": 1.0}}, 50.0)
+    write(tmp_path / "b.json", 0, {"8": {"load_us": 2.0}}, 61.5)
+    merged = e2e.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")], tmp_path / "m.json",
+                       argparse.Namespace())["results"]["tuner"]["latency"]
+    assert merged["exit_codes"] == {"1024": 0}
+    assert merged["step_timing"] == {"1024": {"8": {"load_us": 2.0}}}
+    assert merged["worker_seconds"] == {"1024": 61.5}
+
+
 def test_sglang_e2e_records_each_workers_graph_capture_and_captures_sglangs_default_list_when_asked(tmp_path):
     """A worker's startup cost as SGLang logs it: each (length, round) keeps its own worker's
     capture (not an earlier worker's lines in the backend's shared log); --capture-bs default
