@@ -1002,8 +1002,8 @@ def _e2e_args(e2e: ModuleType, out: Path, *flags: str) -> argparse.Namespace:
 
 def test_sglang_e2e_starts_no_worker_the_deadline_would_stop_and_says_which_it_stopped(tmp_path, monkeypatch):
     """--deadline ends a run (a device call must end): a worker still running then is stopped and
-    recorded as stopped there, not as past its --timeout (an H100 run's tuner worker read "exit
-    124" with 50 s left of its 130 s timeout); no worker starts with less time left than the
+    recorded as stopped there, not as past its --timeout (an H100 run's tuner worker, stopped by
+    the deadline well before its timeout, read "exit 124"); no worker starts with less time left than the
     longest worker so far took, --resume included; --resume runs a stopped one again."""
     e2e = benchmark_module("sglang_e2e")
     started = []
