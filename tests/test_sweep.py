@@ -926,6 +926,62 @@ def test_a_fault_on_a_guard_is_told_to_the_flight_recorder_first_and_recorded_as
     assert result.winner.config == {"name": "default"}  # where no sink ends the process, the default stays
 
 
+def test_a_dense_pass_runs_its_second_trial_with_its_config_in_flight(db_path, tmp_path, monkeypatch):
+    """A dense pass's winner runs again on the shape's second trial: should it fault there,
+    the supervisor must find it in flight, to refuse it among the pass's measurements (it
+    found none, restarted the worker into the same fault and gave up: a helper's review)."""
+    import tuner.sweep.dense as dense_module
+    from tuner.sweep.flight import Flight, read_flight
+
+    journal = tmp_path / "flight.jsonl"
+    in_flight = []
+    second_trial = dense_module.on_second_trial
+
+    def watched(op, shape, device, seed, config, *args, **kwargs):
+        entries = read_flight(journal)  # what a supervisor would read were the worker to die here
+        in_flight.append(entries[-1][2] if entries else None)
+        return second_trial(op, shape, device, seed, config, *args, **kwargs)
+
+    monkeypatch.setattr(dense_module, "on_second_trial", watched)
+    timer = FakeTimer()
+    db = TuningDB(db_path)
+    [result] = sweep(fill_op(timer), [FILLED], db, timer=timer, flight=Flight(journal))
+    composite = {"dense.name": "even", "other.name": "default"}
+    assert result.winner == composite
+    (running,) = in_flight
+    assert running is not None and running["config"] == composite
+    assert running["method"]["lengths"] == "serving-dense" and running["method"]["refused"] is True
+    assert all(not rows and running is None for _, rows, running in read_flight(journal))  # nothing left
+
+
+def test_measurements_a_failed_write_leaves_stay_in_the_flight_journal(db_path, tmp_path):
+    """A DB write that fails keeps its measurements pending and in the journal, for the
+    supervisor to store (the write emptied both before it was tried: a helper's review)."""
+    from tuner.bench import Outcome
+    from tuner.db import DBError, Problem
+    from tuner.keys import attention_run_key
+    from tuner.search import Step
+    from tuner.sweep.flight import Flight, read_flight
+    from tuner.sweep.sink import MeasurementSink
+
+    class FailingDB:
+        def save_measurements(self, *args):
+            raise DBError("cannot write tuning DB: server closed the connection unexpectedly")
+
+    journal = tmp_path / "flight.jsonl"
+    problem = Problem("faulty", '{"heads":4}', attention_run_key(1, 1, 256))
+    env = ("env-id", {"device": "cpu"})
+    sink = MeasurementSink(FailingDB(), problem, env, {}, 256, at_once=True, label="b1", flight=Flight(journal))
+    timer = FakeTimer()
+    step = Step({"chunk": 64}, timer, 1)
+    with pytest.raises(DBError), pytest.warns(UserWarning, match="were not stored"):  # (tried again on the way out)
+        with sink:
+            sink.add(step, Outcome({"chunk": 64}, OK, Timing(10.0, 0.1, 5)))
+    assert [row["config"] for row in sink.pending] == [{"chunk": 64}]
+    ((context, rows, running),) = read_flight(journal)
+    assert context["label"] == "b1" and [row["config"] for row in rows] == [{"chunk": 64}] and running is None
+
+
 def test_a_dense_pass_that_finds_nothing_keeps_the_winner_and_says_so(db_path):
     timer = FakeTimer()
     db = TuningDB(db_path)

@@ -111,6 +111,89 @@ def test_a_winner_that_faults_on_its_second_trial_is_refused_and_the_default_sto
     assert by_chunk[64].status == "error" and "illegal memory access" in by_chunk[64].error
 
 
+def test_a_winner_that_loses_the_cuda_context_on_its_second_trial_is_refused(tmp_path):
+    """A second trial answers a failure with its error rather than raising it: one that lost
+    the CUDA context was not refused, and the sweep went on in the dead context, where the
+    next config to run (another shape's default, say) was refused in its place (a helper's
+    review). Now the worker ends there, that config refused, and a fresh one goes on."""
+    serving = dict(SHAPE, batch=3, lengths="serving")
+    done = _sweep(tmp_path, shapes_list=[serving], fast=64, sticky_later=64, kv_len=SHAPE["kv_len"])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("refused {'chunk': 64}") == 1, done.stderr
+    measurements, [record] = _measurements(tmp_path)
+    assert record.config == record.default_config != {"chunk": 64}
+    by_chunk = {m.config["chunk"]: m for m in measurements[3]}
+    assert by_chunk[64].status == "error" and "unspecified launch failure" in by_chunk[64].error
+    assert len({pid for pid, _ in _measured(tmp_path)}) == 1  # the fresh worker resumed every measurement
+
+
+_WORKER = """
+import os, signal, sys, time
+from tuner.db import Problem, current_fingerprint, fingerprint_id
+from tuner.keys import attention_run_key
+from tuner.sweep.flight import Flight
+flight, data = Flight(os.environ["TUNER_SWEEP_FLIGHT"]), current_fingerprint()
+problem, env = Problem("faulty", '{"heads":4}', attention_run_key(1, 1, 256)), (fingerprint_id(data), data)
+row = dict(config={"chunk": 0}, kv_len=256, status="ok", method={}, rung=1, median_us=10.0, spread_us=0.1,
+           samples=5, max_error=0.0, error=None)
+flight.measured(problem, env, row, "b1")
+flight.running(problem, env, {}, 256, {"chunk": 64}, "b1")
+if os.environ.get("READY_FILE"):
+    open(os.environ["READY_FILE"], "w").close()
+"""
+
+
+def _supervised(tmp_path, worker_end: str, **kwargs) -> tuple[int, list, list[str]]:
+    """supervise() over a worker that journals one measurement of chunk 0 and chunk 64 in
+    flight, then does worker_end: its exit code, the measurements in the DB, what it said."""
+    from tuner.db import Problem, current_fingerprint_id
+    from tuner.keys import attention_run_key
+    from tuner.sweep.guard import supervise
+
+    db, said = TuningDB(tmp_path / "t.db"), []
+    try:
+        code = supervise([sys.executable, "-c", _WORKER + worker_end], db, say=said.append, **kwargs)
+        problem = Problem("faulty", '{"heads":4}', attention_run_key(1, 1, 256))
+        return code, [(m.config["chunk"], m.status) for m in db.measurements(problem, current_fingerprint_id())], said
+    finally:
+        db.close()
+
+
+def test_measurements_a_worker_could_not_store_are_stored_when_it_exits_on_its_own(tmp_path):
+    """A worker whose DB write failed exits 2 (a DB error is an answer, not a death), its
+    measurements left in its journal: the supervisor stores them, and refuses nothing."""
+    code, stored, said = _supervised(tmp_path, "sys.exit(2)")
+    assert code == 2 and stored == [(0, "ok")] and said == []
+
+
+def test_ctrl_c_stops_a_sweep_whose_worker_is_stuck_in_a_kernel(tmp_path, monkeypatch):
+    """Ctrl-C is forwarded to the worker; one stuck in a kernel cannot act on it, and was
+    killed as hung only at the candidate timeout, then restarted as after a fault, the sweep
+    running on. Now it is killed settings.INTERRUPT_GRACE_S after Ctrl-C and the sweep ends
+    (130) with what it measured stored, the config it was running not refused (it did not fault)."""
+    import signal
+    import threading
+    import time
+
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "INTERRUPT_GRACE_S", 1.0)
+    ready = tmp_path / "ready"
+    monkeypatch.setenv("READY_FILE", str(ready))
+    stuck = "signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+
+    def ctrl_c_once_stuck():
+        while not ready.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=ctrl_c_once_stuck, daemon=True).start()
+    began = time.monotonic()
+    code, stored, said = _supervised(tmp_path, stuck, timeout_s=50.0)
+    assert code == 130 and time.monotonic() - began < 20
+    assert stored == [(0, "ok")]
+    assert len(said) == 1 and said[0].startswith("interrupted:") and "resumes the rest" in said[0]
+
+
 def test_a_worker_that_dies_with_no_config_in_flight_is_given_up_after_two_restarts(tmp_path):
     done = _sweep(tmp_path, dies_at_start=1)
     assert done.returncode == 1

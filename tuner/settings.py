@@ -254,6 +254,9 @@ ENV_CANDIDATE_TIMEOUT = "TUNER_CANDIDATE_TIMEOUT_S"
 CANDIDATE_TIMEOUT_S = 600.0
 # A worker that dies this many times in a row outside any config is a fault of its own: stop.
 MAX_BLIND_RESTARTS = 2
+# After Ctrl-C is forwarded, a worker stuck in a kernel (the interrupt waits for it to return)
+# is killed after this many seconds: the sweep stops with what it stored, as the user asked.
+INTERRUPT_GRACE_S = 15.0
 
 
 def candidate_timeout_s() -> float:

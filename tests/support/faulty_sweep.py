@@ -2,8 +2,9 @@
 in $FAULTY_KILLS, prints a CUDA fault and kills its own process (as FA3's illegal memory access
 did); for $FAULTY_HANGS, never returns; for $FAULTY_STICKY, raises the error a lost CUDA context
 gives; for $FAULTY_KILLS_LATER, kills its process only on lengths other than a serving shape's
-first trial (its second trial's); $FAULTY_FAST: every other chunk sleeps 10 ms a call (so that
-chunk wins, also on a loaded machine: 2 ms lost to its noise); $FAULTY_DIES_AT_START: a supervised
+first trial (its second trial's); $FAULTY_STICKY_LATER: there raises the error a lost CUDA context
+gives, and from then on every call in the process raises it too (as a lost context does); $FAULTY_FAST: every other chunk sleeps 30 ms a call (so that
+chunk wins, also on a loaded machine); $FAULTY_DIES_AT_START: a supervised
 worker dies before it runs anything. Each measurement a process starts appends "pid chunk" to
 $FAULTY_LOG.
 
@@ -39,8 +40,18 @@ def _first_trial(batch: int, kv_len: int) -> list[list[int]]:
     return serving_draws(batch, kv_len, 0) + [equal_draw(batch, kv_len, 0)]
 
 
+_LOST = []  # the CUDA context, once FAULTY_STICKY_LATER has lost it
+
+
 def run(inputs, config):
     chunk = config["chunk"]
+    if _LOST:
+        raise RuntimeError("CUDA error: unspecified launch failure")
+    if chunk == _chunk("FAULTY_STICKY_LATER"):
+        lengths = inputs.lengths()
+        if lengths not in _first_trial(len(lengths), int(os.environ["FAULTY_KV_LEN"])):
+            _LOST.append(True)
+            raise RuntimeError("CUDA error: unspecified launch failure")
     if chunk == _chunk("FAULTY_KILLS"):
         _die()
     if chunk == _chunk("FAULTY_KILLS_LATER"):
@@ -48,7 +59,7 @@ def run(inputs, config):
         if lengths not in _first_trial(len(lengths), int(os.environ["FAULTY_KV_LEN"])):
             _die()
     if _chunk("FAULTY_FAST") is not None and chunk != _chunk("FAULTY_FAST"):
-        time.sleep(0.01)
+        time.sleep(0.03)
     if chunk == _chunk("FAULTY_HANGS"):
         time.sleep(3600)
     if chunk == _chunk("FAULTY_STICKY"):

@@ -62,7 +62,7 @@ def dense_pass(run: SweepRun, shape: DecodeShape, problem: Problem, winner: Conf
                                 resumed=result.resumed, **rounds(shape))
     if len(configs) < len(every):  # what the guide's shortlist left out
         info.update(shortlisted=len(configs), candidates=len(every))
-    return _decide(run, shape, default, baseline, result, info)
+    return _decide(run, shape, default, baseline, result, info, sink)
 
 
 def _teach(guide: ShapeGuide, op: Op, shape: DecodeShape, winner: Config, baseline: Config,
@@ -77,16 +77,19 @@ def _teach(guide: ShapeGuide, op: Op, shape: DecodeShape, winner: Config, baseli
 
 
 def _decide(run: SweepRun, shape: DecodeShape, default: Config, baseline: Config, result: Measured,
-            info: dict[str, Any]) -> DensePass:
+            info: dict[str, Any], sink: MeasurementSink) -> DensePass:
     """The pass's winner where it beat W on the dense batches and loses nowhere to the default
-    on the second trial; else W stays (kept)."""
+    on the second trial; else W stays (kept). A winner that faults there is refused among the
+    pass's measurements (sink's), so the pass that resumes after it never picks it again."""
     found = result.winner
     if found is None or same_config(found.config, baseline) or result.default_timing is None:
         return None, {"dense_pass": dict(info, kept=True)}
     info.update(dense_us=round(found.timing.median_us, 3), winner_on_dense_us=round(result.default_timing.median_us, 3))
     seed = run.options.seed
+    sink.running(found.config)
     checked = on_second_trial(run.op, shape, run.device, seed, found.config, default, run.timer,
                               run.options.min_gain, must_gain=False)
+    sink.landed(checked.error)
     info.update(second_trial=checked.as_method(seed + settings.SECOND_TRIAL_SEED), rule=DENSE_RULE)
     if not checked.held:  # (kept: the winner W stays alone, no by_fill config)
         return None, {"dense_pass": dict(info, kept=True)}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.bench import ERROR
+from tuner.bench.runner import is_sticky_cuda_error
 
 from tuner.db import Problem
 from tuner.keys import Config, attention_run_key
@@ -34,26 +35,37 @@ class Flight:
         self.path = Path(path)
         self._fd: int | None = None
         self._context: tuple[Any, ...] | None = None
+        self._running: dict[str, Any] | None = None
 
     def running(self, problem: Problem, env: tuple[str, dict[str, Any]], method: dict[str, Any], kv_len: int,
                 config: Config, label: str, error: str | None = None) -> None:
         self._in(problem, env, label)
-        self._append(running=dict(config=config, kv_len=kv_len, status=ERROR, method=dict(method, refused=True),
-                                  rung=REFUSED_RUNG, median_us=None, spread_us=None, samples=0, max_error=None,
-                                  error=error))
+        self._running = dict(config=config, kv_len=kv_len, status=ERROR, method=dict(method, refused=True),
+                             rung=REFUSED_RUNG, median_us=None, spread_us=None, samples=0, max_error=None,
+                             error=error)
+        self._append(running=self._running)
 
     def measured(self, problem: Problem, env: tuple[str, dict[str, Any]], row: dict[str, Any], label: str) -> None:
         self._in(problem, env, label)
+        self._running = None
         self._append(measured=row)
 
-    def landed(self) -> None:
+    def landed(self, error: str | None = None) -> None:
+        """The config in flight returned. Where its error says the CUDA context is lost (a
+        second trial answers with the error rather than raising it), every later config would
+        fail alike: that config is refused with it, and the worker exits for its supervisor
+        to start a fresh one, as a measurement's sink does (tuner.sweep.sink)."""
+        if self._running is not None and is_sticky_cuda_error(error):
+            self._append(running=dict(self._running, error=error))
+            os._exit(FAULT_EXIT)
+        self._running = None
         self._append(landed=True)
 
     def stored(self) -> None:
         """What was measured is in the DB: the journal starts over."""
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
-        self._context = None
+        self._context = self._running = None
 
     def _in(self, problem: Problem, env: tuple[str, dict[str, Any]], label: str) -> None:
         context = (problem, env[0], label)

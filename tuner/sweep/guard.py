@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from tuner import settings
 from tuner.db import TuningDB
+from tuner.errors import TunerError
 from tuner.sweep.flight import Flight, problem_of, read_flight
 
 WORKER_ENV = "TUNER_SWEEP_FLIGHT"  # set in a worker: where its flight recorder writes
@@ -48,11 +49,18 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
         path = Path(tmp) / "flight.jsonl"
         while True:
             path.unlink(missing_ok=True)
-            code, tail, hung = _run_worker(command, path, run_id, timeout_s)
+            code, tail, hung, interrupted = _run_worker(command, path, run_id, timeout_s)
             if code in FINAL_EXITS and not hung:
+                # (a write that failed, the reason for a bad-input exit perhaps, left its measurements here)
+                _store_flight(db, read_flight(path), None, say)
                 return code
             reason = f"hung: no result after {timeout_s:g} s" if hung else _death(code, tail)
-            refused = _store_flight(db, read_flight(path), reason)
+            if interrupted:  # the user's stop, not a fault: the config in flight is refused only if it hung
+                _store_flight(db, read_flight(path), reason if hung else None, say)
+                say(f"interrupted: the sweep's worker did not stop ({reason}); what it measured is stored, and "
+                    "the same command resumes the rest")
+                return 130
+            refused = _store_flight(db, read_flight(path), reason, say)
             if refused is None:
                 blind += 1
                 if blind >= settings.MAX_BLIND_RESTARTS:
@@ -64,9 +72,12 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
             say(f"tuner: refused {refused['config']} for {refused['label']}: {reason}; the sweep goes on")
 
 
-def _run_worker(command: list[str], flight_path: Path, run_id: str, timeout_s: float) -> tuple[int, list[str], bool]:
-    """(exit code, the last lines of its stderr, whether it was killed as hung). Its stderr is
-    passed through; Ctrl-C reaches it once, forwarded (it runs in a process group of its own)."""
+def _run_worker(command: list[str], flight_path: Path, run_id: str,
+                timeout_s: float) -> tuple[int, list[str], bool, bool]:
+    """(exit code, the last lines of its stderr, whether it was killed as hung, whether Ctrl-C
+    came). Its stderr is passed through; Ctrl-C reaches it once, forwarded (it runs in a
+    process group of its own), and a worker that has not stopped settings.INTERRUPT_GRACE_S
+    later (stuck in a kernel) is killed."""
     worker = subprocess.Popen(command, env={**os.environ, WORKER_ENV: str(flight_path), RUN_ENV: run_id},
                               stderr=subprocess.PIPE,
                               text=True, errors="replace", preexec_fn=_worker_process)
@@ -75,7 +86,12 @@ def _run_worker(command: list[str], flight_path: Path, run_id: str, timeout_s: f
     reader.start()
     # Ctrl-C (or a deadline's SIGINT to this process): the worker reports the shapes it
     # finished and exits 130, which ends the supervision
-    previous = signal.signal(signal.SIGINT, lambda *_: worker.send_signal(signal.SIGINT))
+    interrupted_at: list[float] = []
+
+    def interrupt(*_: Any) -> None:
+        interrupted_at.append(time.monotonic())
+        worker.send_signal(signal.SIGINT)
+    previous = signal.signal(signal.SIGINT, interrupt)
     hung = False
     try:
         while True:
@@ -87,10 +103,12 @@ def _run_worker(command: list[str], flight_path: Path, run_id: str, timeout_s: f
             if _running_for(flight_path) > timeout_s:
                 worker.kill()
                 hung = True
+            elif interrupted_at and time.monotonic() - interrupted_at[0] > settings.INTERRUPT_GRACE_S:
+                worker.kill()
     finally:
         signal.signal(signal.SIGINT, previous)
     reader.join(timeout=5.0)
-    return code, list(tail), hung
+    return code, list(tail), hung, bool(interrupted_at)
 
 
 def _worker_process() -> None:
@@ -141,15 +159,22 @@ def _running_for(flight_path: Path) -> float:
         return 0.0
 
 
-def _store_flight(db: TuningDB, journal: list, reason: str) -> dict[str, Any] | None:
-    """Store what a dead worker left: its unstored measurements and, where a config was
-    running, that config's refusal (the error it died of). The refusal, with its shape's label."""
+def _store_flight(db: TuningDB, journal: list, reason: str | None,
+                  say: Callable[[str], None]) -> dict[str, Any] | None:
+    """Store what an ended worker left: its unstored measurements and, given a reason (what it
+    died of), the refusal of the config that was running. The refusal, with its shape's label.
+    A DB that cannot take them is said in one line: they are lost."""
     refused = None
     for context, rows, running in journal:
-        if running:
+        if running and reason is not None:
             running = dict(running, error=running.get("error") or f"refused: {reason}")
             rows = rows + [running]
             refused = dict(running, label=context.get("label", ""))
-        if rows:
+        if not rows:
+            continue
+        try:
             db.save_measurements(problem_of(context), tuple(context["environment"]), rows)
+        except TunerError as e:
+            say(f"error: the worker's last {len(rows)} measurement(s) of {context.get('label', '')} could not be "
+                f"stored, by it nor here, and are lost: {e}")
     return refused

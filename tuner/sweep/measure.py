@@ -88,7 +88,7 @@ def _confirm(run: SweepRun, shape: DecodeShape, problem: Problem, default: Confi
         checked = on_second_trial(run.op, shape, run.device, seed, winner.config, default, run.timer,
                                   run.options.min_gain)
         if flight is not None:
-            flight.landed()
+            flight.landed(checked.error)
         info["second_trial"] = checked.as_method(seed + settings.SECOND_TRIAL_SEED)
         if not checked.held:
             note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"

@@ -87,6 +87,17 @@ class MeasurementSink:
             self.flight.running(self.problem, self.env, dict(self.method, **step.timer.method), self.kv_len,
                                 step.config, self.label)
 
+    def running(self, config: Config) -> None:
+        """Before config runs outside a measurement (a second trial): its refusal in the flight
+        recorder, should it never return."""
+        if self.flight is not None:
+            self.flight.running(self.problem, self.env, self.method, self.kv_len, config, self.label)
+
+    def landed(self, error: str | None = None) -> None:
+        """That config returned, with its error if any (Flight.landed)."""
+        if self.flight is not None:
+            self.flight.landed(error)
+
     def add(self, step: Step, outcome: Outcome) -> None:
         if self.flight is not None and is_sticky_cuda_error(outcome.error):
             # the CUDA context is lost: every later config would fail alike. The supervisor
@@ -112,11 +123,11 @@ class MeasurementSink:
             self.store()
 
     def store(self) -> None:
-        """Write what is pending, in one transaction; tried once (a write that fails is not
-        tried again)."""
-        measurements, self.pending, self._oldest = self.pending, [], None
-        if measurements:
-            self.db.save_measurements(self.problem, self.env, measurements)
+        """Write what is pending, in one transaction. A write that fails leaves it pending, and
+        in the flight recorder's journal, which a supervisor stores once the worker has ended."""
+        if self.pending:
+            self.db.save_measurements(self.problem, self.env, self.pending)
+        self.pending, self._oldest = [], None
         if self.flight is not None:
             self.flight.stored()
 
