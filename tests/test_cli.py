@@ -816,6 +816,43 @@ def test_a_lone_surrogate_in_an_imported_text_is_one_line(tmp_path, db_path, tin
     assert not other.exists()
 
 
+def test_export_replaces_a_file_only_with_force_and_never_the_db_itself(tmp_path, db_path, tiny_shapes):
+    """`tuner export --db t.db --out t.db` wrote the JSON over the DB, every winner lost (a
+    helper's review); any other file was replaced silently too, where LightLLM's files already
+    needed --force."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    before = db_path.read_bytes()
+    for flags in ((), ("--force",)):
+        one_line_error(cli("export", "--out", db_path, "--db", db_path, *flags), "is the tuning DB itself")
+    assert db_path.read_bytes() == before
+    precious = tmp_path / "notes.txt"
+    precious.write_text("precious")
+    one_line_error(cli("export", "--out", precious, "--db", db_path), "exists", "--force")
+    assert precious.read_text() == "precious"
+    assert cli("export", "--out", precious, "--db", db_path, "--force").exit_code == 0
+    assert json.loads(precious.read_text())["records"]
+
+
+def test_an_op_name_with_brackets_is_shown_as_it_is(tmp_path, db_path, tiny_shapes):
+    """An op named "row_softmax[/fast]" (a function's name under @tuner.autotune, or an
+    imported record's) made `tuner show` print rich's MarkupError traceback, and "attn[fp16]"
+    lost its "[fp16]" (a helper's review)."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "e.json"
+    assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+    doc = json.loads(out.read_text())
+    for record, name in zip(doc["records"], ("row_softmax[/fast]", "attn[fp16]")):
+        record["op"] = name
+    out.write_text(json.dumps(doc))
+    other = tmp_path / "other.db"
+    assert cli("import", out, "--db", other).exit_code == 0
+    for flags in ((), ("--all",), ("--op", "attn[fp16]")):
+        shown = cli("show", "--db", other, *flags)
+        assert shown.exit_code == 0 and "Traceback" not in shown.output, shown.output
+        assert "attn[fp16]" in shown.output
+    assert "row_softmax[/fast]" in cli("show", "--db", other).output
+
+
 def test_export_never_writes_through_a_link_planted_at_its_names(tmp_path, db_path, tiny_shapes):
     """export wrote F.tmp by name and renamed it onto F: a link planted at F.tmp made it
     overwrite the link's target, and F ended up a link to it."""
@@ -833,8 +870,8 @@ def test_export_never_writes_through_a_link_planted_at_its_names(tmp_path, db_pa
         assert victim.read_text() == "precious"
         assert out.is_file() and not out.is_symlink()
         out.unlink()
-        out.symlink_to(other)  # a link at F itself is replaced, not written through
-        assert cli("export", "--out", out, "--db", db_path).exit_code == 0
+        out.symlink_to(other)  # a link at F itself is replaced (--force), not written through
+        assert cli("export", "--out", out, "--db", db_path, "--force").exit_code == 0
         assert other.read_text() == "also precious" and out.is_file() and not out.is_symlink()
     mask = os.umask(0)
     os.umask(mask)
@@ -875,7 +912,7 @@ def test_a_failed_export_leaves_the_file_as_it_was_and_no_temporary_file(tmp_pat
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    one_line_error(cli("export", "--out", target, "--db", db_path), "cannot write", "e.json", "No space left")
+    one_line_error(cli("export", "--out", target, "--db", db_path, "--force"), "cannot write", "e.json", "No space left")
     assert target.read_text() == "before" and [p.name for p in out.iterdir()] == ["e.json"]
 
 
@@ -1038,10 +1075,24 @@ def test_export_json_of_no_winners_is_an_error_and_a_gz_name_in_capitals_is_comp
 
 
 def test_a_plan_from_misses_creates_no_db(tmp_path):
-    """--plan says nothing runs and no DB is written; with --from-misses it made the DB."""
-    one_line_error(cli("sweep", "triton_decode", "--from-misses", "--plan", "--db", tmp_path / "new.db"),
-                   "no tuning DB")
+    """--plan says nothing runs and no DB is written; with --from-misses it made the DB. A
+    sweep of the misses of a --db that does not exist (a typo) made an empty one and said
+    there were no misses (a helper's review): both are one line, and nothing is made."""
+    for plan in (("--plan",), ()):
+        one_line_error(cli("sweep", "triton_decode", "--from-misses", *plan, "--db", tmp_path / "new.db"),
+                       "no tuning DB")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_conflicting_or_empty_sweep_options_are_one_line(tmp_path):
+    """--halving with another --search, and an empty --tp (a script's unset variable), were
+    taken silently (halving's plan; tp 1) (a helper's review)."""
+    one_line_error(cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--halving", "--search", "exhaustive",
+                       "--plan", "--db", tmp_path / "t.db"), "--halving", "not both")
+    one_line_error(cli("sweep", "decode_attention", "--grid", "serving", "--model", "llama-3.1-8b", "--tp", "",
+                       "--plan", "--db", tmp_path / "t.db"), "--tp")
+    assert cli("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--halving", "--search", "halving", "--plan",
+               "--db", tmp_path / "t.db").exit_code == 0
 
 
 def test_the_default_grid_is_one_the_op_has_and_the_plan_names_only_backends_that_run_here(db_path):

@@ -34,6 +34,19 @@ def test_a_config_file_gives_the_same_heads_as_the_table(tmp_path):
     assert model_attention(str(tmp_path)) == MODELS["gemma-2-9b"]  # a directory holding config.json
 
 
+def test_a_model_directory_named_as_a_built_in_model_is_read_not_looked_up(tmp_path, monkeypatch):
+    """A fine-tuned model kept in ./llama-3.1-8b/ with 48/8 heads was swept at the table's
+    32/8, without a word (a helper's review): a path that exists wins over the table."""
+    model = tmp_path / "llama-3.1-8b"
+    model.mkdir()
+    _config(model, dict(LLAMA_8B, num_attention_heads=48, hidden_size=6144))
+    monkeypatch.chdir(tmp_path)
+    assert model_attention("llama-3.1-8b") == (Attention(48, 8, 128),)
+    assert model_attention(str(model)) == (Attention(48, 8, 128),)
+    monkeypatch.chdir(model)  # elsewhere the name is the table's
+    assert model_attention("llama-3.1-8b") == (Attention(32, 8, 128),)
+
+
 def test_interleaved_sliding_layers_give_two_static_keys_and_a_window_a_model_turns_off_gives_none(tmp_path):
     full, sliding = model_attention(_config(tmp_path, GEMMA_2_9B))
     assert (full.window_left, sliding.window_left) == (-1, 4095) and full.softcap == sliding.softcap == 50.0

@@ -51,7 +51,7 @@ def report_command(
             table.add_column(col, justify="left" if col in ("op", "static key") else "right",
                              overflow="fold", no_wrap=col != "static key")
         for op_name, label, n, gm, best in summary_rows(groups):
-            table.add_row(op_name, escape(label), str(n), "-" if gm is None else f"{gm:.3f}x",
+            table.add_row(escape(op_name), escape(label), str(n), "-" if gm is None else f"{gm:.3f}x",
                           "-" if best is None else f"{best:.2f}x")
         console.print(table)
         console.print(f"wrote {escape(str(out / 'report.md'))} and {sum(len(g.images) for g in groups)} plots")
@@ -126,7 +126,7 @@ def export_command(
     format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: FA3 winners as the files LightLLM's FA3 wrapper (kernel sgl_fa3_kvcache_ns:v1) reads.")] = ExportFormat.json,
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners (lightllm: fa3, the only op LightLLM reads).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="lightllm: replace config files that exist already.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a file (json) or LightLLM config files that exist already.")] = False,
 ) -> None:
     """Write the stored winners (with their environments) to a file or, for LightLLM, a directory."""
     with user_errors():
@@ -167,6 +167,10 @@ def export_command(
             return
         if out.is_dir():
             raise TunerError(f"--out {out} is a directory; give a file path")
+        if database.path is not None and out.exists() and out.resolve() == database.path.resolve():
+            raise TunerError(f"--out {out} is the tuning DB itself; give another file")
+        if (out.is_file() or out.is_symlink()) and not force:
+            raise TunerError(f"--out {out} exists; --force replaces it")
         _write_atomically(out, text)
         console.print(f"exported {exported} to {escape(str(out))}")
 

@@ -46,7 +46,7 @@ def show_command(
             groups.setdefault((r.problem.op, r.problem.static_key, r.fingerprint_id if all_environments else ""),
                               []).append(r)
         for (op_name, static, env), rows in groups.items():
-            title = f"{op_name} ({_static_label(static)})"
+            title = f"{escape(op_name)} ({escape(_static_label(static))})"  # (names come from the DB: no markup)
             if all_environments:
                 title += f", environment {env}" + (" (this one)" if env == fp else "")
             header = ("batch", "q", "kv <=", "config", "us", "default us", "speedup")
@@ -117,8 +117,8 @@ def _show_misses(database, fp: str, op: str | None, db: Optional[str] = None) ->
         run = problem.run_key
         # the missed calls' lengths, where they had them on the host: mean and longest per call
         stats = "-" if lengths is None else f"{lengths.mean:,.0f}/{lengths.longest:,.0f}"
-        table.add_row(problem.op, _static_label(problem.static_key), str(run.batch), str(run.max_q_len),
-                      f"{run.kv_len_bucket:,}", served, str(count), stats)
+        table.add_row(escape(problem.op), escape(_static_label(problem.static_key)), str(run.batch),
+                      str(run.max_q_len), f"{run.kv_len_bucket:,}", escape(served), str(count), stats)
     if rows:
         console.print(table)
     console.print(f"{len(rows)} missed keys without a winner in {escape(database.display_url)}"

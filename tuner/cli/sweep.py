@@ -129,7 +129,7 @@ class _HeadsRequest:
         if self.page_size is not None and not (1 <= self.page_size <= 1024 and not self.page_size & (self.page_size - 1)):
             raise TunerError(f"--page-size must be a power of two in [1, 1024], got {self.page_size}")
         if self.model is not None:
-            kinds = per_gpu_heads(model_attention(self.model), parse_tp(self.tp or "1"))
+            kinds = per_gpu_heads(model_attention(self.model), parse_tp("1" if self.tp is None else self.tp))
         elif self.heads is not None:
             kinds = [attention_from_flags(self.heads, self.head_dim, self.window, self.softcap, self.sinks)]
         else:
@@ -185,6 +185,8 @@ def sweep_command(
         from tuner.search import get_strategy
         from tuner.sweep import default_backends, default_strategy
 
+        if halving and search is not None and get_strategy(search).name != "halving":
+            raise TunerError(f"give --halving or --search {search:.40}, not both")
         chosen = get_strategy("halving" if halving else search).name if halving or search else None
         why = op.unavailable()
         if why is not None:
@@ -254,6 +256,8 @@ def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses
     if from_misses:
         from tuner.sweep import plan_from_misses
 
+        if db is not None and not plan_only:  # (no misses without a DB: a mistyped --db is an error, not a new one)
+            open_db(db, create=False).close()
         database = open_db(db, create=False) if plan_only else _open_db_to_sweep(db, force)
         missed = plan_from_misses(database, op, grid)
         if missed.warning:

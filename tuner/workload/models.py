@@ -159,12 +159,13 @@ def attention_from_config(config: Any, where: str) -> tuple[Attention, ...]:
 
 
 def model_attention(model: str) -> tuple[Attention, ...]:
-    """--model: a built-in model's name, or a path to a Hugging Face config.json (or the
-    directory holding one), read offline."""
-    known = known_model(model)
+    """--model: a path to a Hugging Face config.json (or the directory holding one), read
+    offline, or a built-in model's name. A path that exists wins: a fine-tuned model's
+    directory may carry its base model's name."""
+    path = Path(model)
+    known = None if path.exists() else known_model(model)
     if known is not None:
         return known
-    path = Path(model)
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
