@@ -853,6 +853,17 @@ def test_an_op_name_with_brackets_is_shown_as_it_is(tmp_path, db_path, tiny_shap
     assert "row_softmax[/fast]" in cli("show", "--db", other).output
 
 
+def test_doctors_tables_in_a_log_keep_each_row_on_one_line(db_path, monkeypatch):
+    """In a log (not a terminal: rich's 80 columns) doctor's "why not" was folded mid-phrase,
+    "made on NVIDIA H200, / is AMD EPYC" (a helper's review), where sweep's tables were
+    printed wide already; every command's tables are now."""
+    shipped = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json.gz"
+    monkeypatch.setenv("TUNER_SHIPPED", str(shipped))
+    done = cli("doctor", "--db", db_path)
+    rows = [line for line in done.output.splitlines() if "h200.tunings.json.gz" in line]
+    assert len(rows) == 1 and "made on NVIDIA H200, this is" in rows[0], done.output
+
+
 def test_export_never_writes_through_a_link_planted_at_its_names(tmp_path, db_path, tiny_shapes):
     """export wrote F.tmp by name and renamed it onto F: a link planted at F.tmp made it
     overwrite the link's target, and F ended up a link to it."""
@@ -991,6 +1002,7 @@ def test_the_sweep_table_in_a_log_keeps_its_notes_whole_with_long_timings(monkey
     of 10 ms and more, "already in DB" wrapped, and a resumed run's log no longer said it."""
     from rich.console import Console
 
+    import tuner.cli.base as base_module
     import tuner.cli.sweep as sweep_module
     from tuner.sweep import ShapeResult
     from tuner.workload import DecodeShape
@@ -998,10 +1010,11 @@ def test_the_sweep_table_in_a_log_keeps_its_notes_whole_with_long_timings(monkey
     shape = DecodeShape(batch=16, kv_len=8192, num_q_heads=4, num_kv_heads=2, head_dim=16, dtype="float32")
     skipped = ShapeResult(shape, "skipped", {"chunk": 128, "block": 123456}, 123456.7, 234567.8, 0, 0, 0, note="")
     log = io.StringIO()  # not a terminal: rich lays it out on 80 columns
-    monkeypatch.setattr(sweep_module, "console", Console(file=log))
-    sweep_module._print_wide(sweep_module._sweep_table("torch_split_decode", [skipped]))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(base_module, "console", Console(file=log))
+    base_module.print_table(sweep_module._sweep_table("torch_split_decode", [skipped]))
     assert "already in DB" in log.getvalue()
-    assert sweep_module.console.width == 80  # the console itself is left as it was
+    assert base_module.console.width == 80  # the console itself is left as it was
 
 
 def test_plan_says_the_shapes_and_candidates_and_runs_nothing(tmp_path, db_path, tiny_shapes):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 from rich.markup import escape
 from typing_extensions import Annotated
 
@@ -59,6 +61,16 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
+
+
+def print_table(table: Table) -> None:
+    """A table on the terminal's width (or $COLUMNS), or, in a log, on one wide enough that its
+    rows do not wrap (rich takes 80 columns where the output is not a terminal, and folds a
+    long cell)."""
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        console.print(table)
+        return
+    Console(file=console.file, width=max(console.width, 160), no_color=True).print(table)
 
 def _not_empty(value: str | None) -> str | None:
     """--db "" (a script's unset variable, say) would have meant the default DB, silently."""

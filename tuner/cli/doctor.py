@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, open_db, user_errors, app, console, err
+from tuner.cli.base import DbOption, open_db, user_errors, app, console, err, print_table
 from tuner.errors import TunerError
 
 
@@ -27,14 +27,14 @@ def doctor_command(db: DbOption = None) -> None:
         table.add_column("value")
         for k, v in fp.items():
             table.add_row(k, "-" if v is None else escape(str(v)))
-        console.print(table)
+        print_table(table)
         ops = Table(title="ops")
         ops.add_column("op")
         ops.add_column("runs here")
         for op in list_ops():
             why = op.unavailable()
             ops.add_row(op.name, "yes" if why is None else f"no: {why}")
-        console.print(ops)
+        print_table(ops)
 
         shipped_problems = _doctor_shipped(fp)  # before the DB: they apply without one
         from tuner.db import DamagedDBError, DBError, MissingDBError, applies
@@ -65,7 +65,7 @@ def doctor_command(db: DbOption = None) -> None:
             data = fps.get(env_id, {})
             used = "yes" if env_id == fp_id else "yes (applies)" if data and applies(data, fp) else "no"
             envs.add_row(env_id, escape(str(data.get("device", "?"))), str(c["records"]), str(c["measurements"]), used)
-        console.print(envs)
+        print_table(envs)
         problems = database.integrity() + shipped_problems
         if problems:
             _print_problems(problems)
@@ -108,7 +108,7 @@ def _doctor_shipped(fp: dict) -> list[str]:
     for f, name in zip(layer.files, names):
         why = "; ".join(f.mismatches.values())
         table.add_row(escape(name), str(f.records), str(f.applied), escape(why) or "-")
-    console.print(table)
+    print_table(table)
     refused = [f"shipped tunings {name}: {f.refused} records left out, their ops cannot run their configs "
                f"(first: {f.refused_why})" for f, name in zip(layer.files, names) if f.refused]
     return layer.errors + refused
@@ -142,4 +142,4 @@ def prune_command(
         for env_id, c in sorted(removed.items()):
             device = "malformed rows" if env_id == "malformed" else str(fps.get(env_id, {}).get("device", "?"))
             table.add_row(env_id, escape(device), str(c["records"]), str(c["measurements"]))
-        console.print(table)
+        print_table(table)

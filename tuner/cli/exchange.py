@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console, err
+from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console, err, print_table
 from tuner.cli.format import counted
 from tuner.errors import TunerError
 from tuner.files import refuse_special
@@ -53,7 +53,7 @@ def report_command(
         for op_name, label, n, gm, best in summary_rows(groups):
             table.add_row(escape(op_name), escape(label), str(n), "-" if gm is None else f"{gm:.3f}x",
                           "-" if best is None else f"{best:.2f}x")
-        console.print(table)
+        print_table(table)
         console.print(f"wrote {escape(str(out / 'report.md'))} and {sum(len(g.images) for g in groups)} plots")
 
 

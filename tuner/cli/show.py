@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, check_op, open_db, user_errors, app, console
+from tuner.cli.base import DbOption, check_op, open_db, user_errors, app, console, print_table
 from tuner.cli.format import counted, fmt_config, fmt_us
 from tuner.errors import TunerError
 from tuner.keys import AttentionStaticKey
@@ -63,7 +63,7 @@ def show_command(
                                  min_width=_config_width(header, cells) if i == 3 else None)
             for row in cells:
                 table.add_row(*row)
-            console.print(table)
+            print_table(table)
         scope = "stored" if all_environments else "stored that apply here"
         console.print(f"{counted(len(records), 'winner')} {scope} in {escape(database.display_url)}")
         shipped = _shipped_count()
@@ -120,7 +120,7 @@ def _show_misses(database, fp: str, op: str | None, db: Optional[str] = None) ->
         table.add_row(escape(problem.op), escape(_static_label(problem.static_key)), str(run.batch),
                       str(run.max_q_len), f"{run.kv_len_bucket:,}", escape(served), str(count), stats)
     if rows:
-        console.print(table)
+        print_table(table)
     console.print(f"{len(rows)} missed keys without a winner in {escape(database.display_url)}"
                   + ("; to tune them:" if rows else ""))
     for op_name in dict.fromkeys(problem.op for problem, *_ in rows):

@@ -20,7 +20,7 @@ from typing_extensions import Annotated
 
 from tuner import settings
 from tuner.cli import base  # its _INVOCATION, as main() set it
-from tuner.cli.base import DbOption, finite, open_db, user_errors, app, console, err
+from tuner.cli.base import DbOption, finite, open_db, user_errors, app, console, err, print_table
 from tuner.cli.format import counted, fmt_config, fmt_us
 from tuner.errors import TunerError
 
@@ -81,7 +81,7 @@ def ops_command() -> None:
             ", ".join(f"{name} ({len(shapes)}: {_grid_heads(shapes)})" for name, shapes in op.grids.items()),
             op.description,
         )
-    console.print(table)
+    print_table(table)
     console.print("a grid is swept at the heads its shapes have; `tuner sweep OP --grid G --model NAME` "
                   "(or `--heads Q/KV`) sweeps it at yours", soft_wrap=True)
 
@@ -322,14 +322,14 @@ def _run_sweep(op, shapes: list, database, ranks, *, force: bool, sweep_options:
         progress.update(task, description=op.name)
     if interrupted is not None:
         if leader and results:
-            _print_wide(_sweep_table(op.name, results))
+            print_table(_sweep_table(op.name, results))
         resume = ("the same command without --force resumes the rest (with it, it starts over)" if force
                   else "the same command resumes the rest")
         err.print(f"[yellow]interrupted[/] after {len(results)} of {interrupted.total} shapes; what was "
                   f"measured is stored, and {resume}", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     if leader:
-        _print_wide(_sweep_table(op.name, results))
+        print_table(_sweep_table(op.name, results))
         if any(r.status == "skipped" for r in results):
             console.print("skipped shapes already have a winner in the DB (see `tuner show`; --force measures again)")
     if ranks is not None:
@@ -420,7 +420,7 @@ def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
         batches, kvs = sorted({s.batch for s in group}), sorted({s.kv_len for s in group})
         table.add_row(escape(key), str(len(group)), f"{batches[0]}-{batches[-1]}", f"{kvs[0]:,}-{kvs[-1]:,}",
                       ", ".join(sorted({s.lengths for s in group})))
-    _print_wide(table)
+    print_table(table)
     if plan.estimate_s is None and device == "cuda":
         estimate = "no time estimate for graph replays yet"
     elif plan.estimate_s is None:
@@ -433,15 +433,6 @@ def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
                     f"cache warm, about {_duration(plan.fresh_estimate_s)} on a fresh one")
     console.print(f"{counted(len(shapes), 'shape')}, {counted(plan.candidates, 'candidate config')}; {estimate}. "
                   "Nothing was run.", soft_wrap=True, highlight=False)
-
-
-def _print_wide(table: Table) -> None:
-    """A table on the terminal's width, or, in a log, on one wide enough that its rows do not
-    wrap (rich takes 80 columns where the output is not a terminal)."""
-    if console.is_terminal:
-        console.print(table)
-        return
-    Console(file=console.file, width=max(console.width, 160), no_color=True).print(table)
 
 
 def _sweep_table(op_name: str, results: list) -> Table:
