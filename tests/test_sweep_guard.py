@@ -97,33 +97,23 @@ def test_a_forced_sweep_restarted_after_a_fault_resumes_its_own_run_and_measures
     assert sorted(chunk for _, chunk in measured) == [0, 0, 64, 64, 128, 128]  # all again, each once
 
 
-def test_a_winner_that_faults_on_its_second_trial_is_refused_and_the_default_stored(tmp_path):
+@pytest.mark.parametrize("fault, says", [("kills_later", "illegal memory access"),
+                                         ("sticky_later", "unspecified launch failure")])
+def test_a_winner_that_faults_on_its_second_trial_is_refused_and_the_default_stored(tmp_path, fault, says):
     """A serving shape's winner is run again on fresh lengths (its second trial): where it
-    kills its worker there, it is refused for the shape, and the sweep goes on with what the
-    first trial measured."""
+    kills its worker there, or loses the CUDA context, it is refused for the shape, and the
+    sweep goes on with what the first trial measured. A second trial answers a failure with
+    its error rather than raising it: a lost context was not refused, and the sweep went on in
+    it, where the next config to run (another shape's default, say) was refused in its place
+    (a helper's review)."""
     serving = dict(SHAPE, batch=3, lengths="serving")
-    done = _sweep(tmp_path, shapes_list=[serving], fast=64, kills_later=64, kv_len=SHAPE["kv_len"])
+    done = _sweep(tmp_path, shapes_list=[serving], fast=64, kv_len=SHAPE["kv_len"], **{fault: 64})
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("refused {'chunk': 64}") == 1, done.stderr
     measurements, [record] = _measurements(tmp_path)
     assert record.config == record.default_config != {"chunk": 64}
     by_chunk = {m.config["chunk"]: m for m in measurements[3]}
-    assert by_chunk[64].status == "error" and "illegal memory access" in by_chunk[64].error
-
-
-def test_a_winner_that_loses_the_cuda_context_on_its_second_trial_is_refused(tmp_path):
-    """A second trial answers a failure with its error rather than raising it: one that lost
-    the CUDA context was not refused, and the sweep went on in the dead context, where the
-    next config to run (another shape's default, say) was refused in its place (a helper's
-    review). Now the worker ends there, that config refused, and a fresh one goes on."""
-    serving = dict(SHAPE, batch=3, lengths="serving")
-    done = _sweep(tmp_path, shapes_list=[serving], fast=64, sticky_later=64, kv_len=SHAPE["kv_len"])
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.count("refused {'chunk': 64}") == 1, done.stderr
-    measurements, [record] = _measurements(tmp_path)
-    assert record.config == record.default_config != {"chunk": 64}
-    by_chunk = {m.config["chunk"]: m for m in measurements[3]}
-    assert by_chunk[64].status == "error" and "unspecified launch failure" in by_chunk[64].error
+    assert by_chunk[64].status == "error" and says in by_chunk[64].error
     assert len({pid for pid, _ in _measured(tmp_path)}) == 1  # the fresh worker resumed every measurement
 
 
