@@ -997,6 +997,21 @@ def test_a_sweep_logged_to_a_file_prints_progress_lines(db_path, tiny_shapes, mo
     assert any(" left" in line for line in lines)
 
 
+def test_a_dense_pass_in_the_progress_lines_is_its_shapes_not_the_next(db_path):
+    """A log said "shape 2 of 2" during shape 1's dense pass, and again for shape 2 (a
+    helper's review): a step that measures nothing counted as a shape."""
+    from rich.console import Console
+
+    from tuner.cli.sweep import _ProgressLog
+
+    log = _ProgressLog(2, 6, Console(file=io.StringIO()), enabled=False)
+    log.advance(3, "b1")
+    log.advance(0, "b1 (dense pass)")
+    assert log.line().startswith("progress: shape 1 of 2 (b1 (dense pass)), 3 of 6 measurements")
+    log.advance(3, "b2")
+    assert log.line().startswith("progress: shape 2 of 2 (b2), 6 of 6 measurements")
+
+
 def test_the_sweep_table_in_a_log_keeps_its_notes_whole_with_long_timings(monkeypatch):
     """Rich lays a table out on 80 columns where the output is not a terminal: with timings
     of 10 ms and more, "already in DB" wrapped, and a resumed run's log no longer said it."""

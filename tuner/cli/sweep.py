@@ -346,20 +346,23 @@ class _ProgressLog:
 
     def __init__(self, shapes: int, total: int, out: Console, *, enabled: bool) -> None:
         self.shapes, self.total, self.out, self.enabled = shapes, total, out, enabled
-        self.done, self.labels = 0, []
+        self.done, self.labels, self.now = 0, [], ""
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def advance(self, n: int, label: str) -> None:
+        """n measurements done, of the shape `label` names; a step that measures none (a dense
+        pass names itself so) is the last shape's, not a shape of its own."""
         self.done += n
-        if not self.labels or self.labels[-1] != label:
+        if n and (not self.labels or self.labels[-1] != label):
             self.labels.append(label)
+        self.now = label
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         left = f", about {_duration(elapsed * (self.total - self.done) / self.done)} left" if self.done else ""
-        shape = f" ({self.labels[-1]})" if self.labels else ""
+        shape = f" ({self.now})" if self.now else ""
         return (f"progress: shape {min(len(self.labels), self.shapes)} of {self.shapes}{shape}, {self.done} of "
                 f"{self.total} measurements, {_duration(elapsed)} elapsed{left}")
 
