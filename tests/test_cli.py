@@ -1102,6 +1102,20 @@ def test_export_json_of_no_winners_is_an_error_and_a_gz_name_in_capitals_is_comp
     assert gzip.decompress((tmp_path / "E.JSON.GZ").read_bytes()).startswith(b"{")
 
 
+def test_a_sweep_into_a_db_file_it_cannot_write_is_refused_before_it_measures(db_path, tiny_shapes, monkeypatch):
+    """A read-only DB file in a writable directory was found only at the first store, after
+    measuring (a helper's review, as another user). (As root here, the file's mode binds no
+    one: os.access answers as it would for that user.)"""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    before = db_path.read_bytes()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == db_path and mode & os.W_OK
+                        else access(path, mode, **kw))
+    done = sweep(db_path, tiny_shapes, "--force")
+    one_line_error(done, "cannot write tuning DB", "read-only for this user")
+    assert "measurements" not in done.stdout and db_path.read_bytes() == before
+
+
 def test_a_plan_from_misses_creates_no_db(tmp_path):
     """--plan says nothing runs and no DB is written; with --from-misses it made the DB. A
     sweep of the misses of a --db that does not exist (a typo) made an empty one and said

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,9 @@ def _open_db_to_sweep(db: str | None, force: bool):
         database = open_db(db)
     except DamagedDBError as e:
         return _set_aside_and_open(db, e, force)
+    if database.path is not None and database.path.exists() and not os.access(database.path, os.W_OK):
+        database.close()  # (else found at the first store, after minutes of measuring)
+        raise DBError(f"cannot write tuning DB {database.display_url}: the file is read-only for this user")
     damage = database.damage()  # a truncated file opens, then fails mid-sweep
     if damage:
         database.close()
