@@ -47,6 +47,14 @@ def test_a_model_directory_named_as_a_built_in_model_is_read_not_looked_up(tmp_p
     assert model_attention("llama-3.1-8b") == (Attention(32, 8, 128),)
 
 
+@pytest.mark.parametrize("types", ["full_attention", {"0": "full_attention"}, 5])
+def test_layer_types_that_are_not_a_list_of_types_are_one_line(tmp_path, types):
+    """A string ("full_attention") was ignored and the model read as sliding everywhere
+    (win4095) (a helper's review)."""
+    with pytest.raises(TunerError, match="layer_types must be a list"):
+        model_attention(_config(tmp_path, dict(LLAMA_8B, sliding_window=4096, layer_types=types)))
+
+
 def test_interleaved_sliding_layers_give_two_static_keys_and_a_window_a_model_turns_off_gives_none(tmp_path):
     full, sliding = model_attention(_config(tmp_path, GEMMA_2_9B))
     assert (full.window_left, sliding.window_left) == (-1, 4095) and full.softcap == sliding.softcap == 50.0

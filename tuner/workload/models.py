@@ -117,7 +117,9 @@ def _layer_kinds(config: dict[str, Any], where: str) -> tuple[bool, bool]:
     if window is None or config.get("use_sliding_window") is False:
         return True, False
     types = config.get("layer_types")
-    if isinstance(types, list) and types:
+    if types is not None and not isinstance(types, list):  # (a string was read as all sliding)
+        raise TunerError(f"{where}: layer_types must be a list of attention types, it is {types!r:.40}")
+    if types:
         if not all(t in ("full_attention", "sliding_attention") for t in types):
             raise TunerError(f"{where}: layer_types holds an attention type tuner does not know")
         return "full_attention" in types, "sliding_attention" in types
