@@ -117,6 +117,30 @@ def test_a_winner_that_faults_on_its_second_trial_is_refused_and_the_default_sto
     assert len({pid for pid, _ in _measured(tmp_path)}) == 1  # the fresh worker resumed every measurement
 
 
+@pytest.mark.parametrize("fault, says", [("kills_confirming", "illegal memory access"),
+                                         ("sticky_confirming", "illegal memory access")])
+def test_a_challenger_that_faults_when_re_timed_against_the_default_is_refused(tmp_path, fault, says):
+    """The first pass's fastest config is re-timed side by side with the default
+    (tuner.bench.decide) with nothing in the journal: a fault there left the supervisor no
+    config to blame, and the restarted worker died the same way until it gave up; a lost
+    context was kept as "the re-timing failed" and the sweep went on in it. Now the
+    challenger is refused for its shape, and the default or the next config wins."""
+    done = _sweep(tmp_path, fast=64, **{fault: 64})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("refused {'chunk': 64}") == 2, done.stderr  # once per shape
+    measurements, records = _measurements(tmp_path)
+    assert len(records) == 2 and all(r.config != {"chunk": 64} for r in records)
+    for batch in (1, 2):
+        by_chunk = {m.config["chunk"]: m for m in measurements[batch]}
+        assert by_chunk[64].status == "error" and says in by_chunk[64].error
+        assert by_chunk[0].status == by_chunk[128].status == "ok"
+    # a fresh worker after each shape's fault; the one after the second measures nothing
+    # (it resumes every measurement), and none is made twice
+    measured = _measured(tmp_path)
+    assert len({pid for pid, _ in measured}) == 2
+    assert sorted(chunk for _, chunk in measured) == [0, 0, 64, 64, 128, 128]
+
+
 _WORKER = """
 import os, signal, sys, time
 from tuner.db import Problem, current_fingerprint, fingerprint_id

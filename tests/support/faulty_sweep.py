@@ -3,8 +3,10 @@ in $FAULTY_KILLS, prints a CUDA fault and kills its own process (as FA3's illega
 did); for $FAULTY_HANGS, never returns; for $FAULTY_STICKY, raises the error a lost CUDA context
 gives; for $FAULTY_KILLS_LATER, kills its process only on lengths other than a serving shape's
 first trial (its second trial's); $FAULTY_STICKY_LATER: there raises the error a lost CUDA context
-gives, and from then on every call in the process raises it too (as a lost context does); $FAULTY_FAST: every other chunk sleeps 30 ms a call (so that
-chunk wins, also on a loaded machine); $FAULTY_DIES_AT_START: a supervised
+gives, and from then on every call in the process raises it too (as a lost context does);
+$FAULTY_KILLS_CONFIRMING and $FAULTY_STICKY_CONFIRMING: likewise, but only while
+tuner.bench.decide re-times the chunk against the default; $FAULTY_FAST: every other chunk
+sleeps 30 ms a call (so that chunk wins, also on a loaded machine); $FAULTY_DIES_AT_START: a supervised
 worker dies before it runs anything. Each measurement a process starts appends "pid chunk" to
 $FAULTY_LOG.
 
@@ -17,6 +19,7 @@ import signal
 import sys
 import time
 
+import tuner.bench.runner
 import tuner.ops
 import tuner.search.pipeline
 from tuner.cli import main
@@ -40,7 +43,8 @@ def _first_trial(batch: int, kv_len: int) -> list[list[int]]:
     return serving_draws(batch, kv_len, 0) + [equal_draw(batch, kv_len, 0)]
 
 
-_LOST = []  # the CUDA context, once FAULTY_STICKY_LATER has lost it
+_LOST = []  # the CUDA context, once FAULTY_STICKY_LATER or FAULTY_STICKY_CONFIRMING has lost it
+_CONFIRMING = []  # while tuner.bench.decide re-times a challenger against the default
 
 
 def run(inputs, config):
@@ -52,7 +56,10 @@ def run(inputs, config):
         if lengths not in _first_trial(len(lengths), int(os.environ["FAULTY_KV_LEN"])):
             _LOST.append(True)
             raise RuntimeError("CUDA error: unspecified launch failure")
-    if chunk == _chunk("FAULTY_KILLS"):
+    if chunk == _chunk("FAULTY_STICKY_CONFIRMING") and _CONFIRMING:
+        _LOST.append(True)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    if chunk == _chunk("FAULTY_KILLS") or (chunk == _chunk("FAULTY_KILLS_CONFIRMING") and _CONFIRMING):
         _die()
     if chunk == _chunk("FAULTY_KILLS_LATER"):
         lengths = inputs.lengths()
@@ -75,6 +82,17 @@ def logged(measure_config):
     return measure
 
 
+def confirming(side_by_side):
+    def timed(*args, **kwargs):
+        _CONFIRMING.append(True)
+        try:
+            return side_by_side(*args, **kwargs)
+        finally:
+            _CONFIRMING.pop()
+    return timed
+
+
+tuner.bench.runner.side_by_side = confirming(tuner.bench.runner.side_by_side)  # decide's, not a second trial's
 if os.environ.get("FAULTY_LOG"):
     tuner.search.pipeline.measure_config = logged(tuner.search.pipeline.measure_config)
 tuner.ops._REGISTRY["faulty"] = dataclasses.replace(TORCH_SPLIT_DECODE, name="faulty", run=run)

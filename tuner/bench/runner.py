@@ -128,6 +128,7 @@ def decide(
     parts: Sequence[Sequence[Callable[[dict[str, Any]], Any]]] = (),
     guards: Sequence[Guard] = (),
     guard_problem: Callable[[dict[str, Any]], str | None] | None = None,
+    confirming: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[Outcome | None, Timing | None]:
     """The winner and the default's timing.
 
@@ -146,6 +147,8 @@ def decide(
     guards (batches outside the mix, tuner.bench.trial.Guard): likewise, and a challenger
     must first run right on each (guard_problem(config): why not, or None; the caller's, so
     that a sweep's flight recorder hears of the new lengths first).
+    confirming(config): told before a challenger is re-timed (a sweep's flight recorder
+    blames it for a fault there).
     """
     ok = [o for o in outcomes if o.status == OK and o.timing is not None]
     if not ok:
@@ -159,6 +162,8 @@ def decide(
     for challenger in challengers[:settings.CONFIRM_TRIES if parts or guards else 1]:
         if guards and guard_problem is not None and guard_problem(challenger.config) is not None:
             continue
+        if confirming is not None:
+            confirming(challenger.config)
         (t_challenger, t_default), holds, _ = side_by_side(runs, parts, challenger.config, default.config, timer,
                                                            guards=guards)
         if holds and beats(t_challenger, t_default, min_gain):

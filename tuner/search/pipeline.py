@@ -88,8 +88,10 @@ def measure(
         try:
             result.winner, result.default_timing = decide(trial.runs, outcomes, default, timer=timer,
                                                           min_gain=min_gain, parts=trial.parts,
-                                                          guards=trial.guards, guard_problem=runner.guards_problem)
-        except (RuntimeError, MemoryError):
+                                                          guards=trial.guards, guard_problem=runner.guards_problem,
+                                                          confirming=runner.confirming)
+        except (RuntimeError, MemoryError) as e:
+            runner.lost_context(e)
             if not keep_default_if_confirm_fails:
                 raise
             _keep_default(result, default)
@@ -105,6 +107,7 @@ class _StepRunner:
         self.trial, self.timer, self.resume, self.record, self.starting = trial, timer, resume, record, starting
         self.measured_now: set[str] = set()
         self.resumed: set[str] = set()
+        self._in_flight: Step | None = None  # the config run outside a measurement, last told
 
     def run(self, step: Step) -> Outcome:
         key = canonical_json(step.config)
@@ -124,17 +127,25 @@ class _StepRunner:
 
     def guards_problem(self, config: Config) -> str | None:
         """guards_problem, the flight recorder told first (the guards' lengths are new to the
-        config); an error that lost the CUDA context is recorded as the config's (a sweep's
-        sink then ends the worker, tuner.sweep.sink) and propagates."""
-        step = Step(config, self.timer, 0)
+        config). An error that lost the CUDA context propagates, for measure to record it as
+        the config's (lost_context)."""
+        self.confirming(config)
+        return guards_problem(config, self.trial.guards, self.trial.tolerance)
+
+    def confirming(self, config: Config) -> None:
+        """Before config runs outside a measurement (on the guards, or re-timed against the
+        default): the flight recorder told, so that a fault there is blamed on config."""
+        self._in_flight = Step(config, self.timer, 0)
         if self.starting is not None:
-            self.starting(step)
-        try:
-            return guards_problem(config, self.trial.guards, self.trial.tolerance)
-        except Exception as e:
-            if self.record is not None and is_sticky_cuda_error(str(e)):
-                self.record(step, Outcome(config, ERROR, error=one_line(e)))
-            raise
+            self.starting(self._in_flight)
+
+    def lost_context(self, error: BaseException) -> None:
+        """Where error lost the CUDA context, it is recorded as the error of the config last
+        run outside a measurement (a sweep's sink then ends the worker; every later config
+        would fail alike); otherwise nothing."""
+        step = self._in_flight
+        if self.record is not None and step is not None and is_sticky_cuda_error(str(error)):
+            self.record(step, Outcome(step.config, ERROR, error=one_line(error)))
 
 
 def _later_rungs(strategy: Strategy, outcomes: list[Outcome], default: Config, timer: Timer, rung: int,
