@@ -442,6 +442,11 @@ def test_doctor_lists_records_of_other_environments(tmp_path, db_path):
     assert "0 winners stored that apply here" in shown.output
     every = cli("show", "--db", db_path, "--all")  # the environment in each table's title, not a column
     assert f"environment {fingerprint_id(other)}" in every.output and "1 winner stored in" in every.output
+    here = current_fingerprint()
+    db.save_record(Problem("op", '{"h":1}', attention_run_key(1, 1, 8)), (fingerprint_id(here), here), {"c": 1},
+                   median_us=1.0, spread_us=0.0, samples=1, default_config={"c": 0}, default_median_us=1.0,
+                   default_spread_us=0.0, method={})
+    assert "1 winner stored that applies here" in cli("show", "--db", db_path).output
 
 
 def test_show_folds_configs_at_80_columns(tmp_path, db_path, monkeypatch):
@@ -581,7 +586,7 @@ def test_runtime_misses_are_listed_and_swept(tmp_path, db_path):
     shown = cli("show", "--misses", "--db", db_path)
     [record] = TuningDB(db_path).records()  # lent to batch 2 only if it beat its default by 10%
     served = "nearest" if record.speedup and record.speedup >= 1.1 else "default"
-    assert shown.exit_code == 0 and "1 missed keys" in shown.output and served in shown.output
+    assert shown.exit_code == 0 and "1 missed key without" in shown.output and served in shown.output
     [suggested] = [line.strip() for line in shown.output.splitlines() if line.strip().startswith("tuner sweep")]
     assert suggested == f"tuner sweep torch_split_decode --from-misses --db {db_path}"
     swept = cli(*shlex.split(suggested)[1:], "--repeats", "2")  # the command it suggests, as given
@@ -590,6 +595,9 @@ def test_runtime_misses_are_listed_and_swept(tmp_path, db_path):
     assert run_keys == {(1, 256), (2, 512)}
     again = cli("show", "--misses", "--db", db_path)
     assert "0 missed keys" in again.output
+    # misses are this environment's (tuned here): --all, which widens winners, was ignored
+    both = cli("show", "--misses", "--all", "--db", db_path)
+    assert both.exit_code == 2 and "--all is for winners" in both.output
     assert "no missed keys" in cli("sweep", "torch_split_decode", "--from-misses", "--db", db_path).output
 
 

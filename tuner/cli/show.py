@@ -31,6 +31,8 @@ def show_command(
     with user_errors():
         from tuner.db import current_fingerprint, current_fingerprint_id
 
+        if misses and all_environments:  # a miss is tuned where it was missed: this environment's
+            raise TunerError("--misses lists this environment's misses; --all is for winners")
         database = open_db(db, create=False)
         check_op(database, op)
         fp = current_fingerprint_id()
@@ -64,7 +66,7 @@ def show_command(
             for row in cells:
                 table.add_row(*row)
             print_table(table)
-        scope = "stored" if all_environments else "stored that apply here"
+        scope = "stored" if all_environments else f"stored that appl{'ies' if len(records) == 1 else 'y'} here"
         console.print(f"{counted(len(records), 'winner')} {scope} in {escape(database.display_url)}")
         shipped = _shipped_count()
         if shipped:
@@ -121,7 +123,7 @@ def _show_misses(database, fp: str, op: str | None, db: Optional[str] = None) ->
                       str(run.max_q_len), f"{run.kv_len_bucket:,}", escape(served), str(count), stats)
     if rows:
         print_table(table)
-    console.print(f"{len(rows)} missed keys without a winner in {escape(database.display_url)}"
+    console.print(f"{counted(len(rows), 'missed key')} without a winner in {escape(database.display_url)}"
                   + ("; to tune them:" if rows else ""))
     for op_name in dict.fromkeys(problem.op for problem, *_ in rows):
         console.print(f"  {escape(_tune_misses_command(op_name, db))}", soft_wrap=True)
