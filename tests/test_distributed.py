@@ -21,23 +21,24 @@ SHAPES = [dict(batch=1, kv_len=512, **SMALL), dict(batch=2, kv_len=1024, **SMALL
           dict(batch=3, kv_len=300, q_len=2, **SMALL)]
 
 
-def _torchrun_sweep(tmp_path, shapes: list[dict], db_path, search: str) -> list[tuple[str, str, str, str]]:
-    """`tuner sweep` under torchrun on 2 CPU ranks; each rank's (rank, winners, measured here,
-    winners digest) line."""
+def _torchrun_sweep(tmp_path, shapes: list[dict], db_path, search: str, program: tuple[str, ...] = ("-m", "tuner"),
+                    **env_vars: str) -> tuple[list[tuple[str, str, str, str]], str]:
+    """`tuner sweep` (or program's) under torchrun on 2 CPU ranks: each rank's (rank,
+    winners, measured here, winners digest) line, and what the ranks printed."""
     shapes_file = tmp_path / "shapes.json"
     shapes_file.write_text(json.dumps(shapes))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env_vars)
     env.pop("TUNER_DB", None)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "tuner", "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(db_path),
+         *program, "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(db_path),
          "--repeats", "3", "--search", search],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = re.findall(r"rank (\d)/2: (\d+) winners, measured (\d+) here, winners digest (\w+)", result.stdout)
     assert sorted(int(r) for r, *_ in lines) == [0, 1], result.stdout
-    return lines
+    return lines, result.stdout
 
 
 def test_a_guided_torchrun_sweep_ends_with_one_set_of_winners_on_every_rank(tmp_path):
@@ -45,13 +46,13 @@ def test_a_guided_torchrun_sweep_ends_with_one_set_of_winners_on_every_rank(tmp_
     every rank reads before rank 0's later rungs overwrite it, so the ranks' shortlists (and
     round robins) agree."""
     shapes = [dict(batch=b, kv_len=512, **SMALL) for b in (1, 2, 3, 4)]
-    lines = _torchrun_sweep(tmp_path, shapes, tmp_path / "g.db", "guided")
+    lines, _ = _torchrun_sweep(tmp_path, shapes, tmp_path / "g.db", "guided")
     assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 4 for _, n, _, _ in lines)
 
 
 def test_torchrun_sweep_shares_the_work_and_every_rank_has_the_same_winners(tmp_path):
     db_path = tmp_path / "dist.db"
-    lines = _torchrun_sweep(tmp_path, SHAPES, db_path, "exhaustive")
+    lines, _ = _torchrun_sweep(tmp_path, SHAPES, db_path, "exhaustive")
     assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 3 for _, n, _, _ in lines)
     op = get_op("torch_split_decode")
     shapes = [DecodeShape(**s) for s in SHAPES]
@@ -61,6 +62,20 @@ def test_torchrun_sweep_shares_the_work_and_every_rank_has_the_same_winners(tmp_
     db = TuningDB(db_path)
     assert len(db.records()) == 3 and db.counts()[current_fingerprint_id()]["measurements"] == total
     assert db.integrity() == []
+
+
+def test_a_shape_one_rank_cannot_hold_is_failed_on_every_rank_and_the_sweep_goes_on(tmp_path):
+    """A trial too big for one rank's free memory failed that rank's shape alone: it went on
+    to the next shape while the others measured, and the ranks' collectives no longer
+    matched (a hang, or one shape's measurements taken for another's). Now every rank fails
+    the shape together and the rest is swept as before."""
+    support = os.path.join(os.path.dirname(__file__), "support", "one_rank_short.py")
+    lines, output = _torchrun_sweep(tmp_path, SHAPES, tmp_path / "short.db", "exhaustive", program=(support,),
+                                    SHORT_RANK="1", SHORT_BATCH="2")
+    assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 2 for _, n, _, _ in lines)
+    assert "another rank could not build its trial" in output
+    db = TuningDB(tmp_path / "short.db")
+    assert sorted(r.problem.run_key.batch for r in db.records()) == [1, 3]
 
 
 # -- runtime tuning under a process group ----------------------------------------------------------

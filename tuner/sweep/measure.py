@@ -26,12 +26,11 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     # stored as they come where other ranks read them
     sink = MeasurementSink.resuming(run.db, problem, run.env, run.method, shape, shape.lengths, force=options.force,
                                     at_once=options.ranks is not None, flight=options.flight, run_id=options.run_id)
-    try:
-        trial = build_trial(run.op, shape, run.device, options.seed)
-    except (RuntimeError, MemoryError) as e:  # too big for this device, or the reference failed
+    trial, why = _trial(run, shape)
+    if why is not None:
         boundary_sync()
         run.advance(len(configs), label)
-        return ShapeResult(shape, FAILED, None, None, None, 0, 0, 0, note=one_line(e))
+        return ShapeResult(shape, FAILED, None, None, None, 0, 0, 0, note=why)
     boundary_sync(release=False)
     with sink:
         result = measure(
@@ -59,6 +58,20 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     return ShapeResult(shape, MEASURED, winner.config, winner.timing.median_us,
                        default_timing and default_timing.median_us, result.measured, result.resumed,
                        result.failures, note=note)
+
+
+def _trial(run: SweepRun, shape: DecodeShape) -> tuple[Any, str | None]:
+    """shape's trial, or None and why not: too big for this device, or its reference failed.
+    Under ranks, none where any rank has none (free memory differs between GPUs): the ranks
+    go on to the next shape together, as their collectives need."""
+    try:
+        trial, why = build_trial(run.op, shape, run.device, run.options.seed), None
+    except (RuntimeError, MemoryError) as e:
+        trial, why = None, one_line(e)
+    ranks = run.options.ranks
+    if ranks is not None and ranks.any(trial is None) and trial is not None:
+        trial, why = None, "another rank could not build its trial"
+    return trial, why
 
 
 def guard_info(shape: DecodeShape, trial: Any) -> dict[str, Any]:
