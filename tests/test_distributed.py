@@ -22,7 +22,7 @@ SHAPES = [dict(batch=1, kv_len=512, **SMALL), dict(batch=2, kv_len=1024, **SMALL
 
 
 def _torchrun_sweep(tmp_path, shapes: list[dict], db_path, search: str, program: tuple[str, ...] = ("-m", "tuner"),
-                    **env_vars: str) -> tuple[list[tuple[str, str, str, str]], str]:
+                    extra: tuple[str, ...] = (), **env_vars: str) -> tuple[list[tuple[str, str, str, str]], str]:
     """`tuner sweep` (or program's) under torchrun on 2 CPU ranks: each rank's (rank,
     winners, measured here, winners digest) line, and what the ranks printed."""
     shapes_file = tmp_path / "shapes.json"
@@ -32,7 +32,7 @@ def _torchrun_sweep(tmp_path, shapes: list[dict], db_path, search: str, program:
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          *program, "sweep", "torch_split_decode", "--shapes", str(shapes_file), "--db", str(db_path),
-         "--repeats", "3", "--search", search],
+         "--repeats", "3", "--search", search, *extra],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -64,18 +64,31 @@ def test_torchrun_sweep_shares_the_work_and_every_rank_has_the_same_winners(tmp_
     assert db.integrity() == []
 
 
+RANK_FAULTS = (os.path.join(os.path.dirname(__file__), "support", "rank_faults.py"),)
+
+
 def test_a_shape_one_rank_cannot_hold_is_failed_on_every_rank_and_the_sweep_goes_on(tmp_path):
     """A trial too big for one rank's free memory failed that rank's shape alone: it went on
     to the next shape while the others measured, and the ranks' collectives no longer
     matched (a hang, or one shape's measurements taken for another's). Now every rank fails
     the shape together and the rest is swept as before."""
-    support = os.path.join(os.path.dirname(__file__), "support", "one_rank_short.py")
-    lines, output = _torchrun_sweep(tmp_path, SHAPES, tmp_path / "short.db", "exhaustive", program=(support,),
+    lines, output = _torchrun_sweep(tmp_path, SHAPES, tmp_path / "short.db", "exhaustive", program=RANK_FAULTS,
                                     SHORT_RANK="1", SHORT_BATCH="2")
     assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 2 for _, n, _, _ in lines)
     assert "another rank could not build its trial" in output
     db = TuningDB(tmp_path / "short.db")
     assert sorted(r.problem.run_key.batch for r in db.records()) == [1, 3]
+
+
+def test_a_forced_sweep_that_finds_no_winner_reports_none_on_every_rank(tmp_path):
+    """Where no config ran right, rank 0 stores nothing: the other ranks read the DB's record
+    from an earlier sweep and reported it as this sweep's winner (rank 0 too)."""
+    db_path = tmp_path / "force.db"
+    _torchrun_sweep(tmp_path, SHAPES, db_path, "exhaustive")
+    lines, output = _torchrun_sweep(tmp_path, SHAPES, db_path, "exhaustive", program=RANK_FAULTS, extra=("--force",),
+                                    BROKEN_BATCH="2")
+    assert len({digest for *_, digest in lines}) == 1 and all(int(n) == 2 for _, n, _, _ in lines)
+    assert "no config ran right" in output
 
 
 # -- runtime tuning under a process group ----------------------------------------------------------

@@ -51,7 +51,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
                            method=dict(sink.method, min_gain=options.min_gain,
                                        ranks=options.ranks.world if options.ranks else 1, **guarded, **info))
     if options.ranks is not None:  # every rank takes the one winner rank 0 stored
-        winner, default_timing = _stored_winner(run, problem)
+        winner, default_timing = _stored_winner(run, problem, stored=run.leader and winner is not None)
     if winner is None:
         return ShapeResult(shape, FAILED, None, None, None, result.measured, result.resumed, result.failures,
                            note="no config ran right")
@@ -116,9 +116,12 @@ def _confirm(run: SweepRun, shape: DecodeShape, problem: Problem, default: Confi
     return winner, default_timing, info, note
 
 
-def _stored_winner(run: SweepRun, problem: Problem) -> tuple[Outcome | None, Timing | None]:
-    """The winner rank 0 stored, and its default's timing, read once every rank is here."""
-    run.options.ranks.barrier()
+def _stored_winner(run: SweepRun, problem: Problem, stored: bool) -> tuple[Outcome | None, Timing | None]:
+    """The winner rank 0 stored (stored: rank 0's word; the others' is not heard), and its
+    default's timing, read once every rank is here; none where it stored none (a --force
+    sweep's record from before, still in the DB, is not this sweep's winner)."""
+    if not run.options.ranks.broadcast(int(stored)):
+        return None, None
     record = run.db.record(problem, run.env.id)
     if record is None:
         return None, None
