@@ -70,6 +70,32 @@ def test_register_adds_the_backend_and_its_command_line_name_once(sgl):
     assert sgl.choices.count("tuner") == 1
 
 
+def test_register_lists_the_backend_wherever_sglang_lists_fa3_for_a_feature(sgl):
+    """Deterministic inference (where FA3's num_splits is 1 and every decode runs FA3's code)
+    refused the name at start-up, and MLA models lost the chunked prefix cache (a helper's
+    review of SGLang 0.5.17's server_args)."""
+    integration.register()
+    integration.register()
+    assert all(names.count("tuner") == 1 for names in sgl.lists.values()), sgl.lists
+
+
+def test_the_backend_is_refused_in_one_line_where_sglangs_fa3_cannot_serve(sgl):
+    """SGLang's fa3 factory checks the GPU, and SGLang switches fa3 with an FP8 e5m2 cache to
+    triton; neither looks at tuner's name, so FA3 was built anyway and failed later."""
+    from tuner.errors import TunerError
+
+    runner = types.SimpleNamespace(token_to_kv_pool=None, page_size=1,
+                                   server_args=types.SimpleNamespace(kv_cache_dtype="fp8_e5m2"))
+    with pytest.raises(TunerError, match="fp8_e4m3 only"):
+        integration.create_backend(runner)
+    plain = types.SimpleNamespace(server_args=types.SimpleNamespace(kv_cache_dtype="auto"), use_mla_backend=False)
+    mla = types.SimpleNamespace(server_args=plain.server_args, use_mla_backend=True)
+    assert integration.fa3_problem(plain, (9, 0)) is None and integration.fa3_problem(plain, (8, 0)) is None
+    assert integration.fa3_problem(mla, (9, 0)) is None and integration.fa3_problem(plain, None) is None
+    assert "SM 8.0" in integration.fa3_problem(mla, (8, 0))
+    assert "SM 10.0" in integration.fa3_problem(plain, (10, 0))
+
+
 def test_register_works_where_sglang_lists_no_choices(monkeypatch):
     installed = fake_sglang.install(monkeypatch, with_choices=False)
     integration.register()
@@ -101,6 +127,13 @@ def test_an_output_buffer_sglang_gives_receives_the_result(sgl):
     out = backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False)
     assert out.data_ptr() == batch._attn_output.data_ptr()
     torch.testing.assert_close(out, plain)
+
+
+def test_save_kv_cache_false_writes_nothing_to_the_pool(sgl):
+    backend, pool, batch = _backend([9, 30])
+    q, k, v, layer = _step(backend, batch)
+    backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False)
+    assert not pool.writes and not backend.fa3_decodes
 
 
 TRITON = {"backend": "triton_decode", "block_n": 32, "num_kv_splits": 4, "num_warps": 4, "num_stages": 2}
@@ -243,6 +276,8 @@ def test_a_strided_q_attends_as_its_contiguous_copy(sgl):
     dict(kwargs=dict(q_descale=torch.ones(1))), dict(kwargs=dict(score_mod=print)),
     dict(kwargs=dict(cos_sin_cache=torch.ones(1))),  # a keyword it does not know
     dict(backend=dict(num_splits=1)),  # deterministic inference
+    dict(backend=dict(fa_impl_ver=4)), dict(backend=dict(is_prefill_aware_swa=True)),
+    dict(layer=dict(attn_type=types.SimpleNamespace(name="DECODER_BIDIRECTIONAL"))),
     dict(metadata=dict(max_seq_len_q=2)),
 ], ids=lambda change: next(iter(next(iter(change.values())))))
 def test_what_decode_attention_does_not_do_runs_sglangs_fa3_code(sgl, change):
@@ -509,7 +544,7 @@ def test_ranks_that_must_replay_alike_keep_one_graph_per_batch_size(sgl, db_path
     """DP attention: each rank has its own batch, and a rank's collectives pair its captured
     buffers with the others', so no rank may pick a graph of its own. Likewise under pdmux,
     and for a size torch.compile traces."""
-    for fields in ({"require_mlp_sync": True}, {"enable_pdmux": True},
+    for fields in ({"require_mlp_sync": True}, {"enable_pdmux": True}, {"ragged_verify_mode": True},
                    {"enable_torch_compile": True, "compile_bs": [4]}):
         runner, step = _variant_runner(sgl, db_path, **fields)
         runner.capture_one_shape(4, step)

@@ -235,9 +235,22 @@ def install(monkeypatch, with_choices: bool = True) -> types.SimpleNamespace:
     modules["sglang.srt.layers.attention.flashattention_backend"].FlashAttentionBackend = FlashAttentionBackend
     FlashInferAttnBackend.made, FlashInferAttnBackend.fail_plans = [], False
     modules["sglang.srt.layers.attention.flashinfer_backend"].FlashInferAttnBackend = FlashInferAttnBackend
+    # SGLang's other lists of backends allowed a feature, and their functions (0.5.17's server_args)
+    lists = dict(DETERMINISTIC_ATTENTION_BACKEND_CHOICES=["flashinfer", "fa3", "triton"],
+                 RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND=["ascend", "fa3", "fa4", "triton"],
+                 CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS=["flashinfer", "fa3", "fa4"])
     if with_choices:
-        modules["sglang.srt.server_args"].ATTENTION_BACKEND_CHOICES = choices
-        modules["sglang.srt.server_args"].add_attention_backend_choices = choices.extend
+        server_args = modules["sglang.srt.server_args"]
+        server_args.ATTENTION_BACKEND_CHOICES = choices
+        server_args.add_attention_backend_choices = choices.extend
+        for name, names in lists.items():
+            setattr(server_args, name, names)
+        server_args.add_deterministic_attention_backend_choices = lists["DETERMINISTIC_ATTENTION_BACKEND_CHOICES"].extend
+        server_args.add_radix_supported_deterministic_attention_backend_choices = \
+            lists["RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND"].extend
+        server_args.add_chunked_prefix_cache_attention_backend = \
+            lists["CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS"].append
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
-    return types.SimpleNamespace(registry=registry, choices=choices, hooks=hooks, runner=runner, capturing=capturing)
+    return types.SimpleNamespace(registry=registry, choices=choices, lists=lists, hooks=hooks, runner=runner,
+                                 capturing=capturing)

@@ -8,8 +8,12 @@ every decode this module does not cover (MLA, cross attention, an FP8 KV cache, 
 prefill-aware sliding-window attention, a softmax scale other than 1/sqrt(head dim), scales,
 score mods, deterministic inference, any keyword it does not know) run SGLang's FA3 code
 unchanged, and so does a call tuner resolves to FA3's default (keeping the scheduler metadata
-SGLang precomputes for it). Speculative decoding is not supported: SGLang's draft backends do
-not know the name.
+SGLang precomputes for it). Speculative decoding: SGLang's draft backends do not know the
+name (`--speculative-draft-attention-backend fa3` names one), and target verification runs
+FA3's code. Where SGLang checks a feature's backend by name (deterministic inference, MLA's
+chunked prefix cache), register() lists tuner's beside fa3; its model-specific checks (GPT-OSS,
+Llama 4, Exaone 4 with sliding windows) and its switch of fa3 to triton for an FP8 e5m2 cache
+cannot be extended: the first refuse the name, the second create_backend refuses itself.
 
 In SGLang's decode CUDA graphs the backend's metadata buffers (page table, cache lengths)
 are captured once and rewritten in place before each replay, so the captured call reads
@@ -50,6 +54,7 @@ from typing import Any
 import torch
 
 from tuner import settings
+from tuner.errors import TunerError
 from tuner.integrations.decode_attention import declared_branch, decode_attention, graph_runs, wave_resolved
 from tuner.integrations.graph_variants import GraphVariants
 from tuner.integrations.replay_judge import ReplayJudge
@@ -76,12 +81,31 @@ def register() -> None:
 
     register_attention_backend(BACKEND_NAME)(create_backend)
     register_graph_hooks()
-    try:
-        from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
-    except ImportError:  # a release without a choices list: nothing to extend
-        return
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
+    _listed_beside_fa3()
+
+
+# SGLang's lists of backends allowed a feature, each with the function that extends it, where
+# tuner's backend runs as FA3's does: its command line's choices; deterministic inference
+# (FA3's num_splits is then 1, so every decode runs FA3's own code: covers); the chunked prefix
+# cache of MLA models (all MLA runs FA3's code). Left out, SGLang refused the name for
+# deterministic inference, and silently turned the cache off.
+_SGLANG_LISTS = (("ATTENTION_BACKEND_CHOICES", "add_attention_backend_choices", True),
+                 ("DETERMINISTIC_ATTENTION_BACKEND_CHOICES", "add_deterministic_attention_backend_choices", True),
+                 ("RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
+                  "add_radix_supported_deterministic_attention_backend_choices", True),
+                 ("CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS", "add_chunked_prefix_cache_attention_backend",
+                  False))
+
+
+def _listed_beside_fa3() -> None:
+    """The name in each of _SGLANG_LISTS that holds "fa3" and lacks it (a release without
+    such a list, or without fa3 in it, is left as it is)."""
+    import sglang.srt.server_args as server_args
+
+    for listed, add, takes_list in _SGLANG_LISTS:
+        names, extend = getattr(server_args, listed, None), getattr(server_args, add, None)
+        if names is not None and extend is not None and "fa3" in names and BACKEND_NAME not in names:
+            extend([BACKEND_NAME] if takes_list else BACKEND_NAME)
 
 
 def register_graph_hooks() -> None:
@@ -105,8 +129,36 @@ def register_graph_hooks() -> None:
 
 
 def create_backend(model_runner: Any) -> Any:
-    """The registry's factory: the backend for one model runner."""
+    """The registry's factory: the backend for one model runner, where SGLang's FA3 backend
+    could run (SGLang's own fa3 factory asks the same, and switches an FP8 e5m2 KV cache to
+    triton, a switch that looks for the name "fa3": TunerError else, in one line)."""
+    problem = fa3_problem(model_runner, _capability())
+    if problem is not None:
+        raise TunerError(f"--attention-backend {BACKEND_NAME}: {problem}")
     return backend_class()(model_runner)
+
+
+def _capability() -> tuple[int, int] | None:
+    """This process's GPU's compute capability, or None where it has none to ask."""
+    try:
+        return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    except (AssertionError, RuntimeError):  # a torch without CUDA
+        return None
+
+
+def fa3_problem(model_runner: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why SGLang's FA3 backend, which tuner's backend is, cannot serve this model runner
+    (FA3 needs SM 9.x, or SM 8.x without MLA; its FP8 KV cache is e4m3), or None."""
+    args = getattr(model_runner, "server_args", None)
+    if getattr(args, "kv_cache_dtype", None) == "fp8_e5m2":
+        return "FA3 reads FP8 KV caches as fp8_e4m3 only (SGLang's fa3 runs triton for e5m2); " \
+               "use --kv-cache-dtype fp8_e4m3 or another backend"
+    if capability is not None:
+        major = capability[0]
+        if not (major == 9 or (major == 8 and not getattr(model_runner, "use_mla_backend", False))):
+            return f"FA3 runs on SM 9.x, or SM 8.x without MLA; this GPU is SM {major}.{capability[1]}: " \
+                   "use --attention-backend flashinfer"
+    return None
 
 
 @functools.cache
