@@ -129,6 +129,19 @@ def test_an_output_buffer_sglang_gives_receives_the_result(sgl):
     torch.testing.assert_close(out, plain)
 
 
+def test_only_a_decodes_graph_step_is_kept_as_the_replay_view(sgl):
+    """SGLang's prefill graphs call the same metadata step: a FlashInfer variant planned on
+    their batch would plan on the wrong lengths."""
+    backend, _, batch = _backend([9, 30])
+    backend.tuner_flashinfer = object()
+    batch.forward_mode = types.SimpleNamespace(is_decode_or_idle=lambda: False)
+    backend.init_forward_metadata_out_graph(batch)
+    assert backend.tuner_replay_view is None
+    batch.forward_mode = types.SimpleNamespace(is_decode_or_idle=lambda: True)
+    backend.init_forward_metadata_out_graph(batch)
+    assert backend.tuner_replay_view is batch
+
+
 def test_save_kv_cache_false_writes_nothing_to_the_pool(sgl):
     backend, pool, batch = _backend([9, 30])
     q, k, v, layer = _step(backend, batch)
