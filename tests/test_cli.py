@@ -872,6 +872,19 @@ def test_doctors_tables_in_a_log_keep_each_row_on_one_line(db_path, monkeypatch)
     assert len(rows) == 1 and "made on NVIDIA H200, this is" in rows[0], done.output
 
 
+def test_a_message_in_a_log_stays_on_one_line(tmp_path):
+    """Where the output is not a terminal rich folds at 80 columns: "exported 10 winners to
+    \n/path" broke a grep of the log (a helper's walkthrough)."""
+    deep = tmp_path / ("a_directory_name_long_enough_to_pass_eighty_columns_" * 2)
+    deep.mkdir()
+    shipped = Path(__file__).resolve().parents[1] / "tuning_cache" / "h200.tunings.json.gz"
+    done = subprocess.run([sys.executable, "-m", "tuner", "import", str(shipped), "--db", str(deep / "t.db")],
+                          capture_output=True, text=True, env=dict(os.environ, COLUMNS=""), timeout=120)
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("imported")]
+    assert str(deep / "t.db") in line and line.endswith("unchanged)"), done.stdout
+
+
 def test_export_never_writes_through_a_link_planted_at_its_names(tmp_path, db_path, tiny_shapes):
     """export wrote F.tmp by name and renamed it onto F: a link planted at F.tmp made it
     overwrite the link's target, and F ended up a link to it."""

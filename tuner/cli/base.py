@@ -61,6 +61,9 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
+# in a log, a message stays one line (rich folds at 80 columns where it sees no terminal): grep finds it
+for _out in (console, err):
+    _out.soft_wrap = not _out.is_terminal
 
 
 def print_table(table: Table) -> None:
