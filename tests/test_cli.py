@@ -220,7 +220,7 @@ def test_sweep_confirms_serving_winners_on_a_second_trial_unless_told_not_to(db_
         (("sweep", "torch_split_decode", "--grid", "nosuchgrid"), ("no grid", "cpu-small")),
         (("sweep", "torch_split_decode", "--shapes", "/nonexistent.json"), ("cannot read",)),
         (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--shapes", "x.json"), ("give one of",)),
-        (("show", "--db", "/nonexistent/dir/x.db"), ("no tuning DB",)),
+        (("show", "--misses", "--db", "/nonexistent/dir/x.db"), ("no tuning DB",)),
         (("show", "--db", "/"), ("directory",)),
         (("doctor", "--db", "nosuchdialect://x"), ("cannot open",)),
         (("import", "/nonexistent.json"), ("cannot read",)),
@@ -870,6 +870,20 @@ def test_doctors_tables_in_a_log_keep_each_row_on_one_line(db_path, monkeypatch)
     done = cli("doctor", "--db", db_path)
     rows = [line for line in done.output.splitlines() if "h200.tunings.json.gz" in line]
     assert len(rows) == 1 and "made on NVIDIA H200, this is" in rows[0], done.output
+
+
+def test_show_without_a_db_says_so_and_what_the_shipped_tunings_give(tmp_path, db_path, tiny_shapes, monkeypatch):
+    """On a fresh machine `tuner show` failed, "no tuning DB yet", exit 2, where shipped
+    winners applied (a helper's walkthrough): no DB is no winners stored, not an error."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    shipped = tmp_path / "shipped.json"
+    assert cli("export", "--db", db_path, "--out", shipped).exit_code == 0
+    monkeypatch.setenv("TUNER_SHIPPED", str(shipped))
+    fresh = tmp_path / "fresh.db"
+    shown = cli("show", "--db", fresh)
+    assert shown.exit_code == 0, shown.output
+    assert "no tuning DB at" in shown.output and "2 shipped winners apply here" in shown.output
+    assert not fresh.exists()
 
 
 def test_a_message_in_a_log_stays_on_one_line(tmp_path):

@@ -29,11 +29,17 @@ def show_command(
 ) -> None:
     """Show the stored winners that apply in this environment (--all: every environment's)."""
     with user_errors():
-        from tuner.db import current_fingerprint, current_fingerprint_id
+        from tuner.db import MissingDBError, current_fingerprint, current_fingerprint_id
 
         if misses and all_environments:  # a miss is tuned where it was missed: this environment's
             raise TunerError("--misses lists this environment's misses; --all is for winners")
-        database = open_db(db, create=False)
+        try:
+            database = open_db(db, create=False)
+        except MissingDBError as e:
+            if misses:
+                raise
+            _show_no_db(str(e))  # what the shipped tunings give still applies
+            return
         check_op(database, op)
         fp = current_fingerprint_id()
         if misses:
@@ -68,11 +74,20 @@ def show_command(
             print_table(table)
         scope = "stored" if all_environments else f"stored that appl{'ies' if len(records) == 1 else 'y'} here"
         console.print(f"{counted(len(records), 'winner')} {scope} in {escape(database.display_url)}")
-        shipped = _shipped_count()
-        if shipped:
-            console.print(f"{shipped} shipped winners apply here beneath them (`tuner doctor` lists the files)")
-        if not records:
-            console.print("run `tuner sweep OP` to tune an op (`tuner ops` lists them)")
+        _show_shipped(swept=bool(records))
+
+
+def _show_no_db(why: str) -> None:
+    console.print(escape(why))
+    _show_shipped(swept=False)
+
+
+def _show_shipped(swept: bool) -> None:
+    shipped = _shipped_count()
+    if shipped:
+        console.print(f"{shipped} shipped winners apply here beneath them (`tuner doctor` lists the files)")
+    if not swept:
+        console.print("run `tuner sweep OP` to tune an op (`tuner ops` lists them)")
 
 
 def _config_width(header: tuple[str, ...], cells: list[list[str]], config_col: int = 3) -> int:
