@@ -886,6 +886,20 @@ def test_show_without_a_db_says_so_and_what_the_shipped_tunings_give(tmp_path, d
     assert not fresh.exists()
 
 
+def test_a_tilde_after_an_equals_sign_is_the_home_directory(tmp_path, db_path, tiny_shapes, monkeypatch):
+    """The shell leaves `--out=~/x` as it is: export and report made a directory named "~"
+    in the current one (a helper's walkthrough), where --db expanded it."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert cli("export", "--db", db_path, "--out=~/e.json").exit_code == 0
+    assert cli("report", "--db", db_path, "--out=~/r").exit_code == 0
+    assert cli("import", "~/e.json", "--db", tmp_path / "again.db").exit_code == 0
+    assert (home / "e.json").is_file() and (home / "r" / "report.md").is_file() and not list(work.iterdir())
+
+
 def test_a_message_in_a_log_stays_on_one_line(tmp_path):
     """Where the output is not a terminal rich folds at 80 columns: "exported 10 winners to
     \n/path" broke a grep of the log (a helper's walkthrough)."""

@@ -75,6 +75,12 @@ def print_table(table: Table) -> None:
         return
     Console(file=console.file, width=max(console.width, 160), no_color=True).print(table)
 
+def home_expanded(value: Path | None) -> Path | None:
+    """A path option's ~ expanded: the shell leaves one after = as it is (--out=~/x), and a
+    directory named "~" was made in the current one."""
+    return value if value is None or str(value) == "-" else value.expanduser()
+
+
 def _not_empty(value: str | None) -> str | None:
     """--db "" (a script's unset variable, say) would have meant the default DB, silently."""
     if value is not None and not value.strip():

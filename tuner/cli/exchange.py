@@ -17,7 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 from typing_extensions import Annotated
 
-from tuner.cli.base import DbOption, check_op, finite, open_db, user_errors, app, console, err, print_table
+from tuner.cli.base import (DbOption, check_op, finite, home_expanded, open_db, user_errors, app, console, err,
+                             print_table)
 from tuner.cli.format import counted
 from tuner.errors import TunerError
 from tuner.files import refuse_special
@@ -26,7 +27,7 @@ from tuner.jsonfile import is_stdio
 
 @app.command("report")
 def report_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md and the PNG plots.")],
+    out: Annotated[Path, typer.Option("--out", "-o", callback=home_expanded, help="Directory for report.md and the PNG plots.")],
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
     bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, callback=finite, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
@@ -122,7 +123,7 @@ def _write_tree(out: Path, files: dict[str, str], replace: bool) -> int:
 
 @app.command("export")
 def export_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="File to write (json; gzip-compressed where the name ends in .gz, as for shipped tunings; - for standard output), or LightLLM's config directory (lightllm): lightllm/common/triton_utils/autotune_kernel_configs.")],
+    out: Annotated[Path, typer.Option("--out", "-o", callback=home_expanded, help="File to write (json; gzip-compressed where the name ends in .gz, as for shipped tunings; - for standard output), or LightLLM's config directory (lightllm): lightllm/common/triton_utils/autotune_kernel_configs.")],
     format: Annotated[ExportFormat, typer.Option("--format", "-f", help="json: tuner's versioned schema, every environment. lightllm: FA3 winners as the files LightLLM's FA3 wrapper (kernel sgl_fa3_kvcache_ns:v1) reads.")] = ExportFormat.json,
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners (lightllm: fa3, the only op LightLLM reads).")] = None,
@@ -193,7 +194,7 @@ def _left_out(reasons: dict[str, int]) -> str:
 
 @app.command("import")
 def import_command(
-    file: Annotated[Path, typer.Argument(help="A JSON file written by `tuner export --format json` (gzip-compressed where its name ends in .gz; - reads standard input).")],
+    file: Annotated[Path, typer.Argument(callback=home_expanded, help="A JSON file written by `tuner export --format json` (gzip-compressed where its name ends in .gz; - reads standard input).")],
     db: DbOption = None,
     replace: Annotated[bool, typer.Option("--replace", help="Replace stored winners even where the stored one is newer (what is replaced is kept in the DB's history).")] = False,
 ) -> None:

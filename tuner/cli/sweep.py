@@ -21,7 +21,7 @@ from typing_extensions import Annotated
 
 from tuner import settings
 from tuner.cli import base  # its _INVOCATION, as main() set it
-from tuner.cli.base import DbOption, finite, open_db, user_errors, app, console, err, print_table
+from tuner.cli.base import DbOption, finite, home_expanded, open_db, user_errors, app, console, err, print_table
 from tuner.cli.format import counted, fmt_config, fmt_us
 from tuner.errors import TunerError
 
@@ -148,7 +148,7 @@ class _HeadsRequest:
 def sweep_command(
     op_name: Annotated[str, typer.Argument(metavar="OP", help="Op to tune (see `tuner ops`).")],
     grid: Annotated[Optional[str], typer.Option("--grid", "-g", help="Named grid of shapes of the op, see `tuner ops` (default: decode on a GPU; on a CPU cpu-small, or the op's first cpu- grid).")] = None,
-    shapes_file: Annotated[Optional[Path], typer.Option("--shapes", help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
+    shapes_file: Annotated[Optional[Path], typer.Option("--shapes", callback=home_expanded, help="JSON file: a list of shape objects (batch, kv_len, q_len, num_q_heads, ...).")] = None,
     from_misses: Annotated[bool, typer.Option("--from-misses", help="Tune the keys the runtime missed for OP (see `tuner show --misses`), each at the top of its kv bucket; on serving batches (--lengths serving) where the missed calls' lengths were mixed. With --grid: the grid's run keys (e.g. serving: every capture batch size x kv 32-128k) for every static key the runtime missed, a new deployment's whole grid.")] = False,
     lengths: Annotated[Optional[str], typer.Option("--lengths", help="What each shape's batch holds: full (every sequence at kv_len, the grids' default) or serving (a batch per length distribution of serving traffic, more rounds of them at batch 1-3, each with its longest sequence in the kv bucket; timed as their mean), or graph (graph replays at the bound, for decode_attention_graph). Overrides the shapes'. The same keys as full: --force to re-measure keys that have full-batch winners.")] = None,
     db: DbOption = None,

@@ -164,7 +164,7 @@ def model_attention(model: str) -> tuple[Attention, ...]:
     """--model: a path to a Hugging Face config.json (or the directory holding one), read
     offline, or a built-in model's name. A path that exists wins: a fine-tuned model's
     directory may carry its base model's name."""
-    path = Path(model)
+    path = Path(model).expanduser()  # (--model=~/m: the shell leaves a ~ after = as it is)
     known = None if path.exists() else known_model(model)
     if known is not None:
         return known
