@@ -219,7 +219,13 @@ def test_sweep_confirms_serving_winners_on_a_second_trial_unless_told_not_to(db_
         (("sweep", "nosuchop"), ("unknown op", "torch_split_decode")),
         (("sweep", "torch_split_decode", "--grid", "nosuchgrid"), ("no grid", "cpu-small")),
         (("sweep", "torch_split_decode", "--shapes", "/nonexistent.json"), ("cannot read",)),
-        (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--shapes", "x.json"), ("give one of",)),
+        (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--shapes", "x.json"), ("--shapes goes alone",)),
+        # a graph op's grid lengths become graph ones; an explicit --lengths full was dropped silently
+        (("sweep", "decode_attention_graph", "--grid", "cpu-serving", "--lengths", "full", "--plan"),
+         ("not full batches",)),
+        # --head-dim 128 (its old default) without --heads was ignored, any other value refused
+        (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--head-dim", "128", "--plan"), ("go with --heads",)),
+        (("sweep", "torch_split_decode", "--from-misses", "--dtype", "float16"), ("--dtype",)),
         (("show", "--misses", "--db", "/nonexistent/dir/x.db"), ("no tuning DB",)),
         (("show", "--db", "/"), ("directory",)),
         (("doctor", "--db", "nosuchdialect://x"), ("cannot open",)),
@@ -323,7 +329,7 @@ def test_no_arguments_shows_help_once(capsys):
     "args, fragment",
     [
         (("sweep", "[/x]"), "unknown op '[/x]'"),  # user text is never read as rich markup
-        (("show", "--db", "/tmp/[/x]/none.db"), "[/x]"),
+        (("show", "--misses", "--db", "/tmp/[/x]/none.db"), "[/x]"),
         (("show", "--db", "postgresql://u@h:notaport/db"), "URL"),
         (("show", "--db", "/tmp/" + "x" * 5000 + ".db"), "unusable tuning DB path"),
     ],

@@ -59,11 +59,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-console = Console()
-err = Console(stderr=True)
-# in a log, a message stays one line (rich folds at 80 columns where it sees no terminal): grep finds it
-for _out in (console, err):
-    _out.soft_wrap = not _out.is_terminal
+class _Console(Console):
+    """In a log a message stays on one line (rich folds at 80 columns where it sees no
+    terminal), so that grep finds it; $COLUMNS asks for that width, as print_table takes it."""
+
+    @property
+    def soft_wrap(self) -> bool:
+        return not (self.is_terminal or os.environ.get("COLUMNS"))
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:  # (Console.__init__ sets it)
+        pass
+
+
+console = _Console()
+err = _Console(stderr=True)
 
 
 def print_table(table: Table) -> None:

@@ -107,7 +107,7 @@ class _HeadsRequest:
     model: str | None
     tp: str | None
     heads: str | None
-    head_dim: int
+    head_dim: int | None
     window: int | None
     softcap: float | None
     sinks: bool
@@ -115,8 +115,8 @@ class _HeadsRequest:
     page_size: int | None
 
     def given(self) -> bool:
-        return any(v is not None for v in (self.model, self.tp, self.heads, self.window, self.softcap, self.dtype,
-                                           self.page_size)) or self.sinks or self.head_dim != 128
+        return any(v is not None for v in (self.model, self.tp, self.heads, self.head_dim, self.window, self.softcap,
+                                           self.dtype, self.page_size)) or self.sinks
 
     def apply(self, shapes: list) -> list:
         from tuner.workload.models import apply_heads, attention_from_flags, model_attention, parse_tp, per_gpu_heads
@@ -125,7 +125,7 @@ class _HeadsRequest:
             raise TunerError("give --model or --heads, not both")
         if self.tp is not None and self.model is None:
             raise TunerError("--tp splits a --model's heads; with --heads give each GPU's own")
-        hand = self.head_dim != 128 or self.window is not None or self.softcap is not None or self.sinks
+        hand = self.head_dim is not None or self.window is not None or self.softcap is not None or self.sinks
         if hand and self.heads is None:
             raise TunerError("--head-dim, --window, --softcap and --sinks go with --heads (a --model says its own)")
         if self.dtype is not None and self.dtype not in ("bfloat16", "float16"):
@@ -135,7 +135,7 @@ class _HeadsRequest:
         if self.model is not None:
             kinds = per_gpu_heads(model_attention(self.model), parse_tp("1" if self.tp is None else self.tp))
         elif self.heads is not None:
-            kinds = [attention_from_flags(self.heads, self.head_dim, self.window, self.softcap, self.sinks)]
+            kinds = [attention_from_flags(self.heads, 128 if self.head_dim is None else self.head_dim, self.window, self.softcap, self.sinks)]
         else:
             kinds = None
         if kinds is None:  # dtype or page size alone: the grid's own heads
@@ -164,7 +164,7 @@ def sweep_command(
     model: Annotated[Optional[str], typer.Option("--model", rich_help_panel="Your model", help="Sweep the grid (or shapes file) at this model's attention heads: a name from the built-in table (e.g. llama-3.1-8b, qwen3-30b-a3b, gemma-2-9b, gpt-oss-20b; an unknown name lists them) or a Hugging Face config.json (or its directory), read offline. Models with sliding-window layers give a static key per layer kind.")] = None,
     tp: Annotated[Optional[str], typer.Option("--tp", rich_help_panel="Your model", help="With --model: tensor-parallel sizes, e.g. 1,2,4,8; each gives its per-GPU heads (default 1).")] = None,
     heads: Annotated[Optional[str], typer.Option("--heads", rich_help_panel="Your model", help="Instead of --model: per-GPU query/kv heads, e.g. 48/8.")] = None,
-    head_dim: Annotated[int, typer.Option("--head-dim", rich_help_panel="Your model", help="With --heads: the head dim.")] = 128,
+    head_dim: Annotated[Optional[int], typer.Option("--head-dim", rich_help_panel="Your model", help="With --heads: the head dim (default 128).")] = None,
     window: Annotated[Optional[int], typer.Option("--window", rich_help_panel="Your model", help="With --heads: a sliding window of this many tokens.")] = None,
     softcap: Annotated[Optional[float], typer.Option("--softcap", rich_help_panel="Your model", help="With --heads: the attention logit softcap.")] = None,
     sinks: Annotated[bool, typer.Option("--sinks", rich_help_panel="Your model", help="With --heads: attention sinks.")] = False,
@@ -252,10 +252,11 @@ def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses
     if lengths is not None and lengths not in LENGTHS:
         raise TunerError(f"--lengths must be one of {', '.join(LENGTHS)}, got {lengths!r:.40}")
     if shapes_file is not None and (grid is not None or from_misses):
-        raise TunerError("give one of --grid, --shapes, --from-misses (--grid with --from-misses: the grid's run "
-                         "keys for the missed static keys)")
+        raise TunerError("--shapes goes alone: give --shapes, or --grid, or --from-misses (--grid with "
+                         "--from-misses: the grid's run keys for the missed static keys)")
     if from_misses and yours.given():
-        raise TunerError("--from-misses sweeps the static keys the runtime missed: give no --model or --heads")
+        raise TunerError("--from-misses sweeps the static keys the runtime missed, as they were: give none of "
+                         "--model, --heads and the other heads options (--tp, --head-dim, --dtype, ...)")
     database = None
     if from_misses:
         from tuner.sweep import plan_from_misses
@@ -276,16 +277,17 @@ def _shapes_to_sweep(op, grid: str | None, shapes_file: Path | None, from_misses
         shapes = get_grid(op, grid or _default_grid(op))
     if lengths is not None:
         shapes = [dataclasses.replace(s, lengths=lengths) for s in shapes]
-    shapes = _graph_lengths(op, shapes)
+    shapes = _graph_lengths(op, shapes, lengths)
     return (yours.apply(shapes) if yours.given() else shapes), database
 
 
-def _graph_lengths(op, shapes: list) -> list:
+def _graph_lengths(op, shapes: list, asked: str | None = None) -> list:
     """A graph op measures graph replays only (its shapes' kv_len is their capture bound), and
     only a graph op does: a graph-replay timing stored as another op's record would serve
-    eager calls."""
+    eager calls. A grid's or shapes file's full lengths become graph ones; --lengths full
+    (asked) is refused as another kind is."""
     if op.name in settings.GRAPH_RECORD_OPS.values():
-        wrong = sorted({s.lengths for s in shapes} - {"graph", "full"})
+        wrong = sorted({s.lengths for s in shapes} - {"graph", "full"} | ({asked} - {None, "graph"}))
         if wrong:
             raise TunerError(f"{op.name} measures graph replays (lengths graph), not {', '.join(wrong)} batches")
         return [dataclasses.replace(s, lengths="graph") for s in shapes]
