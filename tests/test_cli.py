@@ -906,6 +906,18 @@ def test_a_tilde_after_an_equals_sign_is_the_home_directory(tmp_path, db_path, t
     assert (home / "e.json").is_file() and (home / "r" / "report.md").is_file() and not list(work.iterdir())
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_one_line_and_exit_2(tmp_path, tiny_shapes):
+    """A log on a full disk: every write raised, and the sweep died in tracebacks, its worker
+    restarted twice (a helper's walkthrough)."""
+    for args in (("sweep", "torch_split_decode", "--shapes", str(tiny_shapes), "--repeats", "2"), ("show",)):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([sys.executable, "-m", "tuner", *args, "--db", str(tmp_path / "t.db")],
+                                  stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.splitlines() == [
+            "error: cannot write the output: No space left on device"], done.stderr
+
+
 def test_a_message_in_a_log_stays_on_one_line(tmp_path):
     """Where the output is not a terminal rich folds at 80 columns: "exported 10 winners to
     \n/path" broke a grep of the log (a helper's walkthrough)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import sys
@@ -177,4 +178,20 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except typer.Abort:
         code = 130
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        code = _cannot_write(e)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# a disk (or the log's) that takes no more: what a command writes, its output included, fails so
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _cannot_write(e: OSError) -> int:
+    """One line on stderr, where it can still be written, and exit 2 (an unusable resource),
+    not a traceback per write."""
+    with contextlib.suppress(OSError):
+        _print_error(f"cannot write {e.filename or 'the output'}: {e.strerror}")
+    return 2
