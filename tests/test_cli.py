@@ -918,6 +918,14 @@ def test_output_to_a_full_disk_is_one_line_and_exit_2(tmp_path, tiny_shapes):
             "error: cannot write the output: No space left on device"], done.stderr
 
 
+def test_a_warning_of_the_command_is_one_line(tmp_path):
+    """Python's form printed the warning's source path and line, then that line's code."""
+    done = subprocess.run([sys.executable, "-m", "tuner", "show", "--db", str(tmp_path / "t.db")],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, TUNER_MODE="bogus"))
+    assert done.returncode == 0 and done.stderr.splitlines() == [
+        "warning: TUNER_MODE='bogus' is not one of off, lookup, tune, force; using 'lookup'"], done.stderr
+
+
 def test_a_message_in_a_log_stays_on_one_line(tmp_path):
     """Where the output is not a terminal rich folds at 80 columns: "exported 10 winners to
     \n/path" broke a grep of the log (a helper's walkthrough)."""

@@ -7,6 +7,7 @@ import errno
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     """The console script: usage errors, like every other bad input, are one line and exit 2."""
     global _INVOCATION
     _INVOCATION = _invocation() if argv is None else None
+    if argv is None:  # the console script's own process: a warning is one line, as an error is
+        warnings.formatwarning = _one_line_warning
     try:
         code = app(args=argv, prog_name="tuner", standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as e:
@@ -183,6 +186,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         code = _cannot_write(e)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
+    """Python's form gives the warning's source file and line, and that line's code."""
+    return f"warning: {message}\n"
 
 
 # a disk (or the log's) that takes no more: what a command writes, its output included, fails so
