@@ -1251,6 +1251,10 @@ def test_export_to_standard_output_pipes_into_import_from_standard_input(tmp_pat
                    "tunings file on standard input is not valid JSON")
     one_line_error(cli("export", "--format", "lightllm", "--out", "-", "--db", db_path),
                    "--out - is standard output; --format lightllm writes a directory")
+    # a gzip document on standard input (`cat shipped.json.gz |`) was "not UTF-8 text"
+    gz = subprocess.run([sys.executable, "-m", "tuner", "import", "-", "--db", str(tmp_path / "gz.db")],
+                        input=gzip.compress(exported.stdout.encode()), capture_output=True, timeout=120)
+    assert gz.returncode == 0 and b"imported" in gz.stdout, gz.stderr
 
 
 def test_export_to_a_pipe_its_reader_closes_early_ends_in_one_line(tmp_path, db_path, tiny_shapes):

@@ -20,6 +20,9 @@ STDIN = "-"  # the name that reads standard input (a pipe from `tuner export --o
 _CHUNK = 1 << 20  # read in pieces: one read of the whole bound would reserve it all up front
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def is_gzip(path: str | Path) -> bool:
     return Path(path).suffix.lower() == GZIP_SUFFIX
 
@@ -31,8 +34,10 @@ def is_stdio(path: str | Path) -> bool:
 
 @contextlib.contextmanager
 def _opened(path: Path) -> Iterator[IO[bytes]]:
-    if is_stdio(path):
-        yield sys.stdin.buffer  # (not closed: it is the process's)
+    if is_stdio(path):  # (not closed: it is the process's); gzip where its first bytes say so
+        stdin = sys.stdin.buffer
+        peek = getattr(stdin, "peek", None)
+        yield gzip.GzipFile(fileobj=stdin, mode="rb") if peek is not None and peek(2)[:2] == GZIP_MAGIC else stdin
         return
     with (gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")) as f:
         yield f
