@@ -42,10 +42,9 @@ def _measurements(tmp_path):
         db.close()
 
 
-@pytest.mark.parametrize("fault, says", [("kills", "illegal memory access"), ("hangs", "hung: no result after 4 s"),
-                                         ("sticky", "unspecified launch failure")])
-def test_a_config_that_kills_hangs_or_breaks_its_worker_is_refused_and_the_sweep_goes_on(tmp_path, fault, says):
-    done = _sweep(tmp_path, **{fault: 64})
+def _assert_refused_on_each_shape(tmp_path, done, says: str) -> None:
+    """The sweep of the two shapes ended well, chunk 64 refused on each with `says` in its
+    error, the winners and the other chunks' measurements as without it."""
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("refused {'chunk': 64}") == 2, done.stderr  # once per shape
     measurements, records = _measurements(tmp_path)
@@ -55,6 +54,12 @@ def test_a_config_that_kills_hangs_or_breaks_its_worker_is_refused_and_the_sweep
         assert set(by_chunk) == {0, 64, 128}
         assert by_chunk[64].status == "error" and says in by_chunk[64].error
         assert by_chunk[0].status == by_chunk[128].status == "ok"
+
+
+@pytest.mark.parametrize("fault, says", [("kills", "illegal memory access"), ("hangs", "hung: no result after 4 s"),
+                                         ("sticky", "unspecified launch failure")])
+def test_a_config_that_kills_hangs_or_breaks_its_worker_is_refused_and_the_sweep_goes_on(tmp_path, fault, says):
+    _assert_refused_on_each_shape(tmp_path, _sweep(tmp_path, **{fault: 64}), says)
     # one worker per death, each starting where the last one died: every measurement the
     # dead worker had made is stored, none is made again (an exhaustive search measures each
     # config once per shape), and the refused config never runs again for its shape
@@ -125,15 +130,7 @@ def test_a_challenger_that_faults_when_re_timed_against_the_default_is_refused(t
     config to blame, and the restarted worker died the same way until it gave up; a lost
     context was kept as "the re-timing failed" and the sweep went on in it. Now the
     challenger is refused for its shape, and the default or the next config wins."""
-    done = _sweep(tmp_path, fast=64, **{fault: 64})
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.count("refused {'chunk': 64}") == 2, done.stderr  # once per shape
-    measurements, records = _measurements(tmp_path)
-    assert len(records) == 2 and all(r.config != {"chunk": 64} for r in records)
-    for batch in (1, 2):
-        by_chunk = {m.config["chunk"]: m for m in measurements[batch]}
-        assert by_chunk[64].status == "error" and says in by_chunk[64].error
-        assert by_chunk[0].status == by_chunk[128].status == "ok"
+    _assert_refused_on_each_shape(tmp_path, _sweep(tmp_path, fast=64, **{fault: 64}), says)
     # a fresh worker after each shape's fault; the one after the second measures nothing
     # (it resumes every measurement), and none is made twice
     measured = _measured(tmp_path)
