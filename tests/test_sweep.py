@@ -62,7 +62,7 @@ def fake_op(timer, costs, calls=None, interrupt_after=None):
             if interrupt_after is not None and len(calls) > interrupt_after:
                 raise KeyboardInterrupt  # the process dies mid-sweep
         if name == "crash":
-            raise RuntimeError("illegal memory access\nmore detail")
+            raise RuntimeError("too many resources requested for launch\nmore detail")  # fails, context intact
         if name == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory")
         out = split_kv_decode(inputs, 0)
@@ -97,7 +97,7 @@ def test_winner_rule_and_failures_never_chosen(db_path):
     status = {m.config["name"]: m.status for m in rows}
     assert status == {"default": OK, "fast": OK, "slightly": OK, "crash": ERROR, "wrong": WRONG, "oom": OOM}
     crash = next(m for m in rows if m.config["name"] == "crash")
-    assert crash.error == "RuntimeError: illegal memory access"  # one line
+    assert crash.error == "RuntimeError: too many resources requested for launch"  # one line
     record = db.records()[0]
     assert record.default_config == {"name": "default"} and record.default_median_us == 100.0
 
@@ -937,10 +937,12 @@ def test_a_dense_pass_runs_its_second_trial_with_its_config_in_flight(db_path, t
     in_flight = []
     second_trial = dense_module.on_second_trial
 
-    def watched(op, shape, device, seed, config, *args, **kwargs):
-        entries = read_flight(journal)  # what a supervisor would read were the worker to die here
-        in_flight.append(entries[-1][2] if entries else None)
-        return second_trial(op, shape, device, seed, config, *args, **kwargs)
+    def watched(op, shape, device, seed, config, default, *args, starting, **kwargs):
+        def told(c):  # after it, what a supervisor would read were the worker to die
+            starting(c)
+            entries = read_flight(journal)
+            in_flight.append(entries[-1][2] if entries else None)
+        return second_trial(op, shape, device, seed, config, default, *args, starting=told, **kwargs)
 
     monkeypatch.setattr(dense_module, "on_second_trial", watched)
     timer = FakeTimer()
@@ -948,7 +950,9 @@ def test_a_dense_pass_runs_its_second_trial_with_its_config_in_flight(db_path, t
     [result] = sweep(fill_op(timer), [FILLED], db, timer=timer, flight=Flight(journal))
     composite = {"dense.name": "even", "other.name": "default"}
     assert result.winner == composite
-    (running,) = in_flight
+    # the default first (its first run on these lengths is blamed on it), then the pass's winner
+    default, running = in_flight
+    assert default is not None and default["config"] == {"name": "default"}
     assert running is not None and running["config"] == composite
     assert running["method"]["lengths"] == "serving-dense" and running["method"]["refused"] is True
     assert all(not rows and running is None for _, rows, running in read_flight(journal))  # nothing left

@@ -138,6 +138,66 @@ def test_a_challenger_that_faults_when_re_timed_against_the_default_is_refused(t
     assert sorted(chunk for _, chunk in measured) == [0, 0, 64, 64, 128, 128]
 
 
+@pytest.mark.parametrize("fault, says", [("kills_later", "illegal memory access"),
+                                         ("sticky_later", "unspecified launch failure")])
+def test_a_default_that_faults_on_the_second_trial_is_refused_not_the_winner(tmp_path, fault, says):
+    """The second trial ran the default on its lengths for the first time under the winner's
+    name: a fault of the default there refused the winner, and the faulty default was stored
+    as the record (a helper's review). The default now runs there first, alone, under its own."""
+    serving = dict(SHAPE, batch=3, lengths="serving")
+    done = _sweep(tmp_path, shapes_list=[serving], fast=64, kv_len=SHAPE["kv_len"], **{fault: 0})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("refused {'chunk': 0}") == 1 and "refused {'chunk': 64}" not in done.stderr, done.stderr
+    measurements, [record] = _measurements(tmp_path)
+    assert record.config == {"chunk": 64} and record.default_config == {"chunk": 0}
+    by_chunk = {m.config["chunk"]: m for m in measurements[3]}
+    assert by_chunk[0].status == "error" and says in by_chunk[0].error
+
+
+def test_a_lost_context_with_no_supervisor_stops_the_sweep_in_one_line(tmp_path):
+    """--no-isolate (and torchrun ranks): a lost CUDA context let the sweep go on, and every
+    later config was stored with its error, never measured again by a resumed sweep."""
+    done = _sweep(tmp_path, "--no-isolate", sticky_later=0, kv_len=SHAPE["kv_len"],
+                  shapes_list=[dict(SHAPE, batch=3, lengths="serving"), dict(SHAPE, batch=2)])
+    assert done.returncode == 2, done.stderr
+    assert "the CUDA context is lost" in done.stderr and "Traceback" not in done.stderr
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "t.db") as conn:  # no config's error of the lost context is stored as its own
+        assert conn.execute("SELECT COUNT(*) FROM measurements WHERE status != 'ok'").fetchone() == (0,)
+        assert conn.execute("SELECT COUNT(*) FROM records WHERE batch = 2").fetchone() == (0,)
+
+
+def test_a_trial_whose_reference_loses_the_context_ends_the_worker(tmp_path):
+    """A lost context while a trial is built (its reference) was taken for "the reference
+    failed": the shape failed and the sweep went on in the dead context. Now the worker ends;
+    with no config to blame, its restarts are blind, and the sweep gives up after two."""
+    done = _sweep(tmp_path, trial_sticky=1)
+    assert done.returncode == 1, done.stderr
+    assert "died 2 times with no config in flight" in done.stderr
+
+
+def test_a_refusal_the_db_cannot_take_counts_as_no_progress(tmp_path):
+    """The supervisor counted a refusal it could not store as progress and restarted the
+    worker into the same fault, forever (a helper's review): it is a blind restart now."""
+    from tuner.sweep.guard import supervise
+
+    class Locked(TuningDB):
+        def save_measurements(self, *args, **kwargs):
+            raise TunerError("database is locked")
+
+    from tuner.errors import TunerError
+
+    db, said = Locked(tmp_path / "t.db"), []
+    try:
+        code = supervise([sys.executable, "-c", _WORKER + "os.kill(os.getpid(), signal.SIGKILL)"], db,
+                         say=said.append, timeout_s=50.0)
+    finally:
+        db.close()
+    assert code == 1 and "died 2 times with no config in flight" in said[-1], said
+    assert not any(line.startswith("tuner: refused") for line in said), said
+
+
 _WORKER = """
 import os, signal, sys, time
 from tuner.db import Problem, current_fingerprint, fingerprint_id

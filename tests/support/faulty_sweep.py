@@ -6,7 +6,9 @@ first trial (its second trial's); $FAULTY_STICKY_LATER: there raises the error a
 gives, and from then on every call in the process raises it too (as a lost context does);
 $FAULTY_KILLS_CONFIRMING and $FAULTY_STICKY_CONFIRMING: likewise, but only while
 tuner.bench.decide re-times the chunk against the default; $FAULTY_FAST: every other chunk
-sleeps 30 ms a call (so that chunk wins, also on a loaded machine); $FAULTY_DIES_AT_START: a supervised
+sleeps 30 ms a call (so that chunk wins, also on a loaded machine); $FAULTY_TRIAL_STICKY: building
+the trial of a batch of that size (its reference) raises the error a lost CUDA context gives;
+$FAULTY_DIES_AT_START: a supervised
 worker dies before it runs anything. Each measurement a process starts appends "pid chunk" to
 $FAULTY_LOG.
 
@@ -22,6 +24,7 @@ import time
 import tuner.bench.runner
 import tuner.ops
 import tuner.search.pipeline
+import tuner.sweep.measure
 from tuner.cli import main
 from tuner.ops.torch_split import TORCH_SPLIT_DECODE
 from tuner.sweep.guard import WORKER_ENV
@@ -92,7 +95,16 @@ def confirming(side_by_side):
     return timed
 
 
+def trial_sticky(build_trial):
+    def build(op, shape, *args, **kwargs):
+        if str(shape.batch) == os.environ.get("FAULTY_TRIAL_STICKY"):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return build_trial(op, shape, *args, **kwargs)
+    return build
+
+
 tuner.bench.runner.side_by_side = confirming(tuner.bench.runner.side_by_side)  # decide's, not a second trial's
+tuner.sweep.measure.build_trial = trial_sticky(tuner.sweep.measure.build_trial)
 if os.environ.get("FAULTY_LOG"):
     tuner.search.pipeline.measure_config = logged(tuner.search.pipeline.measure_config)
 tuner.ops._REGISTRY["faulty"] = dataclasses.replace(TORCH_SPLIT_DECODE, name="faulty", run=run)

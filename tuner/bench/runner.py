@@ -46,9 +46,12 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-# errors after which a CUDA context is unusable: a sweep's worker stops as if the fault had killed it
+# errors after which a CUDA context is unusable (CUDA's sticky errors, as its runtime words
+# them): a sweep's worker stops as if the fault had killed it
 STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
-                      "illegal instruction", "device-side assert")
+                      "illegal instruction", "device-side assert", "launch timed out", "uncorrectable ECC",
+                      "hardware stack error", "invalid program counter", "not supported on global/shared address space",
+                      "CUDA error: unknown error")
 
 
 def is_sticky_cuda_error(error: str | None) -> bool:

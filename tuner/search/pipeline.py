@@ -75,6 +75,7 @@ def measure(
     stores nothing then, and tries the key again)."""
     strategy = get_strategy(strategy) if isinstance(strategy, str) else strategy
     runner = _StepRunner(trial, timer, resume, record, starting)
+    runner.default = default
     first = strategy.first(configs, timer)
     _precompile_mine(trial, first, ranks, resume)
     outcomes = _first_rung(first, runner.run, ranks, gather, advance)
@@ -108,6 +109,7 @@ class _StepRunner:
         self.measured_now: set[str] = set()
         self.resumed: set[str] = set()
         self._in_flight: Step | None = None  # the config run outside a measurement, last told
+        self.default: Config | None = None  # run on the guards before any challenger is (guards_problem)
 
     def run(self, step: Step) -> Outcome:
         key = canonical_json(step.config)
@@ -127,8 +129,13 @@ class _StepRunner:
 
     def guards_problem(self, config: Config) -> str | None:
         """guards_problem, the flight recorder told first (the guards' lengths are new to the
-        config). An error that lost the CUDA context propagates, for measure to record it as
-        the config's (lost_context)."""
+        config). The default runs there first, alone, so that a fault on its first run of
+        them is blamed on it. An error that lost the CUDA context propagates, for measure to
+        record it as the config's (lost_context)."""
+        if self.default is not None:
+            default, self.default = self.default, None
+            self.confirming(default)
+            guards_problem(default, self.trial.guards, self.trial.tolerance)
         self.confirming(config)
         return guards_problem(config, self.trial.guards, self.trial.tolerance)
 
@@ -220,7 +227,8 @@ class SecondTrial:
 
 
 def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *,
-                  min_gain: float = settings.MIN_GAIN, must_gain: bool = True) -> SecondTrial:
+                  min_gain: float = settings.MIN_GAIN, must_gain: bool = True,
+                  starting: Callable[[Config], None] | None = None) -> SecondTrial:
     """config checked on a second trial (lengths drawn independently of the first's) and
     timed side by side with the default there, as tuner.bench.decide confirms it on the
     first: one draw of lengths per distribution can crown a config that loses on another
@@ -228,8 +236,16 @@ def confirm_again(trial: Trial, config: Config, default: Config, timer: Timer, *
     does not beat it on the mix by more than the noise, nor, where the trial has parts (a
     mix's batches), on any batch by more than settings.MAX_PART_LOSS (for a config whose
     gain another trial established). A call that fails does not hold (the caller keeps the
-    default)."""
+    default). starting(c): told before c first runs on these lengths (a sweep's flight
+    recorder); the default then runs first, alone, so that a fault on its first run of them
+    is blamed on it, not on config."""
     try:
+        if starting is not None:
+            starting(default)
+            check_config(rotation(trial.runs, default), default, reference=trial.reference,
+                         tolerance=trial.tolerance, checks=trial.checks)
+            guards_problem(default, trial.guards, trial.tolerance)
+            starting(config)
         checked = check_config(rotation(trial.runs, config), config, reference=trial.reference,
                                tolerance=trial.tolerance, checks=trial.checks)
         if checked.status == WRONG:

@@ -46,6 +46,7 @@ def dense_pass(run: SweepRun, shape: DecodeShape, problem: Problem, winner: Conf
     try:
         trial = build_dense_trial(op, shape, run.device, run.options.seed)
     except (RuntimeError, MemoryError) as e:
+        sink.landed(one_line(e))  # a lost CUDA context ends the worker (or the sweep)
         return None, {"dense_pass": {"error": one_line(e)}}
     boundary_sync(release=False)
     with sink:
@@ -86,9 +87,8 @@ def _decide(run: SweepRun, shape: DecodeShape, default: Config, baseline: Config
         return None, {"dense_pass": dict(info, kept=True)}
     info.update(dense_us=round(found.timing.median_us, 3), winner_on_dense_us=round(result.default_timing.median_us, 3))
     seed = run.options.seed
-    sink.running(found.config)
     checked = on_second_trial(run.op, shape, run.device, seed, found.config, default, run.timer,
-                              run.options.min_gain, must_gain=False)
+                              run.options.min_gain, must_gain=False, starting=sink.running)
     sink.landed(checked.error)
     info.update(second_trial=checked.as_method(seed + settings.SECOND_TRIAL_SEED), rule=DENSE_RULE)
     if not checked.held:  # (kept: the winner W stays alone, no by_fill config)

@@ -18,12 +18,26 @@ from tuner.bench import ERROR
 from tuner.bench.runner import is_sticky_cuda_error
 
 from tuner.db import Problem
+from tuner.errors import TunerError
 from tuner.keys import Config, attention_run_key
 
 # the rung of a refusal: above any strategy's, so a resumed sweep takes it at every rung and
 # never runs the config again for that shape
 REFUSED_RUNG = 1 << 20
 FAULT_EXIT = 75
+
+
+class LostContext(TunerError):
+    """The CUDA context is lost (a sticky error) in a sweep no supervisor restarts (torchrun
+    ranks, --no-isolate): it stops, rather than go on to store every later config's error as
+    that config's (resumed sweeps would never measure them again)."""
+
+
+def end_if_lost(error: str | None) -> None:
+    """LostContext where error says the CUDA context is lost; else nothing."""
+    if is_sticky_cuda_error(error):
+        raise LostContext(f"the CUDA context is lost ({error}); the sweep stops, what it measured is stored, and "
+                          "the same command resumes the rest")
 
 
 class Flight:
@@ -53,10 +67,11 @@ class Flight:
     def landed(self, error: str | None = None) -> None:
         """The config in flight returned. Where its error says the CUDA context is lost (a
         second trial answers with the error rather than raising it), every later config would
-        fail alike: that config is refused with it, and the worker exits for its supervisor
-        to start a fresh one, as a measurement's sink does (tuner.sweep.sink)."""
-        if self._running is not None and is_sticky_cuda_error(error):
-            self._append(running=dict(self._running, error=error))
+        fail alike: the config in flight, if any, is refused with it, and the worker exits for
+        its supervisor to start a fresh one, as a measurement's sink does (tuner.sweep.sink)."""
+        if is_sticky_cuda_error(error):
+            if self._running is not None:
+                self._append(running=dict(self._running, error=error))
             os._exit(FAULT_EXIT)
         self._running = None
         self._append(landed=True)

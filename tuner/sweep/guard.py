@@ -69,7 +69,8 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
                 say(f"tuner: the sweep's worker died ({reason}); restarting it")
                 continue
             blind = 0
-            say(f"tuner: refused {refused['config']} for {refused['label']}: {reason}; the sweep goes on")
+            why = refused["error"].removeprefix("refused: ")  # (a lost context's own error, not "exit code 75")
+            say(f"tuner: refused {refused['config']} for {refused['label']}: {why}; the sweep goes on")
 
 
 def _run_worker(command: list[str], flight_path: Path, run_id: str,
@@ -166,10 +167,11 @@ def _store_flight(db: TuningDB, journal: list, reason: str | None,
     A DB that cannot take them is said in one line: they are lost."""
     refused = None
     for context, rows, running in journal:
+        refusal = None
         if running and reason is not None:
-            running = dict(running, error=running.get("error") or f"refused: {reason}")
-            rows = rows + [running]
-            refused = dict(running, label=context.get("label", ""))
+            refusal = dict(running, error=running.get("error") or f"refused: {reason}",
+                           label=context.get("label", ""))
+            rows = rows + [dict(running, error=refusal["error"])]
         if not rows:
             continue
         try:
@@ -177,4 +179,6 @@ def _store_flight(db: TuningDB, journal: list, reason: str | None,
         except TunerError as e:
             say(f"error: the worker's last {len(rows)} measurement(s) of {context.get('label', '')} could not be "
                 f"stored, by it nor here, and are lost: {e}")
+            continue  # a refusal not stored is no progress: the next worker would run that config again
+        refused = refusal or refused
     return refused

@@ -11,6 +11,8 @@ from tuner.keys import canonical_json
 from tuner.ops import Config
 from tuner.search.pipeline import Measured, SecondTrial, measure
 from tuner.sweep.context import SweepRun
+from tuner.bench.runner import is_sticky_cuda_error
+from tuner.sweep.flight import end_if_lost
 from tuner.sweep.dense import DENSE_LENGTHS, dense_pass, dense_pass_due, stored_dense_outcomes
 from tuner.sweep.results import FAILED, MEASURED, SKIPPED, ShapeResult
 from tuner.sweep.sink import MeasurementSink, stored_outcome, timed_on
@@ -68,6 +70,11 @@ def _trial(run: SweepRun, shape: DecodeShape) -> tuple[Any, str | None]:
         trial, why = build_trial(run.op, shape, run.device, run.options.seed), None
     except (RuntimeError, MemoryError) as e:
         trial, why = None, one_line(e)
+        # a lost CUDA context (in the reference, say) ends the worker, or with no supervisor the
+        # sweep: every later shape would fail alike
+        if run.options.flight is not None and is_sticky_cuda_error(why):
+            run.options.flight.landed(why)
+        end_if_lost(why)
     ranks = run.options.ranks
     if ranks is not None and ranks.any(trial is None) and trial is not None:
         trial, why = None, "another rank could not build its trial"
@@ -96,12 +103,15 @@ def _confirm(run: SweepRun, shape: DecodeShape, problem: Problem, default: Confi
     if run.options.second_trial and shape.lengths != "full" and not same_config(winner.config, default):
         seed = run.options.seed
         flight = run.options.flight
-        if flight is not None:  # fresh lengths: a config that faults on them is refused for the shape
-            flight.running(problem, run.env, method, shape.kv_len, winner.config, label)
+        # fresh lengths: a config that faults on them is refused for the shape
+        journal = None if flight is None else \
+            (lambda config: flight.running(problem, run.env, method, shape.kv_len, config, label))
         checked = on_second_trial(run.op, shape, run.device, seed, winner.config, default, run.timer,
-                                  run.options.min_gain)
+                                  run.options.min_gain, starting=journal)
         if flight is not None:
             flight.landed(checked.error)
+        else:
+            end_if_lost(checked.error)
         info["second_trial"] = checked.as_method(seed + settings.SECOND_TRIAL_SEED)
         if not checked.held:
             note = f"kept the default: its winner did not hold on a second trial ({_how(checked)})"

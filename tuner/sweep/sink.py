@@ -15,7 +15,7 @@ from tuner.db import MeasurementRow, Problem, TuningDB
 from tuner.errors import TunerError
 from tuner.keys import Config, canonical_json
 from tuner.search import Step
-from tuner.sweep.flight import FAULT_EXIT, Flight
+from tuner.sweep.flight import FAULT_EXIT, Flight, end_if_lost
 from tuner.workload import DecodeShape
 from tuner.workload.traffic import draws_per_distribution
 
@@ -94,14 +94,20 @@ class MeasurementSink:
             self.flight.running(self.problem, self.env, self.method, self.kv_len, config, self.label)
 
     def landed(self, error: str | None = None) -> None:
-        """That config returned, with its error if any (Flight.landed)."""
+        """That config returned, with its error if any (Flight.landed; with no flight, a lost
+        CUDA context ends the sweep: end_if_lost)."""
         if self.flight is not None:
             self.flight.landed(error)
+        else:
+            end_if_lost(error)
 
     def add(self, step: Step, outcome: Outcome) -> None:
-        if self.flight is not None and is_sticky_cuda_error(outcome.error):
+        if is_sticky_cuda_error(outcome.error):
             # the CUDA context is lost: every later config would fail alike. The supervisor
-            # stores what is pending and this config's refusal, and starts a fresh worker
+            # stores what is pending and this config's refusal, and starts a fresh worker;
+            # with none, the sweep stops (what is pending is stored on the way out: __exit__)
+            if self.flight is None:
+                end_if_lost(outcome.error)
             self.flight.running(self.problem, self.env, dict(self.method, **step.timer.method), self.kv_len,
                                 step.config, self.label, error=outcome.error)
             os._exit(FAULT_EXIT)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -186,12 +186,14 @@ def kv_copies(inputs: DecodeInputs, device: str, max_copies: int = 64) -> int:
 
 
 def on_second_trial(op: Op, shape: DecodeShape, device: str, seed: int, config: Config, default: Config,
-                    timer: Any, min_gain: float, must_gain: bool = True) -> SecondTrial:
+                    timer: Any, min_gain: float, must_gain: bool = True,
+                    starting: Callable[[Config], None] | None = None) -> SecondTrial:
     """config against the default on the shape's second trial (pipeline.confirm_again's
-    rule), built once the first is freed; one that cannot be built does not hold."""
+    rule, starting its), built once the first is freed; one that cannot be built does not
+    hold (its error says why: a lost CUDA context, say, which no config is to blame for)."""
     try:
         trial = build_second_trial(op, shape, device, seed)
     except (RuntimeError, MemoryError) as e:
         return SecondTrial(False, error=one_line(e))
     boundary_sync(release=False)
-    return confirm_again(trial, config, default, timer, min_gain=min_gain, must_gain=must_gain)
+    return confirm_again(trial, config, default, timer, min_gain=min_gain, must_gain=must_gain, starting=starting)
