@@ -661,3 +661,34 @@ def test_eager_config_names_the_plain_config_an_eager_call_runs():
     assert eager_config(config, *args, seq_lens_host=[200, 10, 10, 10]) == OTHER
     assert eager_config(config, *args) == OTHER
     assert eager_config(DENSE, *args, seq_lens_host=[200, 150, 100, 60]) is DENSE
+
+
+# -- a helper's review of the runtime path (2026-12-07) --------------------------------------------
+
+
+def _call(inputs, **kwargs):
+    return decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table,
+                            kwargs.pop("cache_seqlens", inputs.cache_seqlens), SHAPE.kv_len, causal=True, **kwargs)
+
+
+def test_every_window_form_the_keys_take_the_triton_backend_runs(db_path):
+    """None, one int and numpy values are keyed (host_window), and crashed Triton's launch."""
+    tuner.configure(db=db_path, mode="lookup")
+    inputs = make_decode_inputs(SHAPE, device="cpu")
+    plain = _call(inputs, window_size=(8, -1))
+    for form in (np.array([8, -1]), (np.int64(8), np.int64(-1)), [8, -1]):
+        torch.testing.assert_close(_call(inputs, window_size=form), plain)
+    torch.testing.assert_close(_call(inputs, window_size=None), _call(inputs, window_size=(-1, -1)))
+    torch.testing.assert_close(_call(inputs, window_size=8), _call(inputs, window_size=(8, 8)))
+
+
+def test_lengths_strided_in_memory_are_refused_not_misread(db_path):
+    """The Triton kernels read cache_seqlens as a packed vector: a column of a metadata
+    buffer gave a wrong output (error 1.2), silently."""
+    tuner.configure(db=db_path, mode="lookup")
+    inputs = make_decode_inputs(SHAPE, device="cpu")
+    column = torch.stack([inputs.cache_seqlens, torch.zeros_like(inputs.cache_seqlens)], dim=1)[:, 0]
+    with pytest.raises(ValueError, match="cache_seqlens must be contiguous"):
+        _call(inputs, cache_seqlens=column)
+    torch.testing.assert_close(_call(inputs, cache_seqlens=column.contiguous()), inputs.reference(),
+                               atol=1e-4, rtol=1e-4)

@@ -83,9 +83,13 @@ def _fa3_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len
 
 def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                  sinks, seq_lens_host, out=None):
+    # the window as the keys take it (None, one int, numpy values crashed the launch); flags
+    # given as tensors are passed as they are
+    flags = host_flags(window_size, softcap, causal)
+    window, softcap, causal = flags if flags is not None else (tuple(window_size), softcap, causal)
     return triton_paged_decode(
         q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len=max_kv_len, causal=causal,
-        window=tuple(window_size), softcap=softcap or None, sinks=sinks,
+        window=window, softcap=softcap or None, sinks=sinks,
         block_n=config["block_n"], num_kv_splits=config["num_kv_splits"],
         num_warps=config["num_warps"], num_stages=config["num_stages"],
         tokens_per_split=config.get("tokens_per_split", 0), items_per_sm=config.get("items_per_sm", 0), out=out,

@@ -214,6 +214,16 @@ def _check_args(q: torch.Tensor, k_cache: torch.Tensor, block_n: int, tokens_per
         raise ValueError("tokens_per_split and items_per_sm are two ways to size splits: give one")
 
 
+def _check_unit_strides(cache_seqlens: torch.Tensor, sinks: torch.Tensor | None) -> None:
+    """The kernels read the lengths and the sinks as packed vectors: a strided view (a column
+    of a server's metadata buffer) gave wrong outputs, silently. No copy is made for it (a
+    copy inside a captured graph is one more kernel per layer and step)."""
+    for name, t in (("cache_seqlens", cache_seqlens), ("sinks", sinks)):
+        if t is not None and t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous (stride 1), got stride {t.stride(0)}: pass a packed "
+                             "vector (.contiguous())")
+
+
 def _layout(q: torch.Tensor, num_kv_heads: int, head_dim_v: int, *, max_kv_len: int, causal: bool,
             window: tuple[int, int], block_n: int, num_kv_splits: int, tokens_per_split: int, items_per_sm: int,
             interpreted: bool) -> _Layout:
@@ -301,6 +311,7 @@ def triton_paged_decode(
     dim of unit stride; decode_attention checks it), as FA3's out=; else a new one.
     """
     _check_args(q, k_cache, block_n, tokens_per_split, items_per_sm)
+    _check_unit_strides(cache_seqlens, sinks)
     # the kernels index the last dim with unit stride
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     kernels = _kernels(interpret=q.device.type != "cuda")
