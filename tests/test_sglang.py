@@ -142,6 +142,15 @@ def test_only_a_decodes_graph_step_is_kept_as_the_replay_view(sgl):
     assert backend.tuner_replay_view is batch
 
 
+def test_a_keyword_at_its_no_op_value_still_decodes_through_tuner(sgl):
+    """SGLang 0.5.23's forward_decode takes return_lse; given as False, every call had gone
+    to FA3's code (a keyword not None), and tuner would have stopped running unseen."""
+    backend, _, batch = _backend([9, 30])
+    q, k, v, layer = _step(backend, batch)
+    backend.forward_decode(q, k, v, layer, batch, return_lse=False)
+    assert not backend.fa3_decodes
+
+
 def test_save_kv_cache_false_writes_nothing_to_the_pool(sgl):
     backend, pool, batch = _backend([9, 30])
     q, k, v, layer = _step(backend, batch)
@@ -288,6 +297,7 @@ def test_a_strided_q_attends_as_its_contiguous_copy(sgl):
     dict(layer=dict(scaling=0.5)), dict(layer=dict(attn_type=types.SimpleNamespace(name="ENCODER_ONLY"))),
     dict(kwargs=dict(q_descale=torch.ones(1))), dict(kwargs=dict(score_mod=print)),
     dict(kwargs=dict(cos_sin_cache=torch.ones(1))),  # a keyword it does not know
+    dict(kwargs=dict(return_lse=True)),  # (SGLang 0.5.23's)
     dict(backend=dict(num_splits=1)),  # deterministic inference
     dict(backend=dict(fa_impl_ver=4)), dict(backend=dict(is_prefill_aware_swa=True)),
     dict(layer=dict(attn_type=types.SimpleNamespace(name="DECODER_BIDIRECTIONAL"))),

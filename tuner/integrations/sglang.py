@@ -64,8 +64,10 @@ from tuner.runtime.state import runtime, stream_capturing
 
 BACKEND_NAME = "tuner"
 FLASHINFER = "flashinfer"  # the graph variant that runs SGLang's FlashInfer backend (flashinfer_beside)
-# forward_decode's keyword arguments decode_attention runs; any other one given runs FA3's code
+# forward_decode's keyword arguments decode_attention runs; any other one given runs FA3's code,
+# but for one given at its no-op value (SGLang 0.5.23's return_lse=False: read in its source)
 _COVERED_KWARGS = frozenset({"sinks"})
+_NO_OP_KWARGS = {"return_lse": False}
 # SGLang 0.5.17's decode CUDA-graph runner, whose capture of a batch size and host step before a
 # replay tuner's hooks wrap
 _RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
@@ -229,7 +231,8 @@ def covers(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any])
             and not getattr(backend, "is_prefill_aware_swa", False)
             and getattr(metadata, "max_seq_len_q", 1) == 1
             and math.isclose(layer.scaling, layer.head_dim ** -0.5, rel_tol=1e-6)
-            and all(value is None for name, value in kwargs.items() if name not in _COVERED_KWARGS))
+            and all(value is None or (name in _NO_OP_KWARGS and value is _NO_OP_KWARGS[name])
+                    for name, value in kwargs.items() if name not in _COVERED_KWARGS))
 
 
 def runs_flashinfer(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
