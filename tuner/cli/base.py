@@ -61,6 +61,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
+
+
 class _Console(Console):
     """In a log a message stays on one line (rich folds at 80 columns where it sees no
     terminal), so that grep finds it; $COLUMNS asks for that width, as print_table takes it."""
@@ -86,6 +88,7 @@ def print_table(table: Table) -> None:
         console.print(table)
         return
     Console(file=console.file, width=max(console.width, 160), no_color=True).print(table)
+
 
 def home_expanded(value: Path | None) -> Path | None:
     """A path option's ~ expanded: the shell leaves one after = as it is (--out=~/x), and a

@@ -135,7 +135,8 @@ class _HeadsRequest:
         if self.model is not None:
             kinds = per_gpu_heads(model_attention(self.model), parse_tp("1" if self.tp is None else self.tp))
         elif self.heads is not None:
-            kinds = [attention_from_flags(self.heads, 128 if self.head_dim is None else self.head_dim, self.window, self.softcap, self.sinks)]
+            head_dim = 128 if self.head_dim is None else self.head_dim
+            kinds = [attention_from_flags(self.heads, head_dim, self.window, self.softcap, self.sinks)]
         else:
             kinds = None
         if kinds is None:  # dtype or page size alone: the grid's own heads
