@@ -198,6 +198,18 @@ def test_a_refusal_the_db_cannot_take_counts_as_no_progress(tmp_path):
     assert not any(line.startswith("tuner: refused") for line in said), said
 
 
+@pytest.mark.parametrize("fault", ["precompile_kills", "precompile_hangs"])
+def test_a_worker_that_dies_building_configs_ahead_is_restarted_building_each_as_it_runs(tmp_path, fault):
+    """Triton's configs are built ahead of a shape's measurements, with nothing journaled: a
+    compiler crash there was a blind death (the restarted worker died the same way, and the
+    sweep gave up), and a hang there was never timed out (a helper's review)."""
+    done = _sweep(tmp_path, **{fault: 64})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("died building") == 1 and "refused" not in done.stderr, done.stderr
+    measurements, records = _measurements(tmp_path)
+    assert len(records) == 2 and all(m.status == "ok" for ms in measurements.values() for m in ms)
+
+
 _WORKER = """
 import os, signal, sys, time
 from tuner.db import Problem, current_fingerprint, fingerprint_id

@@ -254,6 +254,9 @@ ENV_CANDIDATE_TIMEOUT = "TUNER_CANDIDATE_TIMEOUT_S"
 CANDIDATE_TIMEOUT_S = 600.0
 # A worker that dies this many times in a row outside any config is a fault of its own: stop.
 MAX_BLIND_RESTARTS = 2
+# Set in a worker restarted after its predecessor died precompiling a shape's configs (a
+# compiler crash or hang): each config is built as it runs, under its own journal entry.
+ENV_NO_PRECOMPILE = "TUNER_SWEEP_NO_PRECOMPILE"
 # After Ctrl-C is forwarded, a worker stuck in a kernel (the interrupt waits for it to return)
 # is killed after this many seconds: the sweep stops with what it stored, as the user asked.
 INTERRUPT_GRACE_S = 15.0
@@ -266,6 +269,12 @@ def candidate_timeout_s() -> float:
     except ValueError:
         return CANDIDATE_TIMEOUT_S
     return value if value > 0 else CANDIDATE_TIMEOUT_S
+
+def precompile_enabled() -> bool:
+    """Whether a trial's configs are built ahead of their measurements (not after a worker
+    died doing so: ENV_NO_PRECOMPILE)."""
+    return not os.environ.get(ENV_NO_PRECOMPILE)
+
 
 # a sweep whose output is not a terminal prints a progress line this often (a log shows the
 # sweep is alive, and about how long it has left)

@@ -8,6 +8,8 @@ $FAULTY_KILLS_CONFIRMING and $FAULTY_STICKY_CONFIRMING: likewise, but only while
 tuner.bench.decide re-times the chunk against the default; $FAULTY_FAST: every other chunk
 sleeps 30 ms a call (so that chunk wins, also on a loaded machine); $FAULTY_TRIAL_STICKY: building
 the trial of a batch of that size (its reference) raises the error a lost CUDA context gives;
+$FAULTY_PRECOMPILE_KILLS and $FAULTY_PRECOMPILE_HANGS: building configs ahead (the op's
+precompile) kills its process, or never returns, where that chunk is among them;
 $FAULTY_DIES_AT_START: a supervised
 worker dies before it runs anything. Each measurement a process starts appends "pid chunk" to
 $FAULTY_LOG.
@@ -107,7 +109,15 @@ tuner.bench.runner.side_by_side = confirming(tuner.bench.runner.side_by_side)  #
 tuner.sweep.measure.build_trial = trial_sticky(tuner.sweep.measure.build_trial)
 if os.environ.get("FAULTY_LOG"):
     tuner.search.pipeline.measure_config = logged(tuner.search.pipeline.measure_config)
-tuner.ops._REGISTRY["faulty"] = dataclasses.replace(TORCH_SPLIT_DECODE, name="faulty", run=run)
+def precompile(inputs, configs):
+    chunks = {config["chunk"] for config in configs}
+    if _chunk("FAULTY_PRECOMPILE_KILLS") in chunks:
+        _die()
+    if _chunk("FAULTY_PRECOMPILE_HANGS") in chunks:
+        time.sleep(3600)
+
+
+tuner.ops._REGISTRY["faulty"] = dataclasses.replace(TORCH_SPLIT_DECODE, name="faulty", run=run, precompile=precompile)
 if os.environ.get("FAULTY_DIES_AT_START") and os.environ.get(WORKER_ENV):
     _die()
 main()

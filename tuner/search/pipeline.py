@@ -63,13 +63,15 @@ def measure(
     decide_winner: bool = True,
     keep_default_if_confirm_fails: bool = False,
     starting: Callable[[Step], None] | None = None,
+    precompiling: Callable[[], None] | None = None,
 ) -> Measured:
     """Measure `configs` (the default first) on `trial` as `strategy` says and choose the
     winner. resume: a stored measurement to reuse instead (of its rung or a later one);
     record: store each new one; ranks (with gather): the first rung shared round robin, the
     later rungs and the choice on rank 0 only (decide_winner False: no choice here).
     advance(n): n first-rung steps done, for a progress bar. starting(step): told before a
-    step's config runs (a sweep's flight recorder, tuner.sweep.flight). keep_default_if_confirm_fails:
+    step's config runs (a sweep's flight recorder, tuner.sweep.flight); precompiling(): before
+    the first rung's configs are built ahead, likewise. keep_default_if_confirm_fails:
     a side-by-side re-timing that fails (out of memory, say) keeps the default as the winner,
     for a sweep that moves on to its next shape; otherwise its error propagates (tune mode
     stores nothing then, and tries the key again)."""
@@ -77,7 +79,7 @@ def measure(
     runner = _StepRunner(trial, timer, resume, record, starting)
     runner.default = default
     first = strategy.first(configs, timer)
-    _precompile_mine(trial, first, ranks, resume)
+    _precompile_mine(trial, first, ranks, resume, precompiling)
     outcomes = _first_rung(first, runner.run, ranks, gather, advance)
     result = Measured(first_rung=list(outcomes))
     leader = ranks is None or ranks.rank == 0
@@ -167,14 +169,21 @@ def _later_rungs(strategy: Strategy, outcomes: list[Outcome], default: Config, t
         rung = max(s.rung for s in steps)
 
 
-def _precompile_mine(trial: Trial, first: list[Step], ranks: Ranks | None, resume: Resume | None) -> None:
+def _precompile_mine(trial: Trial, first: list[Step], ranks: Ranks | None, resume: Resume | None,
+                     precompiling: Callable[[], None] | None = None) -> None:
     """Build this rank's share of the first rung ahead, what no stored measurement covers
-    (the later rungs' find Triton's disk cache)."""
-    if trial.precompile is None:
+    (the later rungs' find Triton's disk cache); precompiling() told first, where any is to
+    be built."""
+    if trial.precompile is None or not settings.precompile_enabled():
         return
+    configs = [s.config for i, s in enumerate(first) if (ranks is None or ranks.mine(i))
+               and (resume is None or resume(s.config) is None)]
+    if not configs:
+        return
+    if precompiling is not None:
+        precompiling()
     try:
-        trial.precompile([s.config for i, s in enumerate(first) if (ranks is None or ranks.mine(i))
-                          and (resume is None or resume(s.config) is None)])
+        trial.precompile(configs)
     except Exception:  # best effort: a config that cannot be built fails when it runs
         pass
 

@@ -53,7 +53,7 @@ def dense_pass(run: SweepRun, shape: DecodeShape, problem: Problem, winner: Conf
         # the progress bar counts the mixes' measurements: a dense pass only names itself
         result = measure(trial, candidates, baseline, run.timer, strategy=run.strategy,
                          min_gain=run.options.min_gain, resume=sink.resume, record=sink.add,
-                         starting=sink.starting, advance=lambda n: run.advance(0, f"{label} (dense pass)"),
+                         starting=sink.starting, precompiling=sink.precompiling, advance=lambda n: run.advance(0, f"{label} (dense pass)"),
                          keep_default_if_confirm_fails=True)
     del trial
     boundary_sync(release=False)

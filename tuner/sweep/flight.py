@@ -25,6 +25,7 @@ from tuner.keys import Config, attention_run_key
 # never runs the config again for that shape
 REFUSED_RUNG = 1 << 20
 FAULT_EXIT = 75
+PRECOMPILING = {"precompiling": True}  # what is in flight while a shape's configs are built ahead
 
 
 class LostContext(TunerError):
@@ -63,6 +64,14 @@ class Flight:
         self._in(problem, env, label)
         self._running = None
         self._append(measured=row)
+
+    def precompiling(self, problem: Problem, env: tuple[str, dict[str, Any]], label: str) -> None:
+        """The shape's configs are about to be built ahead: in flight with no config (a crash
+        or hang there refuses none; the supervisor restarts the worker building each config
+        as it runs, tuner.sweep.guard)."""
+        self._in(problem, env, label)
+        self._running = dict(PRECOMPILING)
+        self._append(running=self._running)
 
     def landed(self, error: str | None = None) -> None:
         """The config in flight returned. Where its error says the CUDA context is lost (a

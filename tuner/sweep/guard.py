@@ -20,7 +20,7 @@ from typing import Any, Callable
 from tuner import settings
 from tuner.db import TuningDB
 from tuner.errors import TunerError
-from tuner.sweep.flight import Flight, problem_of, read_flight
+from tuner.sweep.flight import PRECOMPILING, Flight, problem_of, read_flight
 
 WORKER_ENV = "TUNER_SWEEP_FLIGHT"  # set in a worker: where its flight recorder writes
 RUN_ENV = "TUNER_SWEEP_RUN"  # set in a worker: the supervised run it belongs to, alike across restarts
@@ -45,11 +45,12 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
     timeout_s = timeout_s or settings.candidate_timeout_s()
     run_id = uuid.uuid4().hex[:16]
     blind = 0
+    env = {}  # for the workers: once one died precompiling, the next build each config as it runs
     with tempfile.TemporaryDirectory(prefix="tuner-flight-") as tmp:
         path = Path(tmp) / "flight.jsonl"
         while True:
             path.unlink(missing_ok=True)
-            code, tail, hung, interrupted = _run_worker(command, path, run_id, timeout_s)
+            code, tail, hung, interrupted = _run_worker(command, path, run_id, timeout_s, env)
             if code in FINAL_EXITS and not hung:
                 # (a write that failed, the reason for a bad-input exit perhaps, left its measurements here)
                 _store_flight(db, read_flight(path), None, say)
@@ -60,7 +61,13 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
                 say(f"interrupted: the sweep's worker did not stop ({reason}); what it measured is stored, and "
                     "the same command resumes the rest")
                 return 130
-            refused = _store_flight(db, read_flight(path), reason, say)
+            journal = read_flight(path)
+            refused = _store_flight(db, journal, reason, say)
+            if journal and journal[-1][2] == PRECOMPILING and not env:
+                env = {settings.ENV_NO_PRECOMPILE: "1"}
+                say(f"tuner: the sweep's worker died building {journal[-1][0].get('label', '')}'s configs ahead "
+                    f"({reason}); restarting it, each config built as it runs")
+                continue
             if refused is None:
                 blind += 1
                 if blind >= settings.MAX_BLIND_RESTARTS:
@@ -73,13 +80,14 @@ def supervise(command: list[str], db: TuningDB, *, timeout_s: float | None = Non
             say(f"tuner: refused {refused['config']} for {refused['label']}: {why}; the sweep goes on")
 
 
-def _run_worker(command: list[str], flight_path: Path, run_id: str,
-                timeout_s: float) -> tuple[int, list[str], bool, bool]:
+def _run_worker(command: list[str], flight_path: Path, run_id: str, timeout_s: float,
+                env: dict[str, str] | None = None) -> tuple[int, list[str], bool, bool]:
     """(exit code, the last lines of its stderr, whether it was killed as hung, whether Ctrl-C
     came). Its stderr is passed through; Ctrl-C reaches it once, forwarded (it runs in a
     process group of its own), and a worker that has not stopped settings.INTERRUPT_GRACE_S
     later (stuck in a kernel) is killed."""
-    worker = subprocess.Popen(command, env={**os.environ, WORKER_ENV: str(flight_path), RUN_ENV: run_id},
+    env = {**os.environ, **(env or {}), WORKER_ENV: str(flight_path), RUN_ENV: run_id}
+    worker = subprocess.Popen(command, env=env,
                               stderr=subprocess.PIPE,
                               text=True, errors="replace", preexec_fn=_worker_process)
     tail: deque[str] = deque(maxlen=40)
@@ -168,7 +176,7 @@ def _store_flight(db: TuningDB, journal: list, reason: str | None,
     refused = None
     for context, rows, running in journal:
         refusal = None
-        if running and reason is not None:
+        if running and running != PRECOMPILING and reason is not None:
             refusal = dict(running, error=running.get("error") or f"refused: {reason}",
                            label=context.get("label", ""))
             rows = rows + [dict(running, error=refusal["error"])]

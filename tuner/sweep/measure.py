@@ -37,7 +37,7 @@ def measure_shape(run: SweepRun, shape: DecodeShape, problem: Problem, configs: 
     with sink:
         result = measure(
             trial, configs, configs[0], run.timer, strategy=run.strategy, min_gain=options.min_gain,
-            resume=sink.resume, record=sink.add, starting=sink.starting, ranks=options.ranks,
+            resume=sink.resume, record=sink.add, starting=sink.starting, precompiling=sink.precompiling, ranks=options.ranks,
             gather=lambda cs, mine: _all_outcomes(run, problem, cs, mine, shape),
             advance=lambda n: run.advance(n, label), keep_default_if_confirm_fails=True,
         )

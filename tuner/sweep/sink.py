@@ -87,6 +87,11 @@ class MeasurementSink:
             self.flight.running(self.problem, self.env, dict(self.method, **step.timer.method), self.kv_len,
                                 step.config, self.label)
 
+    def precompiling(self) -> None:
+        """Before the shape's configs are built ahead (Flight.precompiling)."""
+        if self.flight is not None:
+            self.flight.precompiling(self.problem, self.env, self.label)
+
     def running(self, config: Config) -> None:
         """Before config runs outside a measurement (a second trial): its refusal in the flight
         recorder, should it never return."""
