@@ -692,3 +692,78 @@ def test_lengths_strided_in_memory_are_refused_not_misread(db_path):
         _call(inputs, cache_seqlens=column)
     torch.testing.assert_close(_call(inputs, cache_seqlens=column.contiguous()), inputs.reference(),
                                atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("malformed", [
+    "head_dims_differ", "v_pages_differ", "short_page_table", "short_lengths", "float_page_table",
+    "float_lengths", "sinks_per_kv_head", "three_dim_q",
+])
+def test_inputs_that_do_not_fit_q_are_refused_in_one_line(db_path, malformed):
+    """The Triton kernels index the caches, the page table and the lengths by q's shape: a
+    table or lengths vector shorter than the batch, or caches that disagree, were read out of
+    bounds (garbage on the CPU, a fault on a GPU) instead of refused."""
+    tuner.configure(db=db_path, mode="lookup")
+    inputs = make_decode_inputs(dataclasses.replace(SHAPE, sinks=True), device="cpu")
+    args = dict(q=inputs.q, k_cache=inputs.k_cache, v_cache=inputs.v_cache, page_table=inputs.page_table,
+                cache_seqlens=inputs.cache_seqlens, sinks=inputs.sinks)
+    bad = {
+        "head_dims_differ": dict(k_cache=inputs.k_cache[..., :16], v_cache=inputs.v_cache[..., :16]),
+        "v_pages_differ": dict(v_cache=inputs.v_cache[:1]),
+        "short_page_table": dict(page_table=inputs.page_table[:1]),
+        "short_lengths": dict(cache_seqlens=inputs.cache_seqlens[:1]),
+        "float_page_table": dict(page_table=inputs.page_table.float()),
+        "float_lengths": dict(cache_seqlens=inputs.cache_seqlens.float()),
+        "sinks_per_kv_head": dict(sinks=inputs.sinks[:SHAPE.num_kv_heads]),
+        "three_dim_q": dict(q=inputs.q[:, 0]),
+    }[malformed]
+
+    def run(**given):
+        a = {**args, **given}
+        return decode_attention(a["q"], a["k_cache"], a["v_cache"], a["page_table"], a["cache_seqlens"],
+                                SHAPE.kv_len, sinks=a["sinks"])
+
+    with pytest.raises((ValueError, IndexError)) as refused:
+        run(**bad)
+    assert "\n" not in str(refused.value)
+    torch.testing.assert_close(run(), inputs.reference(), atol=1e-4, rtol=1e-4)
+
+
+def test_the_default_is_a_backend_that_runs_the_call(db_path, monkeypatch):
+    """FA3 runs no float32 and no head dim past 256: with FA3 installed, such a call's
+    default was FA3's, which raises; it is now the next installed backend's (Triton)."""
+    ran = []
+
+    def fa3_call(config, q, *rest, out=None):
+        ran.append(q.dtype)
+        return torch.zeros(*q.shape[:3], rest[1].shape[-1], dtype=q.dtype)
+
+    monkeypatch.setitem(BACKENDS, "fa3", dataclasses.replace(
+        _with_op(BACKENDS["fa3"], unavailable=lambda: None), call=fa3_call))
+    op = get_op("decode_attention")
+    assert op.default(SHAPE)["backend"] == "triton_decode"
+    assert {c["backend"] for c in op.configs(SHAPE)} == {"triton_decode"}
+    assert op.default(dataclasses.replace(SHAPE, dtype="bfloat16"))["backend"] == "fa3"
+    assert op.default(dataclasses.replace(SHAPE, dtype="bfloat16", head_dim=512))["backend"] == "triton_decode"
+    tuner.configure(db=db_path, mode="lookup")
+    inputs = make_decode_inputs(SHAPE, device="cpu")
+    out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                           SHAPE.kv_len)
+    torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)
+    assert ran == []
+    # a stored FA3 winner for the float32 key is a config the call cannot run: the default runs
+    _store(db_path, SHAPE, {"backend": "fa3", "num_splits": 2, "pack_gqa": None})
+    tuner.configure(db=db_path, mode="lookup")
+    decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, SHAPE.kv_len)
+    assert ran == []
+
+
+def test_a_max_kv_len_given_as_a_tensor_is_never_read_back(db_path):
+    """A server may hold its longest length as a device tensor: the Triton backend did
+    arithmetic on it (a sync per call, an error under capture). It is bounded by the page
+    table's capacity instead; a meta tensor stands for one whose value cannot be read."""
+    tuner.configure(db=db_path, mode="lookup")
+    inputs = make_decode_inputs(SHAPE, device="cpu")
+    for max_kv_len in (torch.tensor(SHAPE.kv_len, device="meta"), np.int64(SHAPE.kv_len)):
+        out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                               max_kv_len)
+        torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)

@@ -147,8 +147,8 @@ def test_graph_variants_capture_fa3_at_the_caps_steps_need_and_a_step_replays_it
     from tuner.db import Problem, TuningDB, current_fingerprint, current_fingerprint_id
     from tuner.integrations.graph_variants import GraphVariants, Pick
 
-    shape = DecodeShape(batch=3, kv_len=16384, num_q_heads=48, num_kv_heads=8, head_dim=16, dtype="float32",
-                        lengths="serving")
+    shape = DecodeShape(batch=3, kv_len=16384, num_q_heads=48, num_kv_heads=8, head_dim=16, dtype="bfloat16",
+                        lengths="serving")  # (FA3 runs no float32: its records would not apply)
     with TuningDB(db_path) as db:
         db.save_record(Problem("decode_attention", shape.static_key().to_json(), shape.run_key()),
                        (current_fingerprint_id(), current_fingerprint()), WAVE, median_us=1.0, spread_us=0.0,

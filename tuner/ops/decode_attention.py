@@ -87,6 +87,10 @@ def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_
     # given as tensors are passed as they are
     flags = host_flags(window_size, softcap, causal)
     window, softcap, causal = flags if flags is not None else (tuple(window_size), softcap, causal)
+    if type(max_kv_len) is not int:  # a numpy int as Python's; a tensor is not read back (a sync, or an
+        max_kv_len = host_scalar(max_kv_len)  # error under capture): the table's capacity bounds every length
+        if type(max_kv_len) is not int:
+            max_kv_len = page_table.shape[1] * k_cache.shape[1]
     return triton_paged_decode(
         q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len=max_kv_len, causal=causal,
         window=window, softcap=softcap or None, sinks=sinks,
@@ -154,15 +158,21 @@ def _installed(backends: tuple[Backend, ...]) -> tuple[Backend, ...]:
 
 
 def config_space(shape: DecodeShape) -> list[Config]:
-    return [{"backend": b.name, **c} for b in installed() for c in b.op.configs(shape)]
+    return [{"backend": b.name, **c} for b in _running(shape) for c in b.op.configs(shape)]
 
 
 def default_config(shape: DecodeShape) -> Config:
-    """The first installed backend's own default: what a caller gets without tuner."""
-    backends = installed()
+    """The first installed backend's own default that runs the shape (FA3 runs no float32):
+    what a caller gets without tuner."""
+    backends = _running(shape) or installed()
     if not backends:
         return {"backend": "none"}
     return {"backend": backends[0].name, **backends[0].op.default(shape)}
+
+
+def _running(shape: DecodeShape) -> list[Backend]:
+    """The installed backends whose own default passes their rules for the shape."""
+    return [b for b in installed() if b.op.check(b.op.default(shape), shape) is None]
 
 
 BY_FILL = "by_fill"

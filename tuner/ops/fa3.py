@@ -74,8 +74,23 @@ def config_space(num_q_heads: int, num_kv_heads: int, batch: int | None = None) 
 RULES = {"num_splits": is_int(0, 1024), "pack_gqa": one_of(None, True, False)}
 
 
+# what FA3 runs at all (sgl-kernel's flash_api checks both and raises): a float32 call or a
+# head dim it has no kernel for runs another backend by default instead of failing in FA3
+DTYPES = ("float16", "bfloat16", "float8_e4m3fn")
+MAX_HEAD_DIM = 256
+
+
+def shape_problem(shape: DecodeShape) -> str | None:
+    """Why FA3 cannot run calls of this shape (None: it can)."""
+    if shape.dtype not in DTYPES:
+        return f"FA3 runs {', '.join(DTYPES)}, not {shape.dtype}"
+    if shape.head_dim > MAX_HEAD_DIM or shape.head_dim % 8:
+        return f"FA3 runs head dims that are multiples of 8 up to {MAX_HEAD_DIM}, not {shape.head_dim}"
+    return None
+
+
 def check_config(config: Config, shape: DecodeShape | None = None) -> str | None:
-    return config_error(config, RULES)
+    return config_error(config, RULES) or (shape_problem(shape) if shape is not None else None)
 
 
 def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:

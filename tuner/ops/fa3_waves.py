@@ -25,7 +25,7 @@ import torch
 
 from tuner import settings
 from tuner.ops.base import Config, sm_count
-from tuner.ops.fa3 import FA3, RULES
+from tuner.ops.fa3 import FA3, RULES, shape_problem
 from tuner.ops.fa3 import _run as _fa3_run
 from tuner.ops.rules import config_error, one_of
 from tuner.workload.inputs import DecodeInputs
@@ -243,7 +243,7 @@ def check_config(config: Config, shape: DecodeShape | None = None) -> str | None
     why = config_error(config, RULES, {WAVE_FIT: one_of(True)})
     if why is None and config.get(WAVE_FIT) and config["num_splits"] != 0:
         return f"{WAVE_FIT} caps FA3's own split counts: num_splits must be 0"
-    return why
+    return why or (shape_problem(shape) if shape is not None else None)
 
 
 def _run(inputs: DecodeInputs, config: Config) -> torch.Tensor:

@@ -214,6 +214,34 @@ def _check_args(q: torch.Tensor, k_cache: torch.Tensor, block_n: int, tokens_per
         raise ValueError("tokens_per_split and items_per_sm are two ways to size splits: give one")
 
 
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_tensors(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+                   cache_seqlens: torch.Tensor, sinks: torch.Tensor | None) -> None:
+    """The shapes the kernels index by: a cache, page table or lengths vector that does not
+    fit q read out of bounds (garbage or a fault on a GPU) instead of failing. Shapes and
+    dtypes only: no device value is read."""
+    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(f"q must be (batch, q_len, q heads, head dim) and each cache (pages, page size, kv heads, "
+                         f"head dim): got {q.dim()}, {k_cache.dim()} and {v_cache.dim()} dims")
+    if k_cache.shape[:3] != v_cache.shape[:3] or q.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must share pages, "
+                         f"page size and kv heads, and k_cache q's head dim {q.shape[3]}")
+    batch = q.shape[0]
+    for name, t, dims in (("page_table", page_table, 2), ("cache_seqlens", cache_seqlens, 1)):
+        if t.dim() != dims or t.shape[0] < batch or t.dtype not in _INDEX_DTYPES:
+            raise ValueError(f"{name} must be {dims}-d int32 or int64 with a row per sequence ({batch}), "
+                             f"got {tuple(t.shape)} of {t.dtype}")
+    if sinks is not None and tuple(sinks.shape) != (q.shape[2],):
+        raise ValueError(f"sinks must hold one value per q head ({q.shape[2]}), got {tuple(sinks.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("page_table", page_table),
+                    ("cache_seqlens", cache_seqlens), ("sinks", sinks)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: every tensor on q's device")
+    _check_unit_strides(cache_seqlens, sinks)
+
+
 def _check_unit_strides(cache_seqlens: torch.Tensor, sinks: torch.Tensor | None) -> None:
     """The kernels read the lengths and the sinks as packed vectors: a strided view (a column
     of a server's metadata buffer) gave wrong outputs, silently. No copy is made for it (a
@@ -310,8 +338,8 @@ def triton_paged_decode(
     out: the (batch, q_len, Hq, Dv) tensor of q's dtype to write into and return (its last
     dim of unit stride; decode_attention checks it), as FA3's out=; else a new one.
     """
+    _check_tensors(q, k_cache, v_cache, page_table, cache_seqlens, sinks)
     _check_args(q, k_cache, block_n, tokens_per_split, items_per_sm)
-    _check_unit_strides(cache_seqlens, sinks)
     # the kernels index the last dim with unit stride
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     kernels = _kernels(interpret=q.device.type != "cuda")
