@@ -692,6 +692,22 @@ def test_report_plots_and_summarises_the_winners(tmp_path, db_path, tiny_shapes)
     one_line_error(empty, "no tuning DB")
 
 
+def test_a_report_of_an_op_without_winners_says_so_and_leaves_no_earlier_plots(tmp_path, db_path, tiny_shapes):
+    """`report --op X` where X has no winners printed an empty table and kept the plots an
+    earlier report had drawn into the directory, as if they were this report's."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    out = tmp_path / "report"
+    assert cli("report", "--out", out, "--db", db_path).exit_code == 0
+    assert list(out.glob("*__speedup.png"))
+    mine = out / "notes.png"
+    mine.write_bytes(b"a user's file")
+    again = cli("report", "--out", out, "--db", db_path, "--op", "decode_attention")
+    assert again.exit_code == 0, again.output
+    assert "no winners of decode_attention apply here" in again.output
+    assert "No winners of decode_attention" in (out / "report.md").read_text()
+    assert sorted(p.name for p in out.glob("*.png")) == ["notes.png"]  # a file not of a report stays
+
+
 def test_report_of_another_environment(tmp_path, db_path):
     """A GPU's winners, reported from a machine without that GPU (--environment)."""
     from tuner.db import Problem, current_fingerprint, fingerprint_id
@@ -708,7 +724,7 @@ def test_report_of_another_environment(tmp_path, db_path):
                    default_spread_us=0.1, method={"timer": "cuda-graph"})
     db.close()
     here = cli("report", "--out", tmp_path / "here", "--db", db_path)
-    assert here.exit_code == 0 and "0 plots" in here.output  # this machine has no winners of its own
+    assert here.exit_code == 0 and "no winners apply here" in here.output  # this machine has none of its own
     there = cli("report", "--out", tmp_path / "there", "--db", db_path, "--environment", gpu_id)
     assert there.exit_code == 0, there.output
     assert "1.200x" in there.output and list((tmp_path / "there").glob("*speedup.png"))

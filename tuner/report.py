@@ -140,7 +140,7 @@ def write_report(db: TuningDB, out: Path, fingerprint_id: str | None, *, op: str
     which = f"Environment `{fingerprint_id}`" if fingerprint_id else "Winners that apply in this environment"
     lines = ["# tuner report", "", f"{which}, DB `{db.display_url}`.", ""]
     if not groups:
-        lines.append("No winners stored for this environment yet (`tuner sweep OP`).")
+        lines.append(f"No winners{f' of {op}' if op else ''} stored for this environment yet (`tuner sweep OP`).")
     for g in groups:
         stem = _slug(f"{g.op}__{g.label}")
         speedup = {i: r.speedup for i, r in enumerate(g.records)}
@@ -172,7 +172,19 @@ def write_report(db: TuningDB, out: Path, fingerprint_id: str | None, *, op: str
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     write_atomically(out / "report.md", ("\n".join(lines) + "\n").encode("utf-8"))
+    _remove_stale_plots(out, {name for g in groups for name in g.images})
     return groups
+
+
+PLOT_SUFFIXES = ("__speedup.png", "__roofline.png")
+
+
+def _remove_stale_plots(out: Path, written: set[str]) -> None:
+    """An earlier report's plots in `out` that this report did not draw: left there, they
+    read as this report's (the directory is the report)."""
+    for path in out.iterdir():
+        if path.name.endswith(PLOT_SUFFIXES) and path.name not in written and path.is_file():
+            path.unlink(missing_ok=True)
 
 
 def summary_rows(groups: list[Group]) -> list[tuple[str, str, int, Any, Any]]:

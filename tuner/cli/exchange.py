@@ -27,7 +27,7 @@ from tuner.jsonfile import is_stdio
 
 @app.command("report")
 def report_command(
-    out: Annotated[Path, typer.Option("--out", "-o", callback=home_expanded, help="Directory for report.md and the PNG plots.")],
+    out: Annotated[Path, typer.Option("--out", "-o", callback=home_expanded, help="Directory for report.md and the PNG plots (an earlier report's plots there are removed).")],
     db: DbOption = None,
     op: Annotated[Optional[str], typer.Option("--op", help="Only this op's winners.")] = None,
     bandwidth_gbps: Annotated[Optional[float], typer.Option("--bandwidth-gbps", min=1.0, callback=finite, help="HBM bandwidth for the roofline plots (e.g. a measured device copy: 4280 on the H200); none: no roofline.")] = None,
@@ -47,6 +47,10 @@ def report_command(
             raise TunerError(f"--environment {environment!r} is not in the DB (it holds: {known})")
         groups = write_report(database, out, environment, op=op, bandwidth_gbps=bandwidth_gbps,
                               environment=None if environment else current_fingerprint())
+        if not groups:
+            console.print(f"no winners{f' of {escape(op)}' if op else ''} apply here: wrote "
+                          f"{escape(str(out / 'report.md'))}, which says so")
+            return
         table = Table(title="winners by op and static key")
         for col in ("op", "static key", "winners", "geomean speedup", "max"):
             table.add_column(col, justify="left" if col in ("op", "static key") else "right",
