@@ -148,11 +148,9 @@ def test_calls_whose_key_cannot_be_read_get_the_default_of_their_own_shape():
     """All such calls shared one memo key, and the first call's default (cut to its length)."""
     inputs = make_decode_inputs(dataclasses.replace(SHAPE, kv_len=64))
     softcap = torch.tensor(0.0)  # a flag as a tensor: never read to build a key
-    for kv in (64, 20):
-        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens, kv,
-                         softcap=softcap)
-    defaults = [c for k, c in decode_attention.tuner.memo.items() if k[0] is None]
-    assert len(defaults) == 2 and defaults[0] != defaults[1]
+    configs = [decode_attention.tuner.config_for(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table,
+                                                 inputs.cache_seqlens, kv, softcap=softcap) for kv in (64, 20)]
+    assert configs[0] != configs[1]
 
 
 def test_numpy_flags_reach_flashinfer_as_plain_values_so_its_plan_is_reused(with_fake_flashinfer):
@@ -696,7 +694,8 @@ def test_lengths_strided_in_memory_are_refused_not_misread(db_path):
 
 @pytest.mark.parametrize("malformed", [
     "head_dims_differ", "v_pages_differ", "short_page_table", "short_lengths", "float_page_table",
-    "float_lengths", "sinks_per_kv_head", "three_dim_q",
+    "float_lengths", "sinks_per_kv_head", "three_dim_q", "caches_of_another_dtype", "window_as_a_tensor",
+    "softcap_as_a_tensor",
 ])
 def test_inputs_that_do_not_fit_q_are_refused_in_one_line(db_path, malformed):
     """The Triton kernels index the caches, the page table and the lengths by q's shape: a
@@ -715,12 +714,16 @@ def test_inputs_that_do_not_fit_q_are_refused_in_one_line(db_path, malformed):
         "float_lengths": dict(cache_seqlens=inputs.cache_seqlens.float()),
         "sinks_per_kv_head": dict(sinks=inputs.sinks[:SHAPE.num_kv_heads]),
         "three_dim_q": dict(q=inputs.q[:, 0]),
+        "caches_of_another_dtype": dict(k_cache=inputs.k_cache.half(), v_cache=inputs.v_cache.half()),
+        "window_as_a_tensor": dict(window_size=torch.tensor([8, 0])),  # (crashed in the kernel's build)
+        "softcap_as_a_tensor": dict(softcap=torch.tensor(0.0)),  # (read back: a sync on a GPU)
     }[malformed]
 
     def run(**given):
         a = {**args, **given}
         return decode_attention(a["q"], a["k_cache"], a["v_cache"], a["page_table"], a["cache_seqlens"],
-                                SHAPE.kv_len, sinks=a["sinks"])
+                                SHAPE.kv_len, sinks=a["sinks"], window_size=a.get("window_size", (-1, -1)),
+                                softcap=a.get("softcap", 0.0))
 
     with pytest.raises((ValueError, IndexError)) as refused:
         run(**bad)
@@ -767,3 +770,56 @@ def test_a_max_kv_len_given_as_a_tensor_is_never_read_back(db_path):
         out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
                                max_kv_len)
         torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)
+
+
+def test_calls_whose_key_cannot_be_read_each_get_their_own_shapes_default(db_path, monkeypatch):
+    """A max_kv_len or flag given as a tensor leaves the key unreadable; every such call
+    shared one memo entry (static key None), so a bfloat16 call's default (FA3) then served a
+    float32 call, which FA3 cannot run."""
+    ran = []
+
+    def fa3_call(config, q, *rest, out=None):
+        ran.append(q.dtype)
+        return torch.zeros(*q.shape[:3], rest[1].shape[-1], dtype=q.dtype)
+
+    monkeypatch.setitem(BACKENDS, "fa3", dataclasses.replace(
+        _with_op(BACKENDS["fa3"], unavailable=lambda: None), call=fa3_call))
+    tuner.configure(db=db_path, mode="lookup")
+    for dtype in ("bfloat16", "float32"):
+        inputs = make_decode_inputs(dataclasses.replace(SHAPE, dtype=dtype), device="cpu")
+        out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                               torch.tensor(SHAPE.kv_len))
+        if dtype == "float32":  # Triton's default ran it
+            torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)
+        runs = decode_attention.tuner.config_for(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table,
+                                                 inputs.cache_seqlens, SHAPE.kv_len, softcap=torch.tensor(0.0))
+        assert runs["backend"] == ("fa3" if dtype == "bfloat16" else "triton_decode")
+    assert ran == [torch.bfloat16]
+
+
+@pytest.mark.parametrize("lengths, why", [
+    ([80, 64], "capacity"),  # 80 keys in a row of 4 pages of 16: the next row's pages were read
+    ([-5, 20], "capacity"),
+    ([64, 64, 64], "one length per sequence"),
+    ([64], "one length per sequence"),
+    (np.array([63.9, 20.0]), "integer"),  # truncated to 63, silently
+])
+def test_flashinfer_refuses_host_lengths_that_do_not_fit_the_call(with_fake_flashinfer, lengths, why):
+    inputs = make_decode_inputs(SHAPE)
+    config = {"backend": "flashinfer", **fi.DECODE_DEFAULT}
+    with pytest.raises(ValueError, match=why) as refused:
+        decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                         SHAPE.kv_len, seq_lens_host=lengths, config=config)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_flashinfer_config_given_for_a_call_with_sinks_runs_the_default(with_fake_flashinfer):
+    """FlashInfer's wrappers take no sinks: a FlashInfer config given for such a call ran
+    on FlashInfer and dropped them, silently."""
+    shape = dataclasses.replace(SHAPE, sinks=True)
+    inputs = make_decode_inputs(shape)
+    out = decode_attention(inputs.q, inputs.k_cache, inputs.v_cache, inputs.page_table, inputs.cache_seqlens,
+                           SHAPE.kv_len, sinks=inputs.sinks, seq_lens_host=np.full(2, SHAPE.kv_len),
+                           config={"backend": "flashinfer", **fi.DECODE_DEFAULT})
+    torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)
+    assert with_fake_flashinfer.BatchDecodeWithPagedKVCacheWrapper.instances == []

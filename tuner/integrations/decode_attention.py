@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tuner import settings
-from tuner.keys import host_flags, host_scalar, host_window, kv_len_bucket, static_key_from_tuple
+from tuner.keys import Untunable, host_flags, host_scalar, host_window, kv_len_bucket, static_key_from_tuple
 from tuner.ops.base import Config, sm_count
 from tuner.ops.decode_attention import (BACKENDS, BY_FILL, OP_NAME, check_config, config_space, default_config,
                                         dense_call, fill_parts, installed, unavailable)
@@ -153,14 +153,22 @@ def _call_key(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal
     if type(max_kv_len) is not int:
         max_kv_len = host_scalar(max_kv_len)
         if type(max_kv_len) is not int:  # the page table's capacity bounds every length
-            return None, q_shape[0], q_shape[1], page_table.shape[1] * k_cache.shape[1]
+            return _untunable(q, k_cache, v_cache, sinks), q_shape[0], q_shape[1], \
+                page_table.shape[1] * k_cache.shape[1]
     flags = host_flags(window_size, softcap, causal)
-    if flags is None:  # not readable on the host: the default (of this batch and length) runs
-        return None, q_shape[0], q_shape[1], max_kv_len
+    if flags is None:  # not readable on the host: the default (of this shape, batch and length) runs
+        return _untunable(q, k_cache, v_cache, sinks), q_shape[0], q_shape[1], max_kv_len
     window_size, softcap, causal = flags
     static = (q.dtype, k_cache.dtype, v_cache.dtype, q_shape[2], k_cache.shape[2], q_shape[3], v_cache.shape[3],
               k_cache.shape[1], causal, window_size, softcap, sinks is not None, False, False)
     return static, q_shape[0], q_shape[1], max_kv_len
+
+
+def _untunable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: Any) -> Untunable:
+    """The key of a call whose flags or bound cannot be read on the host: what its default
+    depends on (FA3 runs no float32, nor head dims past 256)."""
+    return Untunable(q.dtype, k_cache.dtype, v_cache.dtype, q.shape[2], k_cache.shape[2], q.shape[3],
+                     v_cache.shape[3], k_cache.shape[1], sinks is not None)
 
 
 def _static_json(static: tuple) -> str:

@@ -1,6 +1,7 @@
 """Static and run keys: pure functions, canonical and collision-free. No kernel library."""
 
-from tuner.keys.call import STATIC_FIELDS, UNKEYED, host_flags, host_scalar, host_window, static_key_from_tuple
+from tuner.keys.call import (STATIC_FIELDS, UNKEYED, Untunable, host_flags, host_scalar, host_window,
+                             static_key_from_tuple)
 from tuner.keys.canonical import Config, canonical_json, count
 from tuner.keys.run import (
     KV_BUCKET_MAX,
@@ -20,6 +21,7 @@ __all__ = [
     "KV_BUCKET_MAX",
     "STATIC_FIELDS",
     "UNKEYED",
+    "Untunable",
     "AttentionRunKey",
     "AttentionStaticKey",
     "Config",

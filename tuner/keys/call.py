@@ -21,6 +21,16 @@ STATIC_FIELDS = ("q_dtype", "k_dtype", "v_dtype", "num_q_heads", "num_kv_heads",
                  "page_size", "causal", "window", "softcap", "sinks", "k_descale", "v_descale")
 
 
+class Untunable(tuple):
+    """A static key a call's host values cannot complete (a flag or length given as a device
+    tensor): never looked up or tuned, but one per shape, so that each shape's own default
+    serves (a None key for them all served the first call's default to every shape)."""
+
+    def __new__(cls, *fields: Any) -> "Untunable":
+        # the marker keeps it unequal to any full static tuple of the same fields
+        return super().__new__(cls, ("untunable", *fields))
+
+
 def _is_tensor(value: Any) -> bool:
     return hasattr(value, "data_ptr") and hasattr(value, "dtype")  # a torch tensor, without importing torch
 

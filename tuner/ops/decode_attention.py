@@ -86,11 +86,15 @@ def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_
     # the window as the keys take it (None, one int, numpy values crashed the launch); flags
     # given as tensors are passed as they are
     flags = host_flags(window_size, softcap, causal)
-    window, softcap, causal = flags if flags is not None else (tuple(window_size), softcap, causal)
-    if type(max_kv_len) is not int:  # a numpy int as Python's; a tensor is not read back (a sync, or an
-        max_kv_len = host_scalar(max_kv_len)  # error under capture): the table's capacity bounds every length
-        if type(max_kv_len) is not int:
-            max_kv_len = page_table.shape[1] * k_cache.shape[1]
+    if flags is None:  # the kernels are built for the flags: a tensor's value would be read back (a sync)
+        raise ValueError("the Triton backend takes causal, window_size and softcap as host values, not tensors")
+    window, softcap, causal = flags
+    # a numpy int as Python's; a tensor is not read back (a sync, or an error under capture):
+    # the table's capacity bounds every length, and a looser bound only splits more
+    capacity = page_table.shape[1] * k_cache.shape[1]
+    if type(max_kv_len) is not int:
+        max_kv_len = host_scalar(max_kv_len)
+    max_kv_len = min(max_kv_len, capacity) if type(max_kv_len) is int else capacity
     return triton_paged_decode(
         q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len=max_kv_len, causal=causal,
         window=window, softcap=softcap or None, sinks=sinks,
@@ -103,9 +107,13 @@ def _triton_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_
 def _flashinfer_takes(q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size, softcap,
                       sinks, seq_lens_host):
     """FlashInfer plans on the host: from each sequence's length (on the host, never read
-    back from the device) and host flags."""
+    back from the device) and host flags; its wrappers take no sinks, and several query
+    tokens causal only (a config given for such a call dropped them silently)."""
     on_device = isinstance(seq_lens_host, torch.Tensor) and seq_lens_host.device.type != "cpu"
-    return seq_lens_host is not None and not on_device and host_flags(window_size, softcap, causal) is not None
+    if seq_lens_host is None or on_device or sinks is not None:
+        return False
+    flags = host_flags(window_size, softcap, causal)
+    return flags is not None and (q.shape[1] == 1 or bool(flags[2]))
 
 
 def _flashinfer_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max_kv_len, causal, window_size,
@@ -113,8 +121,16 @@ def _flashinfer_call(config, q, k_cache, v_cache, page_table, cache_seqlens, max
     # plain host values: numpy ones would keep FlashInfer from reusing its plan
     (window_left, _), softcap, causal = host_flags(window_size, softcap, causal)
     lens = host_seq_lens(seq_lens_host, None, None, k_cache.shape[1])
+    if lens is None or lens.ndim != 1:
+        raise ValueError(f"seq_lens_host must be a vector of integer kv lengths, got {_described(seq_lens_host)}")
     return paged_attention(q.contiguous(), k_cache, v_cache, page_table, lens, _rest(config), causal=bool(causal),
                            window_left=int(window_left), softcap=float(softcap) if softcap else None)
+
+
+def _described(value: Any) -> str:
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    return f"{type(value).__name__}" + (f" of {dtype}" if dtype is not None else "") + \
+        (f" {tuple(shape)}" if shape is not None else "")
 
 
 # in the default's preference order: the default never needs host lengths (FlashInfer does)

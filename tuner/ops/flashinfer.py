@@ -130,6 +130,10 @@ class _Gather:
 @functools.lru_cache(maxsize=256)
 def _gather(lens_bytes: bytes, width: int, page_size: int, q_len: int, device: str) -> _Gather:
     seq_lens = np.frombuffer(lens_bytes, dtype=np.int64)
+    # (checked here, once per set of lengths: a length past the table read the next row's pages)
+    if len(seq_lens) and (seq_lens.min() < 0 or seq_lens.max() > width * page_size):
+        raise ValueError(f"kv lengths must be 0 to the page table's capacity ({width} pages of {page_size}), "
+                         f"got {seq_lens.min()} to {seq_lens.max()}")
     indptr_h, last_h = paged_metadata(seq_lens, page_size)
     pages = np.diff(indptr_h)
     same = bool(len(pages)) and bool(np.all(pages == pages[0]))
@@ -170,6 +174,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     share one wrapper, which re-plans as their lengths need, unless their plan_slot differs:
     calls captured together into a CUDA graph must each have their own (see _op_wrapper)."""
     batch, q_len, heads, dim = q.shape
+    if len(seq_lens) != batch or page_table.shape[0] < batch:
+        raise ValueError(f"seq_lens must hold one length per sequence ({batch}), and the page table a row each: "
+                         f"got {len(seq_lens)} lengths, {page_table.shape[0]} rows")
     layout = _layout(page_table, seq_lens, k_cache.shape[1], q_len)
     wrapper = _op_wrapper(wrappers.library(), str(q.device), q_len == 1, tuple(sorted(config.items())), plan_slot)
     common = dict(window_left=window_left, logits_soft_cap=softcap or None, q_data_type=q.dtype,

@@ -116,4 +116,7 @@ def _host_array(value: Any) -> np.ndarray | None:
         if value.device.type != "cpu":
             return None
         value = value.numpy()
-    return np.asarray(value, dtype=np.int64)
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu":  # not lengths (a float one was truncated silently): the caller's way
+        return None
+    return array.astype(np.int64, copy=False)

@@ -225,6 +225,9 @@ def _check_tensors(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(f"q must be (batch, q_len, q heads, head dim) and each cache (pages, page size, kv heads, "
                          f"head dim): got {q.dim()}, {k_cache.dim()} and {v_cache.dim()} dims")
+    if not q.dtype == k_cache.dtype == v_cache.dtype:  # (tl.dot takes one dtype: no FP8 cache with 16-bit q)
+        raise ValueError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
     if k_cache.shape[:3] != v_cache.shape[:3] or q.shape[3] != k_cache.shape[3]:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must share pages, "
                          f"page size and kv heads, and k_cache q's head dim {q.shape[3]}")

@@ -14,7 +14,7 @@ import torch
 
 from tuner.db import Problem
 from tuner.errors import TunerError
-from tuner.keys import AttentionRunKey, attention_run_key, canonical_json, kv_bucket_exponent
+from tuner.keys import AttentionRunKey, Untunable, attention_run_key, canonical_json, kv_bucket_exponent
 from tuner.ranks import Ranks, current_ranks
 from tuner.runtime.borrowing import Config
 from tuner.runtime.capture import declared_kv_len
@@ -110,7 +110,7 @@ class AutotunedFunction:
         mode = runtime.mode
         default = self.default(args, kwargs)
         static, batch, q_len, _ = memo_key
-        if mode == "off" or static is None:
+        if mode == "off" or static is None or type(static) is Untunable:
             return self._memoise(memo_key, default, epoch)
         declaration = runtime.declared_lengths
         declared = declaration is not None
@@ -247,7 +247,8 @@ def autotune(
     lists/dicts or functions of the same arguments. A caller's explicit config= always wins.
     static_json(static key) gives the key's canonical JSON in the DB (default: its
     to_json(), else tuner.keys.canonical_json); it runs once per new key, off the hot path.
-    A static key of None means "not tunable": the default runs. accepts(config, ...) (the
+    A static key of None, or a tuner.keys.Untunable one (a key per shape), means "not
+    tunable": the default runs. accepts(config, ...) (the
     call's arguments after the config) says whether a stored or borrowed config is one this
     call can run; one it cannot gives the default. Both run once per new key only.
     lengths(...) gives the call's kv lengths when they are on the host (else None): a miss
