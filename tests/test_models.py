@@ -160,3 +160,47 @@ def test_a_grid_applied_to_heads_keeps_its_batches_and_lengths_and_takes_their_s
             for s in shapes} == {(48, 8, 128, (-1, -1), 0.0, False, "float16", 16),
                                  (16, 8, 256, (4095, 0), 50.0, True, "float16", 16)}
     assert apply_heads(grid, heads * 2) == apply_heads(grid, heads)  # the same shape is measured once
+
+
+def test_qwen_sliding_layers_are_those_from_max_window_layers_on(tmp_path):
+    """Hugging Face's Qwen 2 and 3 slide only the layers from max_window_layers on: a config
+    with 21 of 28 full was read as sliding everywhere, and one with all 28 full too (a
+    helper's walkthrough)."""
+    qwen = {"model_type": "qwen2", "num_attention_heads": 28, "num_key_value_heads": 4, "hidden_size": 3584,
+            "num_hidden_layers": 28, "sliding_window": 4096, "use_sliding_window": True}
+    full, window = Attention(28, 4, 128), Attention(28, 4, 128, 4095)
+    assert model_attention(_config(tmp_path, dict(qwen, max_window_layers=21))) == (full, window)
+    assert model_attention(_config(tmp_path, dict(qwen, max_window_layers=28))) == (full,)
+    assert model_attention(_config(tmp_path, dict(qwen, max_window_layers=0))) == (window,)
+    with pytest.raises(TunerError, match="num_hidden_layers"):
+        model_attention(_config(tmp_path, {k: v for k, v in dict(qwen, max_window_layers=3).items()
+                                           if k != "num_hidden_layers"}))
+
+
+def test_config_files_as_hugging_face_writes_them_are_read(tmp_path):
+    """A null num_key_value_heads means as many as the query heads (Hugging Face's reading);
+    a UTF-8 byte-order mark is not text. Both were refused (a helper's walkthrough)."""
+    assert model_attention(_config(tmp_path, dict(LLAMA_8B, num_key_value_heads=None))) == (Attention(32, 32, 128),)
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(LLAMA_8B).encode())
+    assert model_attention(str(path)) == (Attention(32, 8, 128),)
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"num_attention_heads": ' + "9" * 5001 + "}")
+    with pytest.raises(TunerError, match="thousands of digits") as refused:
+        model_attention(str(huge))
+    assert "sys." not in str(refused.value)
+
+
+@pytest.mark.parametrize("model", ["/models/llama/confg.json", "./llama", "~/no-such-model-dir", "my.json"])
+def test_a_path_that_does_not_exist_is_said_to_be_missing_not_an_unknown_model(model):
+    with pytest.raises(TunerError, match="no such file or directory"):
+        model_attention(model)
+
+
+def test_an_empty_model_is_refused_not_read_from_the_current_directory(tmp_path, monkeypatch):
+    """An unset $MODEL (--model "") read ./config.json and swept it (a helper's walkthrough)."""
+    _config(tmp_path, GEMMA_2_9B)
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", "  "):
+        with pytest.raises(TunerError, match="--model is empty"):
+            model_attention(empty)

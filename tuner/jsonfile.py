@@ -59,7 +59,7 @@ def read_json(path: str | Path, error: type[TunerError] = TunerError, what: str 
         if len(raw) > limit:
             raise error(f"{named} holds more than {limit / 2**20:g} MiB of text"
                         f"{' once decompressed' if is_gzip(path) else ''}, more than tuner reads")
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # (a byte-order mark, as some Windows editors write, is not text)
     except UnicodeDecodeError:
         raise error(f"{named} is not UTF-8 text") from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # BadGzipFile before OSError: it is one
@@ -70,8 +70,10 @@ def read_json(path: str | Path, error: type[TunerError] = TunerError, what: str 
         return json.loads(text, object_pairs_hook=object_pairs_hook)
     except RecursionError:
         raise error(f"{named} is nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, and integers past Python's digit limit
+    except json.JSONDecodeError as e:
         raise error(f"{named} is not valid JSON: {e}") from None
+    except ValueError:  # an integer past Python's digit limit (its message suggests a Python call)
+        raise error(f"{named} holds an integer of thousands of digits, more than tuner reads") from None
 
 
 def file_bytes(path: str | Path, text: str) -> bytes:

@@ -104,7 +104,8 @@ def _is_head_dim(value: Any) -> bool:
 
 def _field(config: dict[str, Any], name: str, where: str, *, default: Any = None, low: int = 1,
            high: int = MAX_HEADS) -> int:
-    value = config.get(name, default)
+    value = config.get(name)
+    value = default if value is None else value  # (null: the default, as Hugging Face reads it)
     if type(value) is not int or not low <= value <= high:
         shown = "missing" if name not in config and default is None else f"{value!r:.40}"
         raise TunerError(f"{where}: {name} must be an integer in [{low}, {high}], it is {shown}")
@@ -123,6 +124,10 @@ def _layer_kinds(config: dict[str, Any], where: str) -> tuple[bool, bool]:
         if not all(t in ("full_attention", "sliding_attention") for t in types):
             raise TunerError(f"{where}: layer_types holds an attention type tuner does not know")
         return "full_attention" in types, "sliding_attention" in types
+    if config.get("max_window_layers") is not None:  # Qwen 2 and 3: the layers from that one on slide
+        layers = _field(config, "num_hidden_layers", where, high=1 << 16)
+        first = _field(config, "max_window_layers", where, low=0, high=1 << 16)
+        return first > 0, first < layers
     interleaved = config.get("model_type") in ("gemma2", "gemma3", "gemma3_text", "gpt_oss", "cohere2")
     return interleaved, True
 
@@ -164,10 +169,14 @@ def model_attention(model: str) -> tuple[Attention, ...]:
     """--model: a path to a Hugging Face config.json (or the directory holding one), read
     offline, or a built-in model's name. A path that exists wins: a fine-tuned model's
     directory may carry its base model's name."""
+    if not model.strip():  # (an unset $MODEL: Path("") is the current directory)
+        raise TunerError("--model is empty: give a config.json path or one of: " + ", ".join(MODELS))
     path = Path(model).expanduser()  # (--model=~/m: the shell leaves a ~ after = as it is)
     known = None if path.exists() else known_model(model)
     if known is not None:
         return known
+    if not path.exists() and (model.endswith(".json") or model.startswith(("/", ".", "~"))):
+        raise TunerError(f"--model {model!r:.80}: no such file or directory")
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
