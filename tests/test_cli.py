@@ -226,7 +226,8 @@ def test_sweep_confirms_serving_winners_on_a_second_trial_unless_told_not_to(db_
         # --head-dim 128 (its old default) without --heads was ignored, any other value refused
         (("sweep", "torch_split_decode", "--grid", "cpu-tiny", "--head-dim", "128", "--plan"), ("go with --heads",)),
         (("sweep", "torch_split_decode", "--from-misses", "--dtype", "float16"), ("--dtype",)),
-        (("show", "--misses", "--db", "/nonexistent/dir/x.db"), ("no tuning DB",)),
+        # (it said `tuner sweep OP` makes one: the misses the user looks for are a server's)
+        (("show", "--misses", "--db", "/nonexistent/dir/x.db"), ("no misses recorded: no tuning DB", "lookup mode")),
         (("show", "--db", "/"), ("directory",)),
         (("doctor", "--db", "nosuchdialect://x"), ("cannot open",)),
         (("import", "/nonexistent.json"), ("cannot read",)),
@@ -1099,8 +1100,11 @@ def test_a_dense_pass_in_the_progress_lines_is_its_shapes_not_the_next(db_path):
     log.advance(3, "b1")
     log.advance(0, "b1 (dense pass)")
     assert log.line().startswith("progress: shape 1 of 2 (b1 (dense pass)), 3 of 6 measurements")
+    assert "left" in log.line()
     log.advance(3, "b2")
     assert log.line().startswith("progress: shape 2 of 2 (b2), 6 of 6 measurements")
+    # (a third of a run said "about 0m00s left" while the last second trials and dense pass ran)
+    assert "0m00s left" not in log.line() and "confirming the last winners" in log.line()
 
 
 def test_the_sweep_table_in_a_log_keeps_its_notes_whole_with_long_timings(monkeypatch):

@@ -36,8 +36,9 @@ def show_command(
         try:
             database = open_db(db, create=False)
         except MissingDBError as e:
-            if misses:
-                raise
+            if misses:  # the runtime makes the DB as it records its first miss, where its directory exists
+                raise TunerError(f"no misses recorded: {e.args[0].partition(' yet')[0]} (a server in lookup "
+                                 "mode makes it as it records its first miss, if its directory exists)") from None
             _show_no_db(str(e))  # what the shipped tunings give still applies
             return
         check_op(database, op)

@@ -368,7 +368,10 @@ class _ProgressLog:
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
-        left = f", about {_duration(elapsed * (self.total - self.done) / self.done)} left" if self.done else ""
+        if self.done >= self.total:  # what is left is no first-trial measurement: no estimate of it
+            left = ", confirming the last winners (second trials, dense passes)"
+        else:
+            left = f", about {_duration(elapsed * (self.total - self.done) / self.done)} left" if self.done else ""
         shape = f" ({self.now})" if self.now else ""
         return (f"progress: shape {min(len(self.labels), self.shapes)} of {self.shapes}{shape}, {self.done} of "
                 f"{self.total} measurements, {_duration(elapsed)} elapsed{left}")
