@@ -1167,6 +1167,9 @@ def test_a_serving_sweep_defaults_to_guided_search_without_flashinfer_and_others
     serving = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-serving", "--plan"])
     assert serving.exit_code == 0, serving.output
     assert "guided search (triton_decode; fa3 cannot run here)," in " ".join(serving.output.split())
+    assert "plan: decode_attention (grid cpu-serving)" in " ".join(serving.output.split())
+    picked = runner.invoke(app, ["sweep", "decode_attention", "--plan"])  # the plan names the grid it picked
+    assert picked.exit_code == 0 and "(grid cpu-tiny)" in " ".join(picked.output.split()), picked.output
     full = runner.invoke(app, ["sweep", "decode_attention", "--grid", "cpu-tiny", "--plan"])
     assert full.exit_code == 0, full.output
     assert "halving search (triton_decode; fa3, flashinfer cannot run here)" in " ".join(full.output.split())

@@ -205,7 +205,9 @@ def sweep_command(
         if backends is None and (serving_backends := default_backends(op, shapes)) is not None:
             scope.enter_context(backends_only(serving_backends))
         if plan_only:
-            _print_plan(op, shapes, strategy, op.device())
+            source = "the misses" if from_misses else f"{shapes_file}" if shapes_file else \
+                f"grid {grid or _default_grid(op)}"
+            _print_plan(op, shapes, strategy, op.device(), source)
             return
         database = database or _open_db_to_sweep(db, force)
         timer = _sweep_timer(op.device(), warmup, repeats, max_seconds)
@@ -419,14 +421,16 @@ def _searched(op, strategy: str) -> str:
     return f"{strategy} search ({', '.join(runs)}" + (f"; {', '.join(absent)} cannot run here)" if absent else ")")
 
 
-def _print_plan(op, shapes: list, strategy: str, device: str) -> None:
-    """sweep --plan: the shapes by static key, their candidates and the estimated GPU time."""
+def _print_plan(op, shapes: list, strategy: str, device: str, source: str = "") -> None:
+    """sweep --plan: the shapes (of source: a grid, a shapes file, the misses) by static key,
+    their candidates and the estimated GPU time."""
     from tuner.sweep.plan import SweepPlan
 
     if not shapes:
         raise TunerError("the plan holds no shapes: give a grid, a shapes file or misses that have some")
     plan = SweepPlan.of(op, shapes, strategy, device)
-    table = Table(title=f"plan: {op.name}, {_searched(op, strategy)}, on {device}")
+    of = f" ({escape(source)})" if source else ""
+    table = Table(title=f"plan: {op.name}{of}, {_searched(op, strategy)}, on {device}")
     for col in ("static key", "shapes", "batches", "kv", "lengths"):
         table.add_column(col, justify="right" if col == "shapes" else "left")
     for key, group in plan.by_static_key().items():
