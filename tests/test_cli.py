@@ -1135,6 +1135,18 @@ def test_plan_says_the_shapes_and_candidates_and_runs_nothing(tmp_path, db_path,
     assert not db_path.exists()
 
 
+def test_a_plan_says_which_shapes_the_db_already_holds(db_path, tiny_shapes):
+    """After a whole sweep the plan still said every shape would be measured (a helper's
+    walkthrough): a sweep keeps a stored winner unless forced."""
+    assert sweep(db_path, tiny_shapes).exit_code == 0
+    again = sweep(db_path, tiny_shapes, "--plan")
+    assert again.exit_code == 0, again.output
+    assert "Of the shapes, 2 with a winner stored here (kept; --force measures them again)" in \
+        " ".join(again.output.split())
+    forced = sweep(db_path, tiny_shapes, "--plan", "--force")
+    assert forced.exit_code == 0 and "Of the shapes" not in forced.output
+
+
 def test_a_plan_with_no_shapes_is_one_line(tmp_path, db_path):
     empty = tmp_path / "empty.json"
     empty.write_text("[]")

@@ -207,7 +207,7 @@ def sweep_command(
         if plan_only:
             source = "the misses" if from_misses else f"{shapes_file}" if shapes_file else \
                 f"grid {grid or _default_grid(op)}"
-            _print_plan(op, shapes, strategy, op.device(), source)
+            _print_plan(op, shapes, strategy, op.device(), source, None if force else _snapshot(database, db))
             return
         database = database or _open_db_to_sweep(db, force)
         timer = _sweep_timer(op.device(), warmup, repeats, max_seconds)
@@ -421,9 +421,22 @@ def _searched(op, strategy: str) -> str:
     return f"{strategy} search ({', '.join(runs)}" + (f"; {', '.join(absent)} cannot run here)" if absent else ")")
 
 
-def _print_plan(op, shapes: list, strategy: str, device: str, source: str = "") -> None:
+def _snapshot(database, db: Optional[str]):
+    """The winners that apply here in the DB a sweep would write, for its plan; None where
+    there is no DB yet (a plan creates none)."""
+    from tuner.db import MissingDBError, current_fingerprint
+
+    try:
+        database = database or open_db(db, create=False)
+    except MissingDBError:
+        return None
+    return database.snapshot(current_fingerprint())
+
+
+def _print_plan(op, shapes: list, strategy: str, device: str, source: str = "", snapshot=None) -> None:
     """sweep --plan: the shapes (of source: a grid, a shapes file, the misses) by static key,
-    their candidates and the estimated GPU time."""
+    their candidates, the estimated GPU time, and with the DB's snapshot the shapes a sweep
+    keeps (their winner is stored) or measures once (one key with another)."""
     from tuner.sweep.plan import SweepPlan
 
     if not shapes:
@@ -450,6 +463,11 @@ def _print_plan(op, shapes: list, strategy: str, device: str, source: str = "") 
                     f"cache warm, about {_duration(plan.fresh_estimate_s)} on a fresh one")
     console.print(f"{counted(len(shapes), 'shape')}, {counted(plan.candidates, 'candidate config')}; {estimate}. "
                   "Nothing was run.", soft_wrap=True, highlight=False)
+    stored, shared = plan.kept(op, snapshot) if snapshot is not None else (0, 0)
+    if stored or shared:  # (the estimate counts them all: an upper bound)
+        said = [f"{stored} with a winner stored here (kept; --force measures them again)"] if stored else []
+        said += [f"{shared} of a key another shape measures"] if shared else []
+        console.print(f"Of the shapes, {' and '.join(said)}.", soft_wrap=True, highlight=False)
 
 
 def _sweep_table(op_name: str, results: list) -> Table:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tuner import settings
 from tuner.bench import with_default_first
-from tuner.db import MissRow, Problem, TuningDB, current_fingerprint, current_fingerprint_id
+from tuner.db import MissRow, Problem, Snapshot, TuningDB, current_fingerprint, current_fingerprint_id
 from tuner.keys import attention_run_key
 from tuner.ops import Config, Op, get_grid
 from tuner.workload import DecodeShape
@@ -131,6 +131,15 @@ class SweepPlan:
         rates, fresh = settings.PLAN_S_PER_CANDIDATE_GPU, settings.PLAN_FRESH_S_PER_CANDIDATE_GPU.get(strategy)
         return cls(shapes, candidates, candidates * rates.get(strategy, rates["exhaustive"]),
                    None if fresh is None else candidates * fresh)
+
+    def kept(self, op: Op, snapshot: Snapshot) -> tuple[int, int]:
+        """(shapes whose key has a winner stored that applies here, which a sweep keeps
+        unless forced; shapes that share another's key, measured once), from a DB's
+        snapshot (TuningDB.snapshot) of this environment."""
+        problems = problems_of(op, self.shapes)
+        chosen = chosen_per_key(self.shapes, problems)
+        stored = sum(p.run_key in snapshot.table.get((p.op, p.static_key), {}) for p in chosen)
+        return stored, len(self.shapes) - len(chosen)
 
     def by_static_key(self) -> dict[str, list[DecodeShape]]:
         keys: dict[str, list[DecodeShape]] = {}
