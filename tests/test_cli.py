@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 import pytest
 from typer.testing import CliRunner
 
@@ -1145,6 +1146,23 @@ def test_a_plan_says_which_shapes_the_db_already_holds(db_path, tiny_shapes):
         " ".join(again.output.split())
     forced = sweep(db_path, tiny_shapes, "--plan", "--force")
     assert forced.exit_code == 0 and "Of the shapes" not in forced.output
+
+
+def test_a_gpu_sweep_is_planned_from_a_cpu_machine(db_path):
+    """`sweep fa3 --plan` on a laptop said fa3 cannot run here (a helper's walkthrough): a
+    plan runs nothing, so it is made as on the GPU; a CPU plan of a GPU-sized grid says that
+    a CPU interprets the kernels."""
+    if torch.cuda.is_available():
+        pytest.skip("a CPU machine's plan")
+    planned = cli("sweep", "fa3", "--model", "llama-3.1-8b", "--plan", "--db", db_path)
+    assert planned.exit_code == 0, planned.output
+    text = " ".join(planned.output.split())
+    assert "of GPU time at an H200's measured pace" in text and "planned as on an H200" in text
+    one_line_error(cli("sweep", "fa3", "--model", "llama-3.1-8b", "--db", db_path), "cannot run here")
+    interpreted = cli("sweep", "decode_attention", "--grid", "serving", "--plan", "--db", db_path)
+    assert interpreted.exit_code == 0 and "run interpreted" in " ".join(interpreted.output.split())
+    small = cli("sweep", "decode_attention", "--grid", "cpu-tiny", "--plan", "--db", db_path)
+    assert small.exit_code == 0 and "interpreted" not in small.output
 
 
 def test_a_plan_with_no_shapes_is_one_line(tmp_path, db_path):

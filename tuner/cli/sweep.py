@@ -194,7 +194,7 @@ def sweep_command(
             raise TunerError(f"give --halving or --search {search:.40}, not both")
         chosen = get_strategy("halving" if halving else search).name if halving or search else None
         why = op.unavailable()
-        if why is not None:
+        if why is not None and not (plan_only and op.device() == "cuda"):  # (a GPU's plan is made anywhere)
             raise TunerError(f"op {op.name} cannot run here: {why}")
         yours = _HeadsRequest(model, tp, heads, head_dim, window, softcap, sinks, dtype, page_size)
         shapes, database = _shapes_to_sweep(op, grid, shapes_file, from_misses, lengths, yours, db, force,
@@ -208,6 +208,12 @@ def sweep_command(
             source = "the misses" if from_misses else f"{shapes_file}" if shapes_file else \
                 f"grid {grid or _default_grid(op)}"
             _print_plan(op, shapes, strategy, op.device(), source, None if force else _snapshot(database, db))
+            if why is not None:
+                console.print(f"({op.name} cannot run here: {escape(why)}; planned as on an H200.)",
+                              soft_wrap=True, highlight=False)
+            elif op.device() == "cpu" and max(s.batch * s.kv_len for s in shapes) > _CPU_SIZED_KEYS:
+                console.print("(On a CPU the kernels run interpreted: shapes of a GPU's size take far longer than "
+                              "on one. Plan and sweep them on the GPU that serves.)", soft_wrap=True, highlight=False)
             return
         database = database or _open_db_to_sweep(db, force)
         timer = _sweep_timer(op.device(), warmup, repeats, max_seconds)
@@ -419,6 +425,10 @@ def _searched(op, strategy: str) -> str:
     runs = [b.name for b in installed() if b in searched]
     absent = [b.name for b in searched if b.name not in runs]
     return f"{strategy} search ({', '.join(runs)}" + (f"; {', '.join(absent)} cannot run here)" if absent else ")")
+
+
+# keys in a batch past which a shape is a GPU's, not a CPU grid's (cpu-small's largest: 4 x 1k)
+_CPU_SIZED_KEYS = 16 * 1024
 
 
 def _snapshot(database, db: Optional[str]):
