@@ -731,9 +731,9 @@ def test_inputs_that_do_not_fit_q_are_refused_in_one_line(db_path, malformed):
     torch.testing.assert_close(run(), inputs.reference(), atol=1e-4, rtol=1e-4)
 
 
-def test_the_default_is_a_backend_that_runs_the_call(db_path, monkeypatch):
-    """FA3 runs no float32 and no head dim past 256: with FA3 installed, such a call's
-    default was FA3's, which raises; it is now the next installed backend's (Triton)."""
+@pytest.fixture
+def fa3_dtypes(monkeypatch):
+    """FA3 "installed": the dtype of each call its backend runs (outputs zeros)."""
     ran = []
 
     def fa3_call(config, q, *rest, out=None):
@@ -742,6 +742,13 @@ def test_the_default_is_a_backend_that_runs_the_call(db_path, monkeypatch):
 
     monkeypatch.setitem(BACKENDS, "fa3", dataclasses.replace(
         _with_op(BACKENDS["fa3"], unavailable=lambda: None), call=fa3_call))
+    return ran
+
+
+def test_the_default_is_a_backend_that_runs_the_call(db_path, fa3_dtypes):
+    """FA3 runs no float32 and no head dim past 256: with FA3 installed, such a call's
+    default was FA3's, which raises; it is now the next installed backend's (Triton)."""
+    ran = fa3_dtypes
     op = get_op("decode_attention")
     assert op.default(SHAPE)["backend"] == "triton_decode"
     assert {c["backend"] for c in op.configs(SHAPE)} == {"triton_decode"}
@@ -772,18 +779,11 @@ def test_a_max_kv_len_given_as_a_tensor_is_never_read_back(db_path):
         torch.testing.assert_close(out, inputs.reference(), atol=1e-4, rtol=1e-4)
 
 
-def test_calls_whose_key_cannot_be_read_each_get_their_own_shapes_default(db_path, monkeypatch):
+def test_calls_whose_key_cannot_be_read_each_get_their_own_shapes_default(db_path, fa3_dtypes):
     """A max_kv_len or flag given as a tensor leaves the key unreadable; every such call
     shared one memo entry (static key None), so a bfloat16 call's default (FA3) then served a
     float32 call, which FA3 cannot run."""
-    ran = []
-
-    def fa3_call(config, q, *rest, out=None):
-        ran.append(q.dtype)
-        return torch.zeros(*q.shape[:3], rest[1].shape[-1], dtype=q.dtype)
-
-    monkeypatch.setitem(BACKENDS, "fa3", dataclasses.replace(
-        _with_op(BACKENDS["fa3"], unavailable=lambda: None), call=fa3_call))
+    ran = fa3_dtypes
     tuner.configure(db=db_path, mode="lookup")
     for dtype in ("bfloat16", "float32"):
         inputs = make_decode_inputs(dataclasses.replace(SHAPE, dtype=dtype), device="cpu")
