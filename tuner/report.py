@@ -176,14 +176,14 @@ def write_report(db: TuningDB, out: Path, fingerprint_id: str | None, *, op: str
     return groups
 
 
-PLOT_SUFFIXES = ("__speedup.png", "__roofline.png")
+_PLOT_SUFFIXES = ("__speedup.png", "__roofline.png")
 
 
 def _remove_stale_plots(out: Path, written: set[str]) -> None:
     """An earlier report's plots in `out` that this report did not draw: left there, they
     read as this report's (the directory is the report)."""
     for path in out.iterdir():
-        if path.name.endswith(PLOT_SUFFIXES) and path.name not in written and path.is_file():
+        if path.name.endswith(_PLOT_SUFFIXES) and path.name not in written and path.is_file():
             path.unlink(missing_ok=True)
 
 
