@@ -70,10 +70,11 @@ def read_json(path: str | Path, error: type[TunerError] = TunerError, what: str 
         return json.loads(text, object_pairs_hook=object_pairs_hook)
     except RecursionError:
         raise error(f"{named} is nested too deeply") from None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, and an integer past Python's digit limit (whose
+        # message suggests a Python call)
+        if not isinstance(e, json.JSONDecodeError) and "digits" in str(e):
+            raise error(f"{named} holds an integer of thousands of digits, more than tuner reads") from None
         raise error(f"{named} is not valid JSON: {e}") from None
-    except ValueError:  # an integer past Python's digit limit (its message suggests a Python call)
-        raise error(f"{named} holds an integer of thousands of digits, more than tuner reads") from None
 
 
 def file_bytes(path: str | Path, text: str) -> bytes:
