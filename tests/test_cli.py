@@ -1244,6 +1244,19 @@ def test_a_sweep_into_a_db_file_it_cannot_write_is_refused_before_it_measures(db
     assert "measurements" not in done.stdout and db_path.read_bytes() == before
 
 
+def test_every_command_leaves_its_db_whole_in_one_file(tmp_path, db_path, tiny_shapes):
+    """The CLI left its engine to the garbage collector, so SQLite's write-ahead log was merged
+    into the file whenever that came: a copy taken after a command lacked its writes, and
+    tests comparing the file's bytes failed at random in CI. Each command now closes its DB."""
+    wal = db_path.with_name(db_path.name + "-wal")
+    for args in (("sweep", "torch_split_decode", "--shapes", tiny_shapes, "--repeats", 3, "--warmup", 1),
+                 ("show",), ("export", "--out", tmp_path / "e.json"), ("import", tmp_path / "e.json"),
+                 ("doctor",), ("prune",)):
+        done = cli(*args, "--db", db_path)
+        assert done.exit_code == 0, (args, done.output)
+        assert not wal.exists(), args
+
+
 def test_a_plan_from_misses_creates_no_db(tmp_path):
     """--plan says nothing runs and no DB is written; with --from-misses it made the DB. A
     sweep of the misses of a --db that does not exist (a typo) made an empty one and said

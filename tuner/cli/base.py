@@ -21,8 +21,10 @@ from tuner.version import __version__
 
 try:  # typer from 0.26 on carries its own copy of click
     from typer._click import exceptions as click_exceptions
+    from typer._click.globals import get_current_context
 except ImportError:
     from click import exceptions as click_exceptions
+    from click import get_current_context
 from tuner.errors import TunerError
 
 
@@ -124,9 +126,16 @@ def _print_error(message: str) -> None:
 
 
 def open_db(db: str | None, *, create: bool = True):
+    """The command's DB, closed when the command ends: an engine left to the garbage collector
+    kept SQLite's write-ahead log unmerged for as long as it lived (a file copied meanwhile
+    lacked the command's writes)."""
     from tuner.db import TuningDB
 
-    return TuningDB(db, create=create)
+    database = TuningDB(db, create=create)
+    ctx = get_current_context(silent=True)
+    if ctx is not None:
+        ctx.call_on_close(database.close)
+    return database
 
 
 def check_op(database, op: str | None) -> None:
