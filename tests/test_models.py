@@ -125,9 +125,10 @@ def test_tensor_parallel_sizes_split_the_heads_and_replicate_kv_heads_past_their
                                                             Attention(8, 1, 128)]
     assert per_gpu_heads(MODELS["qwen3-30b-a3b"], (8,)) == [Attention(4, 1, 128)]  # 4 kv heads, each on 2 GPUs
     assert per_gpu_heads(MODELS["gpt-oss-20b"], (1, 1)) == list(MODELS["gpt-oss-20b"])
-    with pytest.raises(TunerError, match="tp 8 does not divide the 28 query heads"):
+    # each refusal names the sizes that do fit (a habit's --tp 1,2,4,8 on a 28-head model)
+    with pytest.raises(TunerError, match="tp 8 does not divide the 28 query heads .*tp sizes that fit: 1, 2, 4, 28$"):
         per_gpu_heads(MODELS["qwen2.5-7b"], (8,))
-    with pytest.raises(TunerError, match="tp 3 neither divides the 8 kv heads"):
+    with pytest.raises(TunerError, match="tp 3 neither divides the 8 kv heads.*fit: 1, 2, 4, 8, 24$"):
         Attention(24, 8, 128).per_gpu(3)
 
 

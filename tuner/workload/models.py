@@ -38,12 +38,17 @@ class Attention:
         split, or replicated one a GPU where tp exceeds them (as SGLang and vLLM do)."""
         if tp < 1 or tp > MAX_TP:
             raise TunerError(f"tp {tp}: a tensor-parallel size is 1-{MAX_TP}")
-        if self.num_q_heads % tp:
-            raise TunerError(f"tp {tp} does not divide the {self.num_q_heads} query heads")
         kv = self.num_kv_heads
-        if (kv % tp if kv >= tp else tp % kv):
-            raise TunerError(f"tp {tp} neither divides the {kv} kv heads nor is a multiple of them")
+        problem = (f"does not divide the {self.num_q_heads} query heads" if self.num_q_heads % tp else
+                   f"neither divides the {kv} kv heads nor is a multiple of them" if not self._splits(tp) else None)
+        if problem:  # (a habit's --tp 1,2,4,8 meets a model with 28 heads: say what would do)
+            fits = ", ".join(str(t) for t in range(1, MAX_TP + 1) if self._splits(t))
+            raise TunerError(f"tp {tp} {problem} ({self.label()}); tp sizes that fit: {fits}")
         return dataclasses.replace(self, num_q_heads=self.num_q_heads // tp, num_kv_heads=max(1, kv // tp))
+
+    def _splits(self, tp: int) -> bool:
+        kv = self.num_kv_heads
+        return not self.num_q_heads % tp and not (kv % tp if kv >= tp else tp % kv)
 
     def label(self) -> str:
         parts = [f"{self.num_q_heads}/{self.num_kv_heads} heads, dim {self.head_dim}"]
