@@ -286,3 +286,5 @@ PLAN_S_PER_CANDIDATE_GPU = {"exhaustive": 0.0204, "halving": 0.0094, "guided": 0
 # ... and on a fresh H200 (empty Triton cache, so compiles included), where measured: a whole
 # serving grid by default (docs/decisions.md, "Search")
 PLAN_FRESH_S_PER_CANDIDATE_GPU = {"guided": 0.0304}
+# the op those paces were measured on; another op's plan says it borrows them
+PLAN_PACE_OP = "decode_attention"

@@ -443,6 +443,19 @@ def _snapshot(database, db: Optional[str]):
     return database.snapshot(current_fingerprint())
 
 
+def _pace(op, plan) -> str:
+    """Where the estimate's pace comes from: measured for one op on an H200 (settings)."""
+    if op.name != settings.PLAN_PACE_OP:
+        said = f"at {settings.PLAN_PACE_OP}'s measured pace on an H200 ({op.name}'s own is not measured"
+        return said + ("; FlashInfer also compiles each kernel variant on its first run, 15-25 s each)"
+                       if op.name == "flashinfer" else ")")
+    if plan.fresh_estimate_s is None:
+        return ("at an H200's measured pace with Triton's cache warm (a fresh machine compiles its Triton "
+                "candidates first)")
+    return (f"at an H200's measured pace with Triton's cache warm, about {_duration(plan.fresh_estimate_s)} "
+            "on a fresh one")
+
+
 def _print_plan(op, shapes: list, strategy: str, device: str, source: str = "", snapshot=None) -> None:
     """sweep --plan: the shapes (of source: a grid, a shapes file, the misses) by static key,
     their candidates, the estimated GPU time, and with the DB's snapshot the shapes a sweep
@@ -465,12 +478,8 @@ def _print_plan(op, shapes: list, strategy: str, device: str, source: str = "", 
         estimate = "no time estimate for graph replays yet"
     elif plan.estimate_s is None:
         estimate = "no time estimate off a GPU (it depends on the op and the machine)"
-    elif plan.fresh_estimate_s is None:
-        estimate = (f"about {_duration(plan.estimate_s)} of GPU time at an H200's measured pace with Triton's "
-                    "cache warm (a fresh machine compiles its Triton candidates first)")
     else:
-        estimate = (f"about {_duration(plan.estimate_s)} of GPU time at an H200's measured pace with Triton's "
-                    f"cache warm, about {_duration(plan.fresh_estimate_s)} on a fresh one")
+        estimate = f"about {_duration(plan.estimate_s)} of GPU time " + _pace(op, plan)
     console.print(f"{counted(len(shapes), 'shape')}, {counted(plan.candidates, 'candidate config')}; {estimate}. "
                   "Nothing was run.", soft_wrap=True, highlight=False)
     stored, shared = plan.kept(op, snapshot) if snapshot is not None else (0, 0)

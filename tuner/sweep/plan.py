@@ -129,8 +129,9 @@ class SweepPlan:
         if device != "cuda" or any(s.lengths == "graph" for s in shapes):
             return cls(shapes, candidates, None)
         rates, fresh = settings.PLAN_S_PER_CANDIDATE_GPU, settings.PLAN_FRESH_S_PER_CANDIDATE_GPU.get(strategy)
+        compiles = op.precompile is not None  # (a fresh machine's extra time is Triton's compiles)
         return cls(shapes, candidates, candidates * rates.get(strategy, rates["exhaustive"]),
-                   None if fresh is None else candidates * fresh)
+                   None if fresh is None or not compiles else candidates * fresh)
 
     def kept(self, op: Op, snapshot: Snapshot) -> tuple[int, int]:
         """(shapes whose key has a winner stored that applies here, which a sweep keeps
