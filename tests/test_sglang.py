@@ -316,6 +316,25 @@ def test_what_decode_attention_does_not_do_runs_sglangs_fa3_code(sgl, change):
     assert len(backend.fa3_decodes) == 1 and not pool.writes
 
 
+@pytest.mark.parametrize("name", ["bf16", "bfloat16"])
+def test_a_kv_cache_named_as_qs_own_dtype_runs_tuners_decode(sgl, monkeypatch, name):
+    """--kv-cache-dtype bf16 for a BF16 model (a helper's review): SGLang's FA3 code then casts
+    q to the cache's dtype (no change) and passes no descale, as with "auto"; tuner's backend
+    ran SGLang's FA3 code for it, silently. A cache of another dtype, or one with scales, stays
+    SGLang's."""
+    backend, _, batch = _backend([12, 7])
+    calls = _recorded(monkeypatch)
+    q, k, v, layer = _step(backend, batch)
+    backend.kv_cache_dtype_str, backend.kv_cache_dtype = name, q.dtype
+    assert backend.forward_decode(q, k, v, layer, batch) != "fa3" and len(calls) == 1
+    backend.kv_cache_dtype = torch.float16  # q would be cast: SGLang's code
+    assert backend.forward_decode(q, k, v, layer, batch) == "fa3"
+    backend.kv_cache_dtype = q.dtype
+    scaled = fake_sglang.Layer(tp_q_head_num=HEADS, tp_k_head_num=KV_HEADS, head_dim=DIM, k_scale=torch.ones(1))
+    assert backend.forward_decode(q, k, v, scaled, batch) == "fa3"
+    assert len(calls) == 1 and len(backend.fa3_decodes) == 2
+
+
 def test_sinks_a_window_and_a_softcap_reach_decode_attention(sgl, monkeypatch):
     backend, _, batch = _backend([20, 5])
     calls = _recorded(monkeypatch)
@@ -1160,7 +1179,8 @@ def test_only_calls_sglangs_flashinfer_decode_takes_as_they_are_run_it(sgl, chan
     kwargs = {name: value for name, value in change.items() if name != "window"}
     layer = fake_sglang.Layer(tp_q_head_num=HEADS, tp_k_head_num=KV_HEADS, head_dim=DIM,
                               sliding_window_size=change.get("window", -1))
-    assert integration.runs_flashinfer(backend, layer, batch, kwargs) == runs
+    q = _step(backend, batch)[0]
+    assert integration.runs_flashinfer(backend, q, layer, batch, kwargs) == runs
 
 
 def test_no_flashinfer_variant_over_pages_of_more_than_one_token(flashinfer_runner, sgl):

@@ -204,9 +204,9 @@ def backend_class() -> type:
                     self.tuner_flashinfer.init_forward_metadata_out_graph(forward_batch, in_capture=True)
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-            if self.tuner_capturing_flashinfer and runs_flashinfer(self, layer, forward_batch, kwargs):
+            if self.tuner_capturing_flashinfer and runs_flashinfer(self, q, layer, forward_batch, kwargs):
                 return self.tuner_flashinfer.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
-            if covers(self, layer, forward_batch, kwargs):
+            if covers(self, q, layer, forward_batch, kwargs):
                 in_graph = _in_graph(self, forward_batch, self.forward_metadata)
                 call = decode_call(self, q, layer, forward_batch, kwargs.get("sinks"), in_graph)
                 if in_graph:
@@ -219,11 +219,11 @@ def backend_class() -> type:
     return TunerAttnBackend
 
 
-def covers(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
+def covers(backend: Any, q: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
     """Whether decode_attention may run this decode call: plain paged self-attention of one
     query token (see the module docstring for what it leaves to FA3)."""
     metadata = backend.forward_metadata
-    return (not backend.use_mla and forward_batch.spec_info is None and backend.kv_cache_dtype_str == "auto"
+    return (not backend.use_mla and forward_batch.spec_info is None and _cache_read_as_is(backend, q, layer)
             and getattr(backend, "num_splits", 0) == 0 and getattr(backend, "fa_impl_ver", 3) == 3
             and not layer.is_cross_attention and _is_decoder(layer)
             and not getattr(backend, "has_local_attention", False)
@@ -235,12 +235,22 @@ def covers(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any])
                     for name, value in kwargs.items() if name not in _COVERED_KWARGS))
 
 
-def runs_flashinfer(backend: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
+def _cache_read_as_is(backend: Any, q: Any, layer: Any) -> bool:
+    """A KV cache SGLang's FA3 code reads as it is: "auto", or one named as q's own dtype
+    (--kv-cache-dtype bf16 for a BF16 model) without scales, where that code's cast of q to
+    the cache's dtype changes nothing and it passes no descale. (Named so, such a cache ran
+    SGLang's FA3 code, silently.)"""
+    name = backend.kv_cache_dtype_str
+    return name == "auto" or (name in ("bf16", "bfloat16") and getattr(layer, "k_scale", None) is None
+                              and q.dtype == getattr(backend, "kv_cache_dtype", None))
+
+
+def runs_flashinfer(backend: Any, q: Any, layer: Any, forward_batch: Any, kwargs: dict[str, Any]) -> bool:
     """Whether a call in the FlashInfer variant's capture runs SGLang's FlashInfer backend: a
     covered call with no keyword FlashInfer's forward_decode lacks (sinks) and no window
     (whose wrappers that backend dispatches apart). A keyword passed as None is one not passed."""
     return (all(value is None for value in kwargs.values()) and getattr(layer, "sliding_window_size", -1) in (None, -1)
-            and covers(backend, layer, forward_batch, kwargs))
+            and covers(backend, q, layer, forward_batch, kwargs))
 
 
 def _flashinfer_runs(call: tuple) -> bool:
