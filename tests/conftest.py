@@ -67,6 +67,8 @@ def _isolated_runtime(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TUNER_DB", str(tmp_path / "runtime.db"))
     monkeypatch.setenv("TUNER_SHIPPED", "off")  # tests that want shipped tunings name their own
+    # a test's misses are written when it says so (the timed writer has tests of its own)
+    monkeypatch.setattr("tuner.settings.MISS_FLUSH_AFTER_S", 3600.0)
     tuner.configure(db=None, mode="lookup", shipped=None)
     yield
     tuner.configure(db=None, mode="lookup", shipped=None)

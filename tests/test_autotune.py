@@ -1,3 +1,4 @@
+import os
 import warnings
 
 import pytest
@@ -375,6 +376,71 @@ def test_misses_that_cannot_create_their_db_give_one_warning(tmp_path):
     run(make_fn(calls), 4, 100, calls)
     with pytest.warns(UserWarning, match="could not record 1 missed keys.*does not exist"):
         assert tuner.flush_misses() == 0
+
+
+def _misses_in(target):
+    return [(m.problem.run_key.batch, m.count) for m in TuningDB(target, create=False).misses(current_fingerprint_id())]
+
+
+def test_misses_are_written_a_while_after_the_first_without_waiting_for_an_exit(tmp_path, monkeypatch):
+    """Misses were written only at exit (or configure()): SGLang ends its workers with SIGKILL,
+    so a server's misses were never written (a helper's review)."""
+    import time
+
+    from tuner import settings
+    from tuner.runtime import state
+
+    monkeypatch.setattr(settings, "MISS_FLUSH_AFTER_S", 0.05)
+    target = tmp_path / "absent.db"
+    tuner.configure(db=target, mode="lookup")
+    calls = []
+    run(make_fn(calls), 4, 100, calls)
+    deadline = time.monotonic() + 20
+    while not target.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state.runtime.flush_soon.cancel(wait_s=10)  # (a write under way is done)
+    assert _misses_in(target) == [(4, 1)] and tuner.flush_misses() == 0  # written once
+
+
+_KILLED = """
+import os, signal, sys, time
+import torch, tuner
+from tuner import settings
+settings.MISS_FLUSH_AFTER_S = float(sys.argv[2])
+tuner.configure(db=sys.argv[1], mode="lookup", shipped="off")
+
+@tuner.autotune("toy", configs=[{"block": 16}, {"block": 32}], default={"block": 32},
+                static_key=lambda x, batch: ("float32", 8, 2), run_key=lambda x, batch: (batch, 1, 100))
+def fn(x, batch, *, config):
+    return x
+
+fn(torch.ones(1), 4)
+if sys.argv[3] == "fork":  # a child that exits as Python does, atexit and all
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    tuner.flush_misses()
+else:
+    time.sleep(30 * float(sys.argv[2]))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX: SIGKILL and fork")
+@pytest.mark.parametrize("how", ["killed", "fork"])
+def test_a_killed_process_keeps_its_misses_and_a_forked_child_does_not_write_its_parents(tmp_path, how):
+    """SIGKILL, as SGLang ends its schedulers: the misses were lost. A forked child wrote its
+    parent's misses again at its own exit, so each was counted twice."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "served.db"
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TUNER_MODE")}
+    done = subprocess.run([sys.executable, "-c", _KILLED, str(target), "0.1", how], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == (-9 if how == "killed" else 0), done.stderr
+    assert _misses_in(target) == [(4, 1)]
 
 
 def test_wrapper_keeps_the_function_name_and_args():

@@ -177,6 +177,11 @@ STORE_EVERY_S = 5.0
 # a missed key whose calls' mean kv length was below this share of their longest was called
 # with mixed lengths: `tuner sweep --from-misses` measures it on serving batches
 MISS_MIXED_BELOW = 0.9
+# misses are written this long after the first one not yet written (and at exit): a server
+# ends its workers with SIGKILL (SGLang does), where nothing runs at exit
+MISS_FLUSH_AFTER_S = 30.0
+# how long an exit (or configure()) waits for that writer, when it is writing
+MISS_EXIT_WAIT_S = 10.0
 
 
 # -- timers ----------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ kv lengths of the calls that had them on the host, for `tuner show --misses` and
 from __future__ import annotations
 
 import math
-from typing import Any
+import threading
+import warnings
+from typing import Any, Callable
 
 from tuner.db import MissLengths, MissRow, Problem
 from tuner.keys import AttentionRunKey
@@ -31,23 +33,75 @@ def length_stats(lengths: Any) -> tuple[float, float, float] | None:
 
 
 class MissLog:
+    """The misses not yet written; recorded by the calls' threads and taken by the writer's
+    (a lock: a take while a record changed the pending entries lost or broke them)."""
+
     def __init__(self) -> None:
         # (op, static json, run key) -> [how it was served, times, calls with lengths, their sums]
         self._pending: dict[tuple[str, str, AttentionRunKey], list] = {}
+        self._lock = threading.Lock()
 
     def record(self, name: str, static_json: str, run: AttentionRunKey, served: str,
                lengths: tuple[float, float, float] | None = None) -> None:
-        entry = self._pending.setdefault((name, static_json, run), [served, 0, 0, 0.0, 0.0, 0.0])
-        entry[0], entry[1] = served, entry[1] + 1
-        if lengths is not None:
-            entry[2] += 1
-            entry[3] += lengths[0]
-            entry[4] += lengths[1]
-            entry[5] += lengths[2]
+        with self._lock:
+            entry = self._pending.setdefault((name, static_json, run), [served, 0, 0, 0.0, 0.0, 0.0])
+            entry[0], entry[1] = served, entry[1] + 1
+            if lengths is not None:
+                entry[2] += 1
+                entry[3] += lengths[0]
+                entry[4] += lengths[1]
+                entry[5] += lengths[2]
+
+    def forget(self) -> None:
+        """In a forked child: the parent's misses are the parent's to write (else counted twice)."""
+        self._lock = threading.Lock()
+        self._pending = {}
 
     def take(self) -> list[MissRow]:
         """The misses recorded since the last take."""
-        pending, self._pending = self._pending, {}
+        with self._lock:
+            pending, self._pending = self._pending, {}
         return [MissRow(Problem(name, static_json, run), served, count,
                         MissLengths(calls, mean / calls, longest / calls, spread / calls) if calls else None)
                 for (name, static_json, run), (served, count, calls, mean, longest, spread) in pending.items()]
+
+
+class FlushSoon:
+    """Runs a flush once, a while after it is first asked for, on a daemon thread: misses wait
+    there for more of them, not for an exit that a killed process never reaches."""
+
+    def __init__(self, flush: Callable[[], Any]) -> None:
+        self._flush = flush
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # held while the thread writes: an exit waits for it
+        self._timer: threading.Timer | None = None
+
+    def ask(self, after_s: float) -> None:
+        with self._lock:
+            if self._timer is not None:
+                return
+            self._timer = threading.Timer(after_s, self._run)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _run(self) -> None:
+        with self._flushing:
+            with self._lock:
+                self._timer = None
+            try:
+                self._flush()
+            except Exception as e:  # (a thread's exception would be printed as a traceback)
+                warnings.warn(f"tuner: could not record missed keys: {type(e).__name__}: {e}", stacklevel=1)
+
+    def cancel(self, wait_s: float = 0.0) -> None:
+        """No flush from the thread from now on; with wait_s, one under way is waited for."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        if wait_s and self._flushing.acquire(timeout=wait_s):
+            self._flushing.release()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's thread is not there."""
+        self._lock, self._flushing, self._timer = threading.Lock(), threading.Lock(), None

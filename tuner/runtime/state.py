@@ -19,7 +19,7 @@ from tuner.db.location import DBError
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 from tuner.runtime.borrowing import Config, Winner, choose, choose_frozen, graph_record
-from tuner.runtime.misses import MissLog
+from tuner.runtime.misses import FlushSoon, MissLog
 from tuner.runtime.table import Table, load_table
 
 MODES = settings.MODES
@@ -61,7 +61,9 @@ class Runtime:
         self.misses = MissLog()
         self.keeps_misses = False  # the DB was read and may be written, or will be created
         self._lock = threading.Lock()
+        self._db_lock = threading.Lock()  # (tune mode's and the miss writer's threads)
         self._flush_at_exit = False
+        self.flush_soon = FlushSoon(lambda: flush_misses())
         # what calls resolve to changes with configure() and graph_capture: each bumps the
         # epoch (and configure() the generation), under memo_lock, and a slow path that
         # began before keeps nothing in a memo (the hot path reads the memos without a lock)
@@ -70,6 +72,7 @@ class Runtime:
         self.generation = 0
 
     def reset(self) -> None:
+        self.flush_soon.cancel(wait_s=settings.MISS_EXIT_WAIT_S)
         flush_misses()  # they belong to the DB being left
         with self._lock, self.memo_lock:
             self.epoch += 1
@@ -85,15 +88,16 @@ class Runtime:
     def writable_db(self) -> TuningDB:
         """The DB that tune mode and the miss writer write to (created if missing); never one
         that integrity_check calls malformed, that lacks a core table or holds malformed rows."""
-        if self._db is None:
-            db = TuningDB(self.db_target)
-            try:
-                db.require_sound("write into")
-            except DBError:
-                db.close()
-                raise
-            self._db = db
-        return self._db
+        with self._db_lock:
+            if self._db is None:
+                db = TuningDB(self.db_target)
+                try:
+                    db.require_sound("write into")
+                except DBError:
+                    db.close()
+                    raise
+                self._db = db
+            return self._db
 
     def table(self) -> Table:
         """Every winner that applies here (tuner.runtime.table), read once, under a lock:
@@ -139,15 +143,27 @@ class Runtime:
             return
         self.misses.record(name, static_json, run, served, lengths)
         if not self._flush_at_exit:
-            atexit.register(flush_misses)
+            atexit.register(_flush_at_exit)
             self._flush_at_exit = True
+        self.flush_soon.ask(settings.MISS_FLUSH_AFTER_S)
+
+    def after_fork_in_child(self) -> None:
+        self.misses.forget()
+        self.flush_soon.forget()
 
 
 runtime = Runtime()
+os.register_at_fork(after_in_child=runtime.after_fork_in_child)
+
+
+def _flush_at_exit() -> None:
+    runtime.flush_soon.cancel(wait_s=settings.MISS_EXIT_WAIT_S)
+    flush_misses()
 
 
 def flush_misses() -> int:
-    """Write the misses recorded so far to the DB (also done at exit and by configure());
+    """Write the misses recorded so far to the DB (also done settings.MISS_FLUSH_AFTER_S after
+    the first one pending, at exit and by configure());
     returns how many keys were written. A DB that cannot be written gives one warning."""
     rows = runtime.misses.take()
     if not rows:
