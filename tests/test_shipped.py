@@ -73,6 +73,18 @@ def test_shipped_winners_serve_lookups_when_the_user_db_has_none(tmp_path):
     assert not (tmp_path / "absent.db").exists()  # read-only: nothing was created
 
 
+def test_an_unreadable_user_db_says_the_shipped_tunings_still_serve(tmp_path):
+    """The warning said "running with library defaults" while the shipped winners served (a
+    helper's review)."""
+    shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64})
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not sqlite" * 100)
+    tuner.configure(db=garbage, shipped=shipped)
+    calls = []
+    with pytest.warns(UserWarning, match="garbage.db.*; running with the shipped tunings and library defaults$"):
+        assert call(make_fn(calls), calls, 16, 2048) == 64
+
+
 def test_the_user_db_wins_a_key_both_hold_and_the_layer_fills_the_rest(tmp_path):
     shipped = write_tunings(tmp_path / "gpu.tunings.json", {(16, 2048): 64, (256, 131072): 16})
     user = TuningDB(tmp_path / "user.db")

@@ -46,7 +46,9 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
     except MissingDBError:
         return table, True
     except Exception as e:  # noqa: BLE001 - see the docstring
-        warnings.warn(f"tuner: {_why(e)}; running with library defaults", stacklevel=6)
+        # (the shipped tunings that apply here still serve: "library defaults" alone misled)
+        serving = "running with the shipped tunings and library defaults" if table else "running with library defaults"
+        warnings.warn(f"tuner: {_why(e)}; {serving}", stacklevel=6)
         return table, False
     if user.skipped:
         warnings.warn(f"tuner: {len(user.skipped)} malformed rows of tuning DB {where} left out "
