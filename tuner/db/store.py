@@ -481,6 +481,19 @@ class TuningDB:
         with (self._read() if dry_run else self._write(action="prune")) as session:
             return repair.prune(session, environment, self._gaps, dry_run=dry_run)
 
+    def merge_log(self) -> None:
+        """Merge SQLite's write-ahead log into the file and empty it, as far as readers allow
+        (best effort; nothing for a server DB): a file copied, moved or deleted while this
+        process keeps it open then holds everything written, and leaves no log behind that
+        SQLite would lay over a new file at that path."""
+        if self._backend != "sqlite" or self.read_only:
+            return
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        except (SQLAlchemyError, sqlite3.Error):
+            pass
+
     def require_sound(self, action: str) -> None:
         """Refuse to write into a damaged DB (integrity_check, a missing core table,
         malformed rows): one line naming the first problem."""

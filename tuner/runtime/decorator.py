@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from typing import Any, Callable
 
 import torch
@@ -72,6 +73,10 @@ class AutotunedFunction:
         self._lengths = lengths
         self.memo: dict[tuple, Config] = {}
         self.tuned: set[tuple] = set()  # keys tuned by this process (for force mode)
+        # keys a thread is tuning now: another thread's call of one serves the lookup's config
+        # meanwhile (threads tuned one key at once, each timing against the others' load)
+        self._tuning: set[tuple] = set()
+        self._tuning_lock = threading.Lock()
         self.key_functions: dict[str, Callable] = {}  # set by autotune(): "_key", or "_static_key" and "_run_key"
 
     def config_for(self, *args: Any, **kwargs: Any) -> Config:
@@ -136,14 +141,33 @@ class AutotunedFunction:
             runtime.record_miss(self.name, static_json, run, served, self._call_lengths(args, kwargs, declared))
         wants_tune, ranks = self._tune_wanted(mode, exact, memo_key, declared)
         if wants_tune:
-            if not may_tune:
+            if not may_tune or not self._claim(memo_key, ranks):
                 return config  # resolve again later, where it may tune
-            config = tune_call(self, Problem(self.name, static_json, run), kv_len, default, args, kwargs,
-                               ranks) or config
-            self.tuned.add(memo_key)
+            try:
+                config = tune_call(self, Problem(self.name, static_json, run), kv_len, default, args, kwargs,
+                                   ranks) or config
+                self.tuned.add(memo_key)
+            finally:
+                self._release(memo_key, ranks)
         if not declared and torch.cuda.is_available():  # (not capturing: that returned above)
             config = self._marked_for_capture(config, default, static_json, run, accepts, mode)
         return self._memoise(memo_key, config, epoch)
+
+    def _claim(self, memo_key: tuple, ranks: Ranks | None) -> bool:
+        """Whether this thread tunes the key (no other thread of this process is tuning it);
+        ranks tuning together are one thread each, and always tune."""
+        if ranks is not None:
+            return True
+        with self._tuning_lock:
+            if memo_key in self._tuning:
+                return False
+            self._tuning.add(memo_key)
+            return True
+
+    def _release(self, memo_key: tuple, ranks: Ranks | None) -> None:
+        if ranks is None:
+            with self._tuning_lock:
+                self._tuning.discard(memo_key)
 
     def _tune_wanted(self, mode: str, exact: bool, memo_key: tuple, declared: bool) -> tuple[bool, Ranks | None]:
         """Whether this key is tuned now, and the ranks that tune it together (if any)."""

@@ -5,6 +5,7 @@ flush_misses()."""
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util
 import os
 import threading
 import warnings
@@ -57,6 +58,7 @@ class Runtime:
         self.declared_lengths: Any = None  # inside tuner.runtime.capture.graph_capture: its DeclaredLengths
         self._table: Table | None = None
         self._db: TuningDB | None = None
+        self._db_file_id: tuple[int, int] | None = None  # (device, inode) of its SQLite file
         self.functions: weakref.WeakSet[Any] = weakref.WeakSet()  # what holds a memo (cleared by configure)
         self.misses = MissLog()
         self.keeps_misses = False  # the DB was read and may be written, or will be created
@@ -87,17 +89,31 @@ class Runtime:
 
     def writable_db(self) -> TuningDB:
         """The DB that tune mode and the miss writer write to (created if missing); never one
-        that integrity_check calls malformed, that lacks a core table or holds malformed rows."""
+        that integrity_check calls malformed, that lacks a core table or holds malformed rows.
+        A SQLite file deleted or replaced since it was opened is opened again: the engine
+        wrote on into the old file, and misses and tuned winners went nowhere anyone reads."""
         with self._db_lock:
+            if self._db is not None and _file_id(self._db) != self._db_file_id:
+                self._db.close()
+                self._db = None
             if self._db is None:
-                db = TuningDB(self.db_target)
+                db = TuningDB(self._pinned_target())
                 try:
                     db.require_sound("write into")
                 except DBError:
                     db.close()
                     raise
-                self._db = db
+                self._db, self._db_file_id = db, _file_id(db)
             return self._db
+
+    def _pinned_target(self) -> str | os.PathLike | None:
+        """The DB target, a relative path (given or in $TUNER_DB) made absolute the first time it
+        is used: a server that changed directory later wrote its misses into a new file."""
+        target = settings.env_db() if self.db_target is None else self.db_target
+        text = None if target is None else os.fspath(target)
+        if isinstance(text, str) and text and "://" not in text and not text.startswith("file:"):
+            self.db_target = os.path.abspath(os.path.expanduser(text))
+        return self.db_target
 
     def table(self) -> Table:
         """Every winner that applies here (tuner.runtime.table), read once, under a lock:
@@ -107,7 +123,7 @@ class Runtime:
             return table
         with self._lock:
             if self._table is None:
-                self._table, self.keeps_misses = load_table(self.db_target, self.shipped_source)
+                self._table, self.keeps_misses = load_table(self._pinned_target(), self.shipped_source)
             return self._table
 
     def lookup(self, name: str, static_json: str, run: AttentionRunKey,
@@ -144,12 +160,23 @@ class Runtime:
         self.misses.record(name, static_json, run, served, lengths)
         if not self._flush_at_exit:
             atexit.register(_flush_at_exit)
+            # a multiprocessing child ends in os._exit, where atexit does not run; its
+            # finalizers do (those a forked child inherits are cleared at its start)
+            multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=0)
             self._flush_at_exit = True
         self.flush_soon.ask(settings.MISS_FLUSH_AFTER_S)
 
     def after_fork_in_child(self) -> None:
+        """A forked child writes only its own misses, through its own DB connection and lock:
+        the parent's pending misses were written twice, and its SQLite connection and file
+        lock, inherited, failed the child's first write (filelock refuses an inherited lock)."""
         self.misses.forget()
         self.flush_soon.forget()
+        if self._db is not None:
+            _INHERITED.append(self._db)  # never closed here: closing would act on the parent's connections
+        self._db, self._db_file_id = None, None
+        self._db_lock = threading.Lock()
+        self._flush_at_exit = False  # (a multiprocessing child exits without atexit: registered again)
 
 
 runtime = Runtime()
@@ -161,6 +188,19 @@ def _flush_at_exit() -> None:
     flush_misses()
 
 
+_INHERITED: list[TuningDB] = []  # a forked child's copies of its parent's open DB, left alone
+
+
+def _file_id(db: TuningDB) -> tuple[int, int] | None:
+    if db.path is None:
+        return None
+    try:
+        st = os.stat(db.path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def flush_misses() -> int:
     """Write the misses recorded so far to the DB (also done settings.MISS_FLUSH_AFTER_S after
     the first one pending, at exit and by configure());
@@ -169,9 +209,15 @@ def flush_misses() -> int:
     if not rows:
         return 0
     try:
-        runtime.writable_db().save_misses(current_environment(), rows)
-    except (TunerError, OSError) as e:
-        warnings.warn(f"tuner: could not record {len(rows)} missed keys: {e}", stacklevel=2)
+        db = runtime.writable_db()
+        db.save_misses(current_environment(), rows)
+        db.merge_log()  # (a server keeps its DB open for days: the file stays whole meanwhile)
+    except Exception as e:  # noqa: BLE001 - at exit or on a thread: one line, never a traceback
+        # one warning, not one per flush: a DB this process cannot write stays so
+        runtime.keeps_misses = False
+        why = str(e) if isinstance(e, (TunerError, OSError)) else f"{type(e).__name__}: {e}"
+        warnings.warn(f"tuner: could not record {len(rows)} missed keys: {why}; no more are recorded in this "
+                      "process until configure()", stacklevel=2)
         return 0
     return len(rows)
 

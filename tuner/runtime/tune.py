@@ -63,12 +63,13 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
     if winner is None:
         return None
     try:
-        runtime.writable_db().save_winner(
-            problem, current_environment(), winner.config, winner.timing,
-            default, default_timing, method=dict(timer.method, source="runtime", kv_len=kv_len, **confirmation),
-        )
-    except (TunerError, OSError) as e:  # the winner still serves this process
-        warnings.warn(f"tuner: could not store the tuned config of {function.name}: {e}", stacklevel=5)
+        db = runtime.writable_db()
+        db.save_winner(problem, current_environment(), winner.config, winner.timing,
+                       default, default_timing, method=dict(timer.method, source="runtime", kv_len=kv_len, **confirmation))
+        db.merge_log()
+    except Exception as e:  # noqa: BLE001 - the winner still serves this process; the call must not fail
+        why = str(e) if isinstance(e, (TunerError, OSError)) else f"{type(e).__name__}: {e}"
+        warnings.warn(f"tuner: could not store the tuned config of {function.name}: {why}", stacklevel=5)
     runtime.store((problem.op, problem.static_key), problem.run_key, winner.config,
                   winner_gain(winner.timing.median_us, default_timing and default_timing.median_us))
     return winner.config
