@@ -1,7 +1,7 @@
 """Misses: the keys the runtime served without an exact winner (from a neighbour's or the
-default), counted in memory off the hot path and written to the DB's misses table, with the
-kv lengths of the calls that had them on the host, for `tuner show --misses` and
-`tuner sweep --from-misses`."""
+default), counted in memory off the hot path and written to the DB's misses table (by a
+timed thread, FlushSoon, and at exit), with the kv lengths of the calls that had them on the
+host, for `tuner show --misses` and `tuner sweep --from-misses`."""
 
 from __future__ import annotations
 
