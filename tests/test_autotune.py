@@ -490,6 +490,138 @@ def test_killed_forked_and_multiprocessing_processes_write_their_own_misses_once
     assert sorted(_misses_in(target)) == stored
 
 
+_FORKED_MID_WORK = """
+import os, sys, threading, time
+import torch, tuner
+from tuner.runtime import state
+tuner.configure(db=sys.argv[1], mode="tune", shipped="off")
+began, release = threading.Event(), threading.Event()
+
+@tuner.autotune("toy", configs=[{"block": 16}, {"block": 32}], default={"block": 32},
+                static_key=lambda x, who: ("float32", 8, 2), run_key=lambda x, who: (4, 1, 100))
+def fn(x, who, *, config):
+    if who == "thread" and not began.is_set():
+        began.set()
+        release.wait(30)
+    return x
+
+if sys.argv[2] == "tuning":  # a thread is tuning the key the child calls
+    worker = threading.Thread(target=fn, args=(torch.ones(1), "thread"))
+else:  # a thread is inside a write to the DB
+    def write():
+        with state.runtime.writing():
+            began.set()
+            time.sleep(1.0)
+    worker = threading.Thread(target=write)
+worker.start()
+began.wait(30)
+start = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    fn(torch.ones(1), "child")
+    print("child tuned", len(fn.tuner.tuned), flush=True)
+    os._exit(0)
+print("fork waited %.2f" % (time.monotonic() - start), flush=True)
+os.waitpid(pid, 0)
+release.set()
+worker.join()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_fork_waits_for_a_write_under_way_and_the_child_tunes_what_a_parents_thread_was_tuning(tmp_path):
+    """A child forked while a thread wrote to SQLite hung at its own first write (3 of 9 in a
+    helper's stress run); one forked while a thread tuned a key never tuned that key (the
+    claim was inherited, with no thread to release it)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TUNER_MODE")}
+    for how in ("writing", "tuning"):
+        done = subprocess.run([sys.executable, "-c", _FORKED_MID_WORK, str(tmp_path / f"{how}.db"), how], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        waited = float(done.stdout.split("fork waited ")[1].split()[0])
+        if how == "writing":
+            assert waited >= 0.5, done.stdout  # the write (1 s) ended first
+        else:
+            assert "child tuned 1" in done.stdout, done.stdout
+
+
+def test_a_flush_that_meets_another_writers_lock_keeps_its_misses_for_the_next(tmp_path, monkeypatch):
+    """One lock held past the wait stopped miss recording for the life of the process, and
+    dropped the misses it had taken (a helper's review)."""
+    from filelock import FileLock
+
+    import tuner.db.store as store
+
+    monkeypatch.setattr(store, "WRITE_LOCK_TIMEOUT_S", 0.2)
+    target = tmp_path / "t.db"
+    TuningDB(target).close()
+    tuner.configure(db=target, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    run(fn, 2, 100, calls)
+    other = FileLock(str(target) + ".lock")
+    with other:
+        with pytest.warns(UserWarning, match="could not record 1 missed keys yet.*stayed locked.*kept"):
+            assert tuner.flush_misses() == 0
+    run(fn, 4, 100, calls)
+    assert tuner.flush_misses() == 2 and sorted(_misses_in(target)) == [(2, 1), (4, 1)]
+
+
+def test_a_flush_does_not_wait_out_the_busy_timeout_behind_a_reader(tmp_path):
+    """The log's merge after a write waited 30 s (SQLite's busy timeout) behind any open read,
+    stalling configure(), an exit, and in tune mode the call that stored its winner."""
+    import sqlite3
+    import time
+
+    target = tmp_path / "t.db"
+    tuner.configure(db=target, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    run(fn, 2, 100, calls)
+    assert tuner.flush_misses() == 1
+    reader = sqlite3.connect(target, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM misses").fetchone()
+    run(fn, 4, 100, calls)
+    start = time.monotonic()
+    assert tuner.flush_misses() == 1
+    assert time.monotonic() - start < 15  # not the 30 s busy timeout
+    reader.close()
+
+
+def test_configure_while_the_timed_writer_opens_the_old_db_sends_later_misses_to_the_new(tmp_path, monkeypatch):
+    """configure(db=B) while the timed writer was opening A (a slow check of a big file): the
+    writer kept A as the runtime's DB, and every later miss went into A (a helper's review)."""
+    import threading
+    import time
+
+    from tuner import settings
+
+    monkeypatch.setattr(settings, "MISS_FLUSH_AFTER_S", 0.05)
+    monkeypatch.setattr(settings, "MISS_EXIT_WAIT_S", 0.2)
+    a, b = tmp_path / "A.db", tmp_path / "B.db"
+    check = TuningDB.require_sound
+
+    def slow(self, action):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(1.0)
+        return check(self, action)
+    monkeypatch.setattr(TuningDB, "require_sound", slow)
+    tuner.configure(db=a, mode="lookup")
+    calls = []
+    fn = make_fn(calls)
+    run(fn, 2, 100, calls)
+    time.sleep(0.3)  # the timed writer is opening A
+    tuner.configure(db=b, mode="lookup")
+    time.sleep(1.5)
+    run(fn, 4, 100, calls)
+    tuner.flush_misses()
+    assert _misses_in(a) == [(2, 1)] and _misses_in(b) == [(4, 1)]
+
+
 def test_a_db_file_replaced_or_deleted_under_the_runtime_gets_the_next_writes(tmp_path):
     """The runtime kept its engine on the old file: after `mv` (or sweep --force's rename
     aside) or rm, misses and tuned winners went into a file no one reads (a helper's review)."""

@@ -5,13 +5,14 @@ from tuner.db.fingerprint import (
 )
 from tuner.db.jsonio import EXPORT_SCHEMA, EXPORT_VERSION, export_document, import_document, parse_document
 from tuner.db.location import (
-    DamagedDBError, DBError, MissingDBError, default_db_path, is_tuners_file, resolve_db_url, set_aside,
+    BusyDBError, DamagedDBError, DBError, MissingDBError, default_db_path, is_tuners_file, resolve_db_url, set_aside,
 )
 from tuner.db.checked import MalformedRowsError
 from tuner.db.store import TuningDB
 from tuner.db.values import MeasurementRow, MissLengths, MissRow, Problem, Record, SaveResult, Snapshot, Timed
 
 __all__ = [
+    "BusyDBError",
     "DBError",
     "DamagedDBError",
     "Environment",

@@ -26,6 +26,10 @@ class MissingDBError(DBError):
     """No tuning DB exists there yet (opened for reading only)."""
 
 
+class BusyDBError(DBError):
+    """Another writer held the tuning DB past the wait: the same write may succeed later."""
+
+
 class DamagedDBError(DBError):
     """The tuning DB is there but damaged (no schema version, a missing table, a file SQLite
     calls malformed): nothing reads or writes it; doctor reports it, exit code 1."""

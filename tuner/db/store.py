@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 from tuner.db import migration, reads, repair, writes
 from tuner.db.checked import Malformed, fingerprint_rows, malformed_error
 from tuner.db.location import (
-    DamagedDBError, DBError, MissingDBError, is_read_only_url, on_read_only_media, read_only_url, resolve_db_url,
-    sqlite_file,
+    BusyDBError, DamagedDBError, DBError, MissingDBError, is_read_only_url, on_read_only_media, read_only_url,
+    resolve_db_url, sqlite_file,
 )
 from tuner.db.migration import SchemaGaps
 from tuner.db.schema import Measurement, Miss
@@ -33,12 +33,15 @@ _WRITE_OPTION = "tuner_write"  # an execution option: this connection's transact
 T = TypeVar("T")
 
 
+SQLITE_BUSY_TIMEOUT_MS = 30000  # how long a statement waits on another connection's lock
+
+
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     # pysqlite begins a transaction only before a data change, so each read and each DDL
     # statement would see its own state; _sqlite_begin starts every transaction instead
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
@@ -249,7 +252,7 @@ class TuningDB:
         try:
             self._lock.acquire()
         except Timeout:
-            raise DBError(f"tuning DB {self.display_url} stayed locked by another writer") from None
+            raise BusyDBError(f"tuning DB {self.display_url} stayed locked by another writer") from None
         except OSError as e:  # the lock file cannot be made: a read-only directory
             raise DBError(f"cannot {action} tuning DB {self.display_url}: {e.strerror or e}") from None
         try:
@@ -490,7 +493,12 @@ class TuningDB:
             return
         try:
             with self.engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                # no wait: TRUNCATE otherwise waits out busy_timeout (30 s) behind any reader
+                conn.exec_driver_sql("PRAGMA busy_timeout=0")
+                try:
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                finally:
+                    conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         except (SQLAlchemyError, sqlite3.Error):
             pass
 

@@ -153,6 +153,10 @@ class AutotunedFunction:
             config = self._marked_for_capture(config, default, static_json, run, accepts, mode)
         return self._memoise(memo_key, config, epoch)
 
+    def forget_claims(self) -> None:
+        """In a forked child: no thread of it is tuning (a parent's claim kept its key untuned)."""
+        self._tuning, self._tuning_lock = set(), threading.Lock()
+
     def _claim(self, memo_key: tuple, ranks: Ranks | None) -> bool:
         """Whether this thread tunes the key (no other thread of this process is tuning it);
         ranks tuning together are one thread each, and always tune."""

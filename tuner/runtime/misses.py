@@ -57,6 +57,19 @@ class MissLog:
         self._lock = threading.Lock()
         self._pending = {}
 
+    def put_back(self, rows: list[MissRow]) -> None:
+        """Misses a write could not take yet, added to those recorded since."""
+        with self._lock:
+            for row in rows:
+                p, lengths = row.problem, row.lengths
+                entry = self._pending.setdefault((p.op, p.static_key, p.run_key), [row.served, 0, 0, 0.0, 0.0, 0.0])
+                entry[1] += row.count
+                if lengths is not None:
+                    entry[2] += lengths.calls
+                    entry[3] += lengths.mean * lengths.calls
+                    entry[4] += lengths.longest * lengths.calls
+                    entry[5] += lengths.spread * lengths.calls
+
     def take(self) -> list[MissRow]:
         """The misses recorded since the last take."""
         with self._lock:

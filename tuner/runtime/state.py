@@ -5,18 +5,19 @@ flush_misses()."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing.util
 import os
 import threading
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from tuner import settings
 from tuner.db import TuningDB, current_environment
-from tuner.db.location import DBError
+from tuner.db.location import BusyDBError, DBError
 from tuner.errors import TunerError
 from tuner.keys import AttentionRunKey
 from tuner.runtime.borrowing import Config, Winner, choose, choose_frozen, graph_record
@@ -58,12 +59,13 @@ class Runtime:
         self.declared_lengths: Any = None  # inside tuner.runtime.capture.graph_capture: its DeclaredLengths
         self._table: Table | None = None
         self._db: TuningDB | None = None
-        self._db_file_id: tuple[int, int] | None = None  # (device, inode) of its SQLite file
+        self._db_opened: tuple[Any, tuple[int, int] | None] | None = None  # its target and SQLite file
         self.functions: weakref.WeakSet[Any] = weakref.WeakSet()  # what holds a memo (cleared by configure)
         self.misses = MissLog()
         self.keeps_misses = False  # the DB was read and may be written, or will be created
         self._lock = threading.Lock()
         self._db_lock = threading.Lock()  # (tune mode's and the miss writer's threads)
+        self._writing = threading.RLock()  # held through each write to the DB, and by a fork
         self._flush_at_exit = False
         self.flush_soon = FlushSoon(lambda: flush_misses())
         # what calls resolve to changes with configure() and graph_capture: each bumps the
@@ -76,13 +78,14 @@ class Runtime:
     def reset(self) -> None:
         self.flush_soon.cancel(wait_s=settings.MISS_EXIT_WAIT_S)
         flush_misses()  # they belong to the DB being left
+        with self._writing, self._db_lock:  # (after any write under way)
+            if self._db is not None:
+                self._db.close()
+            self._db = None
         with self._lock, self.memo_lock:
             self.epoch += 1
             self.generation += 1
             self._table = None
-            if self._db is not None:
-                self._db.close()
-            self._db = None
             for f in list(self.functions):
                 f.memo.clear()
                 f.tuned.clear()
@@ -93,18 +96,28 @@ class Runtime:
         A SQLite file deleted or replaced since it was opened is opened again: the engine
         wrote on into the old file, and misses and tuned winners went nowhere anyone reads."""
         with self._db_lock:
-            if self._db is not None and _file_id(self._db) != self._db_file_id:
-                self._db.close()
+            target = self._pinned_target()
+            if self._db is not None and (target, _file_id(self._db)) != self._db_opened:
+                self._db.close()  # (or configure() pointed elsewhere while it was being opened)
                 self._db = None
             if self._db is None:
-                db = TuningDB(self._pinned_target())
+                db = TuningDB(target)
                 try:
                     db.require_sound("write into")
                 except DBError:
                     db.close()
                     raise
-                self._db, self._db_file_id = db, _file_id(db)
+                self._db, self._db_opened = db, (target, _file_id(db))
             return self._db
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[TuningDB]:
+        """The writable DB for one write, its log merged into the file after it; a fork waits
+        for the write (a child forked in the middle of one hung in SQLite at its own first)."""
+        with self._writing:
+            db = self.writable_db()
+            yield db
+            db.merge_log()
 
     def _pinned_target(self) -> str | os.PathLike | None:
         """The DB target, a relative path (given or in $TUNER_DB) made absolute the first time it
@@ -166,6 +179,16 @@ class Runtime:
             self._flush_at_exit = True
         self.flush_soon.ask(settings.MISS_FLUSH_AFTER_S)
 
+    def before_fork(self) -> None:
+        """A fork waits for a read of the winners and a write under way: a child forked in the
+        middle of one inherits SQLite's state there, and hung at its own first write."""
+        self._lock.acquire()
+        self._writing.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        self._writing.release()
+        self._lock.release()
+
     def after_fork_in_child(self) -> None:
         """A forked child writes only its own misses, through its own DB connection and lock:
         the parent's pending misses were written twice, and its SQLite connection and file
@@ -174,13 +197,19 @@ class Runtime:
         self.flush_soon.forget()
         if self._db is not None:
             _INHERITED.append(self._db)  # never closed here: closing would act on the parent's connections
-        self._db, self._db_file_id = None, None
-        self._db_lock = threading.Lock()
+        self._db, self._db_opened = None, None
+        self._db_lock, self._writing = threading.Lock(), threading.RLock()
+        self._lock, self.memo_lock = threading.Lock(), threading.Lock()  # (held by the fork, or a thread not there)
         self._flush_at_exit = False  # (a multiprocessing child exits without atexit: registered again)
+        for f in list(self.functions):
+            forget = getattr(f, "forget_claims", None)  # keys a parent's thread was tuning
+            if forget is not None:
+                forget()
 
 
 runtime = Runtime()
-os.register_at_fork(after_in_child=runtime.after_fork_in_child)
+os.register_at_fork(before=runtime.before_fork, after_in_parent=runtime.after_fork_in_parent,
+                    after_in_child=runtime.after_fork_in_child)
 
 
 def _flush_at_exit() -> None:
@@ -209,9 +238,13 @@ def flush_misses() -> int:
     if not rows:
         return 0
     try:
-        db = runtime.writable_db()
-        db.save_misses(current_environment(), rows)
-        db.merge_log()  # (a server keeps its DB open for days: the file stays whole meanwhile)
+        with runtime.writing() as db:
+            db.save_misses(current_environment(), rows)
+    except BusyDBError as e:  # another writer held it: the next flush tries again
+        runtime.misses.put_back(rows)
+        warnings.warn(f"tuner: could not record {len(rows)} missed keys yet: {e}; kept for the next write",
+                      stacklevel=2)
+        return 0
     except Exception as e:  # noqa: BLE001 - at exit or on a thread: one line, never a traceback
         # one warning, not one per flush: a DB this process cannot write stays so
         runtime.keeps_misses = False

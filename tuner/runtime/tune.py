@@ -63,10 +63,9 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
     if winner is None:
         return None
     try:
-        db = runtime.writable_db()
-        db.save_winner(problem, current_environment(), winner.config, winner.timing,
-                       default, default_timing, method=dict(timer.method, source="runtime", kv_len=kv_len, **confirmation))
-        db.merge_log()
+        with runtime.writing() as db:
+            db.save_winner(problem, current_environment(), winner.config, winner.timing, default, default_timing,
+                           method=dict(timer.method, source="runtime", kv_len=kv_len, **confirmation))
     except Exception as e:  # noqa: BLE001 - the winner still serves this process; the call must not fail
         why = str(e) if isinstance(e, (TunerError, OSError)) else f"{type(e).__name__}: {e}"
         warnings.warn(f"tuner: could not store the tuned config of {function.name}: {why}", stacklevel=5)
