@@ -33,7 +33,8 @@ _WRITE_OPTION = "tuner_write"  # an execution option: this connection's transact
 T = TypeVar("T")
 
 
-SQLITE_BUSY_TIMEOUT_MS = 30000  # how long a statement waits on another connection's lock
+# how long a statement waits on another connection's lock (30 s); constant SQL text, as all of it
+_WAIT_WHEN_BUSY = "PRAGMA busy_timeout=30000"
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -41,7 +42,7 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     # statement would see its own state; _sqlite_begin starts every transaction instead
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute(_WAIT_WHEN_BUSY)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
@@ -498,7 +499,7 @@ class TuningDB:
                 try:
                     conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
                 finally:
-                    conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+                    conn.exec_driver_sql(_WAIT_WHEN_BUSY)
         except (SQLAlchemyError, sqlite3.Error):
             pass
 
