@@ -11,6 +11,7 @@ import warnings
 from typing import Any, Callable
 
 from tuner.db import MissLengths, MissRow, Problem
+from tuner.errors import one_line
 from tuner.keys import AttentionRunKey
 
 MAX_LENGTH = 2.0**40  # a kv length beyond any cache (tuner.workload.shapes' limit): not a length
@@ -104,7 +105,7 @@ class FlushSoon:
             try:
                 self._flush()
             except Exception as e:  # (a thread's exception would be printed as a traceback)
-                warnings.warn(f"tuner: could not record missed keys: {type(e).__name__}: {e}", stacklevel=1)
+                warnings.warn(f"tuner: could not record missed keys: {one_line(e)}", stacklevel=1)
 
     def cancel(self, wait_s: float = 0.0) -> None:
         """No flush from the thread from now on; with wait_s, one under way is waited for."""

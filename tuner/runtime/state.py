@@ -18,7 +18,7 @@ import torch
 from tuner import settings
 from tuner.db import TuningDB, current_environment
 from tuner.db.location import BusyDBError, DBError
-from tuner.errors import TunerError
+from tuner.errors import TunerError, one_line
 from tuner.keys import AttentionRunKey
 from tuner.runtime.borrowing import Config, Winner, choose, choose_frozen, graph_record
 from tuner.runtime.misses import FlushSoon, MissLog
@@ -248,8 +248,7 @@ def flush_misses() -> int:
     except Exception as e:  # noqa: BLE001 - at exit or on a thread: one line, never a traceback
         # one warning, not one per flush: a DB this process cannot write stays so
         runtime.keeps_misses = False
-        why = str(e) if isinstance(e, (TunerError, OSError)) else f"{type(e).__name__}: {e}"
-        warnings.warn(f"tuner: could not record {len(rows)} missed keys: {why}; no more are recorded in this "
+        warnings.warn(f"tuner: could not record {len(rows)} missed keys: {one_line(e)}; no more are recorded in this "
                       "process until configure()", stacklevel=2)
         return 0
     return len(rows)

@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.db import MissingDBError, Problem, TuningDB, current_fingerprint
 from tuner.db import shipped
-from tuner.errors import TunerError
+from tuner.errors import one_line
 from tuner.keys import AttentionRunKey
 from tuner.ops import check_record
 from tuner.runtime.borrowing import Winner, winner_gain
@@ -21,14 +21,6 @@ Table = dict[tuple[str, str], dict[AttentionRunKey, Winner]]
 def _winners(timed: dict) -> Table:
     return {key: {run: Winner(t.config, winner_gain(t.median_us, t.default_median_us)) for run, t in runs.items()}
             for key, runs in timed.items()}
-
-
-def _why(e: Exception) -> str:
-    """An error as one line: tuner's and the OS's say what; others (a MemoryError) are named."""
-    if isinstance(e, (TunerError, OSError)):
-        return str(e)
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tuple[Table, bool]:
@@ -48,7 +40,7 @@ def load_table(db_target: str | os.PathLike | None, shipped_source: Any) -> tupl
     except Exception as e:  # noqa: BLE001 - see the docstring
         # (the shipped tunings that apply here still serve: "library defaults" alone misled)
         serving = "running with the shipped tunings and library defaults" if table else "running with library defaults"
-        warnings.warn(f"tuner: {_why(e)}; {serving}", stacklevel=6)
+        warnings.warn(f"tuner: {one_line(e)}; {serving}", stacklevel=6)
         return table, False
     if user.skipped:
         warnings.warn(f"tuner: {len(user.skipped)} malformed rows of tuning DB {where} left out "
@@ -68,7 +60,7 @@ def _shipped(source: Any) -> Table:
     try:
         layer = shipped.load_shipped(current_fingerprint(), source, check=op_rules)
     except Exception as e:  # noqa: BLE001 - as load_table: the library defaults run
-        warnings.warn(f"tuner: {_why(e)}; shipped tunings not used", stacklevel=7)
+        warnings.warn(f"tuner: {one_line(e)}; shipped tunings not used", stacklevel=7)
         return {}
     for error in layer.errors:
         warnings.warn(f"tuner: {error}; that file is not used", stacklevel=7)

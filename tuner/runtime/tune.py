@@ -15,7 +15,7 @@ from tuner import settings
 from tuner.bench import WallClockTimer, same_config, tolerance_for, with_default_first
 from tuner.bench.trial import Trial
 from tuner.db import Problem, current_environment
-from tuner.errors import TunerError
+from tuner.errors import one_line
 from tuner.ranks import Ranks
 from tuner.runtime.borrowing import Config, winner_gain
 from tuner.runtime.state import runtime
@@ -67,8 +67,7 @@ def tune_call(function: Any, problem: Problem, kv_len: int, default: Config, arg
             db.save_winner(problem, current_environment(), winner.config, winner.timing, default, default_timing,
                            method=dict(timer.method, source="runtime", kv_len=kv_len, **confirmation))
     except Exception as e:  # noqa: BLE001 - the winner still serves this process; the call must not fail
-        why = str(e) if isinstance(e, (TunerError, OSError)) else f"{type(e).__name__}: {e}"
-        warnings.warn(f"tuner: could not store the tuned config of {function.name}: {why}", stacklevel=5)
+        warnings.warn(f"tuner: could not store the tuned config of {function.name}: {one_line(e)}", stacklevel=5)
     runtime.store((problem.op, problem.static_key), problem.run_key, winner.config,
                   winner_gain(winner.timing.median_us, default_timing and default_timing.median_us))
     return winner.config
